@@ -1,0 +1,217 @@
+"""Physical KV/state blocks, their reference counts, the prefix-cache hash map
+and the LRU free queue — the behaviour of vLLM 0.33.0's ``BlockPool``.
+
+Eviction order matters for exact hit lengths under memory pressure, so the
+rules are kept precisely:
+
+* a freed block whose ref count drops to 0 goes to the *back* of the free
+  queue if it carries a hash (it stays hittable, LRU), to the *front* if not
+  (it can never be hit, reuse it first);
+* requests free their blocks tail first, so within one request the end of
+  the chain is evicted first;
+* allocation pops from the front and drops every hash the block carried;
+* a block may carry several keys (a partial-prefix key beside its full-block
+  key); one key may map to several blocks, and a lookup returns the block that
+  was inserted first.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+GROUP_BITS = 5  # up to 32 KV-cache groups
+
+
+def make_key(block_hash: int, group_id: int) -> int:
+    """``BlockHashWithGroupId`` as one int (hash in the high bits)."""
+    return (block_hash << GROUP_BITS) | group_id
+
+
+class Block:
+    """One physical block. ``key`` is its primary hash key (or None)."""
+
+    __slots__ = ("block_id", "ref_cnt", "key", "key_tokens", "is_null")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.key: int | None = None
+        self.key_tokens: int | None = None
+        self.is_null = False
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"Block({self.block_id}, ref={self.ref_cnt}, tokens={self.key_tokens})"
+
+
+class BlockPool:
+    """``num_blocks`` blocks; block 0 is the null block (never freed/cached)."""
+
+    def __init__(self, num_blocks: int, hash_block_size: int, lookahead: int = 0):
+        if num_blocks < 2:
+            raise ValueError("num_blocks must be at least 2 (one is the null block)")
+        self.num_blocks = num_blocks
+        self.hash_block_size = hash_block_size
+        self.lookahead = lookahead
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue: OrderedDict[int, Block] = OrderedDict(
+            (b.block_id, b) for b in self.blocks
+        )
+        self.null_block = self.free_queue.popitem(last=False)[1]
+        self.null_block.is_null = True
+        # key -> Block, or dict[block_id, Block] when several blocks share a key
+        self.cached: dict[int, Block | dict[int, Block]] = {}
+        # block_id -> extra (non-primary) keys of that block
+        self.extra_keys: dict[int, set[int]] = {}
+        self.evicted_keys = 0  # keys dropped because their block was reused
+
+    # -- lookups -------------------------------------------------------------
+    def get_one(self, key: int) -> Block | None:
+        v = self.cached.get(key)
+        if v is None:
+            return None
+        if isinstance(v, Block):
+            return v
+        return next(iter(v.values()))
+
+    def get_cached_block(self, block_hash: int, group_ids: list[int]) -> list[Block] | None:
+        out = []
+        for gid in group_ids:
+            b = self.get_one(make_key(block_hash, gid))
+            if b is None:
+                return None
+            out.append(b)
+        return out
+
+    def contains(self, key: int, block_id: int) -> bool:
+        v = self.cached.get(key)
+        if v is None:
+            return False
+        if isinstance(v, Block):
+            return v.block_id == block_id
+        return block_id in v
+
+    # -- hash map maintenance -------------------------------------------------
+    def _map_insert(self, key: int, block: Block) -> None:
+        v = self.cached.get(key)
+        if v is None:
+            self.cached[key] = block
+        elif isinstance(v, Block):
+            self.cached[key] = {v.block_id: v, block.block_id: block}
+        else:
+            v[block.block_id] = block
+
+    def _map_pop(self, key: int, block_id: int) -> Block | None:
+        v = self.cached.pop(key, None)
+        if v is None:
+            return None
+        if isinstance(v, Block):
+            if v.block_id == block_id:
+                return v
+            self.cached[key] = v
+            return None
+        b = v.pop(block_id, None)
+        if v:
+            self.cached[key] = v
+        return b
+
+    def insert_key(self, key: int, block: Block, num_tokens: int | None) -> None:
+        if block.key == key or self.contains(key, block.block_id):
+            return
+        if block.key is None:
+            block.key = key
+            block.key_tokens = num_tokens
+        else:
+            self.extra_keys.setdefault(block.block_id, set()).add(key)
+        self._map_insert(key, block)
+
+    def remove_keys(self, block: Block) -> list[int]:
+        keys = []
+        if block.key is not None:
+            keys.append(block.key)
+        keys.extend(self.extra_keys.pop(block.block_id, ()))
+        removed = [k for k in keys if self._map_pop(k, block.block_id) is not None]
+        block.key = None
+        block.key_tokens = None
+        return removed
+
+    def move_keys(self, src: Block, dst: Block) -> None:
+        """Re-point every key of ``src`` to ``dst`` (Mamba partial-tail CoW)."""
+        num_tokens = src.key_tokens
+        for key in self.remove_keys(src):
+            self.insert_key(key, dst, num_tokens)
+
+    # -- caching ---------------------------------------------------------------
+    def cache_full_blocks(self, hashes: list[int], blocks: list[Block], num_cached: int,
+                          num_full: int, block_size: int, group_id: int,
+                          mask: list[bool] | None) -> None:
+        """Key ``blocks[num_cached:num_full]`` by the hash at each block's end."""
+        scale = block_size // self.hash_block_size
+        for i in range(num_cached, num_full):
+            blk = blocks[i]
+            if blk.is_null or (mask is not None and not mask[i - num_cached]):
+                continue
+            key = make_key(hashes[(i + 1) * scale - 1], group_id)
+            num_tokens = (i + 1) * block_size
+            if blk.key is not None:
+                # partial -> full promotion of the same block drops its old keys
+                self.remove_keys(blk)
+            self.insert_key(key, blk, num_tokens)
+
+    def cache_partial_block(self, hashes: list[int], block: Block, num_tokens: int,
+                            group_id: int) -> int | None:
+        """Register a key at a hash-unit boundary inside ``block``."""
+        if block.is_null:
+            return None
+        units = num_tokens // self.hash_block_size
+        key = make_key(hashes[units - 1], group_id)
+        already = block.key == key or self.contains(key, block.block_id)
+        if (not already and block.key is not None and block.key_tokens is not None
+                and block.key_tokens < units * self.hash_block_size):
+            self.remove_keys(block)
+        self.insert_key(key, block, units * self.hash_block_size)
+        return key
+
+    # -- allocation and freeing -----------------------------------------------
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    def get_new_blocks(self, n: int) -> list[Block]:
+        if n > len(self.free_queue):
+            raise ValueError(f"Cannot get {n} free blocks from the pool")
+        out = []
+        pop = self.free_queue.popitem
+        for _ in range(n):
+            b = pop(last=False)[1]
+            if b.key is not None or b.block_id in self.extra_keys:
+                self.evicted_keys += len(self.remove_keys(b))
+            b.ref_cnt += 1
+            out.append(b)
+        return out
+
+    def touch(self, blocks) -> None:
+        q = self.free_queue
+        for b in blocks:
+            if b.is_null:
+                continue
+            if b.ref_cnt == 0:
+                del q[b.block_id]
+            b.ref_cnt += 1
+
+    def free_blocks(self, ordered) -> None:
+        """Release one reference of each block; order = eviction priority."""
+        first: list[Block] = []
+        last: list[Block] = []
+        for b in ordered:
+            if b.is_null:
+                continue
+            b.ref_cnt -= 1
+            if b.ref_cnt == 0:
+                (first if b.key is None else last).append(b)
+        q = self.free_queue
+        for b in reversed(first):
+            q[b.block_id] = b
+            q.move_to_end(b.block_id, last=False)
+        for b in last:
+            q[b.block_id] = b
+
+    def evict_key_of(self, block: Block) -> None:
+        self.remove_keys(block)

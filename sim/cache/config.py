@@ -1,0 +1,161 @@
+"""Typed, validated configuration of the KV-cache manager.
+
+Field names follow vLLM.  ``from_mapping`` validates once and raises
+``ConfigError`` naming the field; nothing downstream re-checks.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+from sim.cache.managers import GroupSpec
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; ``str()`` names the field and the problem."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field_name = field_name
+
+
+# Alternative spellings accepted on input (vLLM renamed the flag in 0.31).
+ALIASES = {
+    "enable_mamba_shared_prefix_checkpoint": "shared_prefix_checkpoint",
+    "enable_mamba_fine_grained_prefix_cache": "shared_prefix_checkpoint",
+    "prefix_match_unit": "hash_block_size",
+    "layout": "groups",
+}
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The KV-cache manager as vLLM's unit tests build it.
+
+    Defaults are the manager's own (dense retention, legacy EAGLE drop); a
+    ``vllm serve`` deployment differs (retention 0, lookahead hashes) and the
+    scenario layer sets those explicitly.
+    """
+
+    groups: tuple[str, ...] = ("full", "mamba")
+    block_size: int = 16
+    mamba_block_size: int | None = None
+    hash_block_size: int | None = None
+    eagle: bool = False
+    shared_prefix_checkpoint: bool = False
+    prompt_checkpoint: str = "v0.33"
+    mamba_cache_mode: str = "align"
+    num_blocks: int = 256
+    report_mode: str | None = None
+    prefix_cache_retention_interval: int | None = None
+    num_hash_lookahead_tokens: int = 0
+    mamba_num_speculative_blocks: int = 0
+    # derived (filled by __post_init__)
+    scheduler_block_size: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    # -- derived values ---------------------------------------------------------
+    @property
+    def eagle_drop(self) -> bool:
+        """Legacy EAGLE trailing-unit drop: EAGLE without lookahead hashes."""
+        return self.eagle and self.num_hash_lookahead_tokens == 0
+
+    def group_specs(self) -> list[GroupSpec]:
+        out = []
+        for g in self.groups:
+            if g == "full":
+                out.append(GroupSpec("full", self.block_size))
+            elif g == "mamba":
+                out.append(GroupSpec("mamba", self.mamba_block_size or self.block_size,
+                                     mamba_mode=self.mamba_cache_mode))
+            else:
+                out.append(GroupSpec("swa", self.block_size, window=int(g.split(":")[1])))
+        return out
+
+    def _validate(self) -> None:
+        def pos_int(name, v, allow_none=False, allow_zero=False):
+            if v is None and allow_none:
+                return
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(name, f"must be an integer, got {v!r}")
+            if v < 0 or (v == 0 and not allow_zero):
+                raise ConfigError(name, f"must be {'>= 0' if allow_zero else 'positive'}, got {v}")
+
+        if not self.groups:
+            raise ConfigError("groups", "needs at least one group")
+        for g in self.groups:
+            ok = g in ("full", "mamba") or (
+                isinstance(g, str) and g.startswith("swa:") and g[4:].isdigit() and int(g[4:]) > 0)
+            if not ok:
+                raise ConfigError("groups", f"unknown group kind {g!r} (use full | mamba | swa:<window>)")
+        pos_int("block_size", self.block_size)
+        pos_int("mamba_block_size", self.mamba_block_size, allow_none=True)
+        pos_int("hash_block_size", self.hash_block_size, allow_none=True)
+        pos_int("num_blocks", self.num_blocks)
+        if self.num_blocks < 2:
+            raise ConfigError("num_blocks", "must be at least 2 (block 0 is the null block)")
+        pos_int("num_hash_lookahead_tokens", self.num_hash_lookahead_tokens, allow_zero=True)
+        pos_int("prefix_cache_retention_interval", self.prefix_cache_retention_interval,
+                allow_none=True, allow_zero=True)
+        for name in ("eagle", "shared_prefix_checkpoint"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"must be true or false, got {getattr(self, name)!r}")
+        if self.prompt_checkpoint not in ("v0.33", "seed"):
+            raise ConfigError("prompt_checkpoint", f"must be v0.33 or seed, got {self.prompt_checkpoint!r}")
+        if self.mamba_cache_mode not in ("align", "all", "none"):
+            raise ConfigError("mamba_cache_mode", f"must be align, all or none, got {self.mamba_cache_mode!r}")
+        if self.report_mode not in (None, "full", "incremental"):
+            raise ConfigError("report_mode", f"must be full, incremental or null, got {self.report_mode!r}")
+        specs = self.group_specs()
+        sizes = [s.block_size for s in specs]
+        sched = math.lcm(*sizes)
+        object.__setattr__(self, "scheduler_block_size", sched)
+        if len(specs) == 1:
+            if self.hash_block_size not in (None, sizes[0]):
+                raise ConfigError("hash_block_size",
+                                  f"with a single KV-cache group hits land on the block size "
+                                  f"({sizes[0]}); unset it or set it to {sizes[0]}")
+            h = sizes[0]
+        elif any(s.kind == "mamba" and s.mamba_mode != "align" for s in specs):
+            h = sched
+        else:
+            h = self.hash_block_size if self.hash_block_size is not None else math.gcd(*sizes)
+            bad = [b for b in sizes if b % h]
+            if bad:
+                raise ConfigError("hash_block_size",
+                                  f"{h} must divide every group block size, got {sizes}")
+        object.__setattr__(self, "hash_block_size", h)
+        r = self.prefix_cache_retention_interval
+        if r is not None:
+            if not any(s.kind in ("mamba", "swa") for s in specs):
+                if r != 0:
+                    raise ConfigError("prefix_cache_retention_interval",
+                                      "has no effect without a sliding-window or Mamba group; set 0")
+            elif r % sched:
+                raise ConfigError("prefix_cache_retention_interval",
+                                  f"{r} must be a multiple of the scheduler block size ({sched})")
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls) if f.init}
+
+    @classmethod
+    def from_mapping(cls, data: dict, prefix: str = "") -> "CacheConfig":
+        """Build from a mapping; unknown keys are a ``ConfigError``."""
+        kwargs = {}
+        names = cls.field_names()
+        for key, value in data.items():
+            name = ALIASES.get(key, key)
+            if name not in names:
+                raise ConfigError(prefix + key, "unknown key")
+            if name == "groups":
+                if not isinstance(value, (list, tuple)):
+                    raise ConfigError(prefix + key, "must be a list like [full, mamba]")
+                value = tuple(str(v) for v in value)
+            kwargs[name] = value
+        try:
+            return cls(**kwargs)
+        except ConfigError as e:
+            raise ConfigError(prefix + e.field_name, str(e).split(": ", 1)[1]) from None

@@ -1,0 +1,163 @@
+"""The KV-cache manager facade the scheduler talks to (vLLM's ``KVCacheManager``).
+
+``get_computed_blocks`` answers the prefix lookup (capped at ``num_tokens -
+1``) and the junction; ``allocate_slots`` reserves blocks for a chunk and
+caches everything the chunk completed; ``free`` returns a finished request's
+blocks tail first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.cache.block_pool import Block
+from sim.cache.config import CacheConfig
+from sim.cache.coordinator import Coordinator
+from sim.cache.hashing import PrefixHasher
+from sim.cache.managers import MambaManager
+from sim.cache.request import CacheRequest
+
+
+@dataclass
+class Lookup:
+    """Result of a prefix lookup."""
+
+    blocks: list[list[Block]]
+    hit: int
+    junction: int
+    events: list[dict] | None = None
+
+
+class KVCacheManager:
+    def __init__(self, cfg: CacheConfig):
+        self.cfg = cfg
+        self.use_eagle = cfg.eagle_drop
+        self.coordinator = Coordinator(
+            cfg.group_specs(), cfg.num_blocks, cfg.scheduler_block_size, cfg.hash_block_size,
+            use_eagle=cfg.eagle_drop, retention=cfg.prefix_cache_retention_interval,
+            lookahead=cfg.num_hash_lookahead_tokens,
+            prefill_lookahead=cfg.num_hash_lookahead_tokens,
+            num_speculative_blocks=cfg.mamba_num_speculative_blocks,
+            checkpoint_rule=cfg.prompt_checkpoint)
+        c = self.coordinator
+        self.shared_prefix_checkpoint = (cfg.shared_prefix_checkpoint and bool(c.eagle_group_ids)
+                                         and c.partial_hits and c.reprefillable == 0)
+        for m in c.managers:
+            if isinstance(m, MambaManager) and self.shared_prefix_checkpoint:
+                m.shared_prefix_checkpoint = True
+        self.pool = c.pool
+        self.hasher = PrefixHasher(cfg.hash_block_size, cfg.num_hash_lookahead_tokens)
+        self.empty = [[] for _ in c.managers]
+
+    @property
+    def partial_hits(self) -> bool:
+        return self.coordinator.partial_hits
+
+    def make_request(self, rid: str, runs, report_mode: str | None = None) -> CacheRequest:
+        return CacheRequest(rid, runs, self.hasher, report_mode)
+
+    # ------------------------------------------------------------------ lookup --
+    def get_computed_blocks(self, req: CacheRequest, max_hit: int | None = None) -> Lookup:
+        if max_hit is None:
+            max_hit = req.num_tokens - 1
+        blocks, hit, uncached = self.coordinator.find_longest_cache_hit(req.block_hashes, max_hit)
+        events = None
+        if hit > 0 and self.cfg.report_mode == "full" and req.report_mode != "incremental":
+            events = self._emit_cached_block_events(req, blocks)
+        junction = hit + uncached if uncached else 0
+        return Lookup(blocks, hit, junction, events)
+
+    def _emit_cached_block_events(self, req: CacheRequest, blocks) -> list[dict]:
+        """vLLM publishes one key per *position* of each group's hit list.
+
+        For Mamba the list is ``[null, ..., state]``, so this publishes keys of
+        interior blocks that were never stored, and when the hit ends inside a
+        Mamba block it indexes past the block-size hash view: ``IndexError``
+        (still present in 0.33.0; the seed PR's defect 2).
+        """
+        out = []
+        h = self.coordinator.hash_block_size
+        for gid, gb in enumerate(blocks):
+            if not gb:
+                continue
+            bs = self.coordinator.managers[gid].block_size
+            view_len = len(req.block_hashes) // (bs // h)
+            if len(gb) > view_len:
+                raise IndexError("list index out of range")
+            out.append({"group": gid, "keys": len(gb),
+                        "tokens": min(len(gb) * bs, req.num_tokens)})
+        return out
+
+    def per_group_hits(self, req: CacheRequest, max_hit: int | None = None) -> list[int]:
+        if max_hit is None:
+            max_hit = req.num_tokens - 1
+        return self.coordinator.find_per_group(req.block_hashes, max_hit)
+
+    # -------------------------------------------------------------- allocation --
+    def allocate_slots(self, req: CacheRequest, num_new_tokens: int, num_new_computed: int = 0,
+                       new_computed: list[list[Block]] | None = None,
+                       num_lookahead_tokens: int = 0) -> bool:
+        """Reserve slots for ``num_new_tokens`` and cache what they complete.
+
+        Returns False (and changes nothing but skipped-block frees) when the
+        pool cannot hold the chunk.
+        """
+        c = self.coordinator
+        if num_new_tokens == 0 and num_new_computed == 0:
+            raise ValueError("num_new_tokens must be greater than 0")
+        ncb = new_computed if new_computed is not None else self.empty
+        num_local = req.num_computed_tokens + num_new_computed
+        total = num_local
+        num_main = total + num_new_tokens
+        need_slot = num_main + num_lookahead_tokens
+        rid = req.request_id
+        for m in c.managers:
+            m.remove_skipped_blocks(rid, total)
+        need = c.blocks_to_allocate(rid, need_slot, ncb, total, num_local, num_main)
+        if need > c.pool.num_free():
+            return False
+        if (new_computed is not None and any(new_computed)
+                and not any(rid in m.num_cached for m in c.managers)):
+            for i, m in enumerate(c.managers):
+                m.add_local_computed(rid, ncb[i], num_local)
+        for m in c.managers:
+            m.allocate_new(rid, need_slot, num_main)
+        c.cache_blocks(req, min(total + num_new_tokens, req.num_tokens))
+        return True
+
+    def release_cow_copies(self) -> None:
+        """The model runner has copied partial-hit blocks: drop the retained refs."""
+        for m in self.coordinator.managers:
+            pairs = m.take_pending_cow()
+            if pairs:
+                self.pool.free_blocks([b for pair in pairs for b in pair])
+
+    def free(self, req: CacheRequest) -> None:
+        self.coordinator.free(req.request_id)
+
+    def new_step_starts(self) -> None:
+        self.coordinator.new_step_starts()
+
+    # ------------------------------------------------------------- inspection --
+    def cached_positions(self, req: CacheRequest, gid: int) -> list[int]:
+        """Positions on the hash grid where group ``gid`` holds this prefix."""
+        h = self.coordinator.hash_block_size
+        get = self.pool.get_cached_block
+        return [(i + 1) * h for i, hv in enumerate(req.block_hashes) if get(hv, [gid])]
+
+    def split_policy(self) -> "SplitPolicy":
+        """The scheduler's align-mode split, configured as this manager."""
+        from sim.cache.split import SplitPolicy
+
+        c = self.coordinator
+        partial = (c.partial_hits and any(s.kind == "mamba" for s in c.specs)
+                   and c.hash_block_size < c.scheduler_block_size)
+        return SplitPolicy(
+            block_size=c.scheduler_block_size, hash_block_size=c.hash_block_size,
+            partial_hits=partial, drop_eagle=self.cfg.eagle_drop,
+            lookahead=self.cfg.num_hash_lookahead_tokens,
+            shared_prefix_checkpoint=partial and self.shared_prefix_checkpoint,
+            checkpoint_rule=self.cfg.prompt_checkpoint)
+
+    @property
+    def needs_aligned_split(self) -> bool:
+        return any(s.kind == "mamba" and s.mamba_mode == "align" for s in self.coordinator.specs)

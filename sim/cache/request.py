@@ -1,0 +1,37 @@
+"""The cache model's view of a request: tokens as runs, hashes, progress."""
+from __future__ import annotations
+
+from sim.cache.hashing import PrefixHasher, Run, canonical_runs
+
+
+class CacheRequest:
+    """What the KV-cache manager needs to know about one request.
+
+    ``runs`` describe the token sequence (prompt, then any output tokens);
+    ``block_hashes`` are its chained hashes at the hash unit, extended as
+    tokens are appended.  ``num_computed_tokens`` is advanced by the caller
+    (scheduler or case runner) *after* each ``allocate_slots``, as vLLM does.
+    """
+
+    __slots__ = ("request_id", "runs", "num_prompt_tokens", "num_tokens", "block_hashes",
+                 "num_computed_tokens", "shared_prefix_boundary", "hasher", "report_mode",
+                 "waiting")
+
+    def __init__(self, request_id: str, runs: list[Run], hasher: PrefixHasher,
+                 report_mode: str | None = None):
+        self.request_id = request_id
+        self.runs = canonical_runs(list(runs))
+        self.num_prompt_tokens = sum(r[2] for r in self.runs)
+        self.num_tokens = self.num_prompt_tokens
+        self.hasher = hasher
+        self.block_hashes = hasher.hashes(self.runs)
+        self.num_computed_tokens = 0
+        self.shared_prefix_boundary = 0
+        self.report_mode = report_mode
+        self.waiting = True
+
+    def append_tokens(self, runs: list[Run]) -> None:
+        """Append output tokens and extend the hash list (no rehash of the prefix)."""
+        self.runs = canonical_runs(self.runs + list(runs))
+        self.num_tokens = sum(r[2] for r in self.runs)
+        self.block_hashes = self.hasher.hashes(self.runs, self.block_hashes)

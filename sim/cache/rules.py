@@ -1,0 +1,54 @@
+"""Small position rules shared by the cache managers and the scheduler split.
+
+Each is a pure function of integers, named as vLLM names the behaviour.
+"""
+from __future__ import annotations
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def mamba_checkpoint_position(num_tokens: int, unit: int, drop_eagle: bool,
+                              lookahead: int = 0, rule: str = "v0.33") -> int:
+    """Where a prompt of ``num_tokens`` keeps its reusable Mamba state.
+
+    ``v0.33`` (vLLM 0.33.0, ``get_mamba_prefill_checkpoint_position``): one
+    token (or the lookahead) is left for logits and the checkpoint's own hash;
+    with the legacy EAGLE drop the state sits one unit below the prompt tail,
+    where an EAGLE consumer resumes.
+
+    ``seed`` (the rule before the fix the seed PR asked for): the state sits at
+    the prompt tail on the ``unit`` grid, so an EAGLE consumer that drops one
+    unit finds no state there.
+    """
+    if rule == "seed":
+        return max((num_tokens - lookahead) // unit * unit, 0)
+    proof_limit = num_tokens if drop_eagle else num_tokens - max(1, lookahead)
+    pos = proof_limit // unit * unit
+    if drop_eagle:
+        pos -= unit
+    return max(pos, 0)
+
+
+def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int,
+                      use_eagle: bool) -> tuple[int, ...]:
+    """Positions a later request replaying this prompt can resume at.
+
+    A resend of the identical prompt is capped at ``n - 1``; a longer sibling
+    matches the final aligned block.  EAGLE groups keep the block below both.
+    Used by sparse retention (``prefix_cache_retention_interval`` 0 or N).
+    """
+    if not use_eagle:
+        return (num_prompt_tokens - 1,)
+    b = scheduler_block_size
+    resend = (num_prompt_tokens - 1) // b * b
+    extension = num_prompt_tokens // b * b
+    return tuple(sorted({max(resend - b, 0), max(extension - b, 0)}))
+
+
+def eagle_proof_margin(block_size: int, unit: int, fine_grained: bool) -> int:
+    """Tokens an EAGLE group may match past a candidate before dropping them."""
+    if fine_grained and block_size > unit:
+        return unit
+    return block_size

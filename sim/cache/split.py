@@ -1,0 +1,60 @@
+"""Where a prefill chunk must end so Mamba states land where they can be reused.
+
+vLLM 0.33.0's ``Scheduler._mamba_block_aligned_split`` (align mode), applied
+after the ``long_prefill_token_threshold`` and token-budget caps.  Mamba state
+is written only at chunk ends, so non-final chunks are floored to the block
+grid, and the chunk stops early at the first mandatory position strictly
+inside it: the next block boundary (chunk starting mid-block), the last
+cacheable block position, the prompt checkpoint on the hash grid
+(fine-grained mode) and the junction (exact with the shared-prefix flag,
+block-floored without it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.cache.rules import mamba_checkpoint_position
+
+
+@dataclass(frozen=True)
+class SplitPolicy:
+    block_size: int            # scheduler block size (lcm of group block sizes)
+    hash_block_size: int
+    partial_hits: bool         # fine-grained (sub-block) hits are on
+    drop_eagle: bool           # legacy EAGLE drop (not lookahead hashes)
+    lookahead: int             # num_hash_lookahead_tokens
+    shared_prefix_checkpoint: bool
+    checkpoint_rule: str = "v0.33"
+
+    def split(self, num_prompt: int, num_tokens: int, num_computed: int, junction: int,
+              num_new: int, new_local: int, max_scheduled: int, long_prefill: int) -> int:
+        start = num_computed + new_local
+        prefill_end = max(num_prompt, num_tokens - 1)
+        if start >= prefill_end:
+            return num_new
+        bs = self.block_size
+        rule = self.checkpoint_rule
+        last_cache = mamba_checkpoint_position(num_tokens, bs, self.drop_eagle, self.lookahead, rule)
+        end = start + num_new
+        if end < prefill_end:
+            limit = max_scheduled
+            if long_prefill > 0:
+                limit = min(limit, long_prefill)
+            aligned = end // bs * bs
+            if aligned > start or bs <= limit:
+                end = aligned
+        next_boundary = (start // bs + 1) * bs
+        tail = (mamba_checkpoint_position(num_prompt, self.hash_block_size, self.drop_eagle,
+                                          self.lookahead, rule)
+                if self.partial_hits else 0)
+        floored = start + (junction - start) // bs * bs
+        junction_stop = (junction if self.shared_prefix_checkpoint and junction <= num_prompt
+                         else floored)
+        stops = (
+            next_boundary if start % bs else 0,
+            last_cache,
+            tail if last_cache < tail < num_prompt else 0,
+            junction_stop if start < junction < end else 0,
+        )
+        end = min((s for s in stops if start < s < end), default=end)
+        return max(end - start, 0)
