@@ -29,7 +29,7 @@ def make_key(block_hash: int, group_id: int) -> int:
 class Block:
     """One physical block. ``key`` is its primary hash key (or None)."""
 
-    __slots__ = ("block_id", "ref_cnt", "key", "key_tokens", "is_null")
+    __slots__ = ("block_id", "ref_cnt", "key", "key_tokens", "is_null", "kind")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
@@ -37,6 +37,7 @@ class Block:
         self.key: int | None = None
         self.key_tokens: int | None = None
         self.is_null = False
+        self.kind = 0  # memory-accounting kind of the group that last allocated it
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"Block({self.block_id}, ref={self.ref_cnt}, tokens={self.key_tokens})"
@@ -62,6 +63,13 @@ class BlockPool:
         # block_id -> extra (non-primary) keys of that block
         self.extra_keys: dict[int, set[int]] = {}
         self.evicted_keys = 0  # keys dropped because their block was reused
+        # Memory accounting: a block is *occupied* from allocation until it is
+        # freed without a key or reused; cached (hittable) free blocks count.
+        # ``kind_of_group`` maps a group id to an accounting kind (set by the
+        # coordinator: 0 attention, 1 Mamba).
+        self.kind_of_group: list[int] = []
+        self.occupied = [0, 0]
+        self.peak = [0, 0]
 
     # -- lookups -------------------------------------------------------------
     def get_one(self, key: int) -> Block | None:
@@ -174,18 +182,31 @@ class BlockPool:
     def num_free(self) -> int:
         return len(self.free_queue)
 
-    def get_new_blocks(self, n: int) -> list[Block]:
+    def get_new_blocks(self, n: int, group_id: int = 0) -> list[Block]:
         if n > len(self.free_queue):
             raise ValueError(f"Cannot get {n} free blocks from the pool")
         out = []
         pop = self.free_queue.popitem
+        occ = self.occupied
+        kind = self.kind_of_group[group_id] if self.kind_of_group else 0
         for _ in range(n):
             b = pop(last=False)[1]
-            if b.key is not None or b.block_id in self.extra_keys:
+            if b.key is not None:
                 self.evicted_keys += len(self.remove_keys(b))
+                occ[b.kind] -= 1
             b.ref_cnt += 1
+            b.kind = kind
             out.append(b)
+        occ[kind] += n
+        if occ[kind] > self.peak[kind]:
+            self.peak[kind] = occ[kind]
         return out
+
+    def peak_by_group(self, group_ids: list[int]) -> int:
+        """Peak occupied blocks of the accounting kind of ``group_ids``."""
+        if not group_ids or not self.kind_of_group:
+            return 0
+        return self.peak[self.kind_of_group[group_ids[0]]]
 
     def touch(self, blocks) -> None:
         q = self.free_queue
@@ -205,13 +226,14 @@ class BlockPool:
                 continue
             b.ref_cnt -= 1
             if b.ref_cnt == 0:
-                (first if b.key is None else last).append(b)
+                if b.key is None:
+                    first.append(b)
+                    self.occupied[b.kind] -= 1
+                else:
+                    last.append(b)
         q = self.free_queue
         for b in reversed(first):
             q[b.block_id] = b
             q.move_to_end(b.block_id, last=False)
         for b in last:
             q[b.block_id] = b
-
-    def evict_key_of(self, block: Block) -> None:
-        self.remove_keys(block)

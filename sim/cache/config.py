@@ -49,7 +49,14 @@ class CacheConfig:
     report_mode: str | None = None
     prefix_cache_retention_interval: int | None = None
     num_hash_lookahead_tokens: int = 0
+    # drafter runway at a chunk boundary (1 EAGLE-family, k multi-module MTP);
+    # None = num_hash_lookahead_tokens, as the oracle builds the manager
+    num_prefill_lookahead: int | None = None
     mamba_num_speculative_blocks: int = 0
+    # which groups vLLM flags as EAGLE groups: "all" is its fallback when no
+    # group is annotated (unit tests, the oracle); a served model flags the
+    # groups holding the drafter's layers, i.e. full attention ("attention")
+    eagle_groups: str = "all"
     # derived (filled by __post_init__)
     scheduler_block_size: int = field(default=0, init=False)
 
@@ -57,6 +64,12 @@ class CacheConfig:
         self._validate()
 
     # -- derived values ---------------------------------------------------------
+    @property
+    def prefill_lookahead(self) -> int:
+        if self.num_prefill_lookahead is None:
+            return self.num_hash_lookahead_tokens
+        return self.num_prefill_lookahead
+
     @property
     def eagle_drop(self) -> bool:
         """Legacy EAGLE trailing-unit drop: EAGLE without lookahead hashes."""
@@ -97,11 +110,15 @@ class CacheConfig:
         if self.num_blocks < 2:
             raise ConfigError("num_blocks", "must be at least 2 (block 0 is the null block)")
         pos_int("num_hash_lookahead_tokens", self.num_hash_lookahead_tokens, allow_zero=True)
+        pos_int("num_prefill_lookahead", self.num_prefill_lookahead, allow_none=True, allow_zero=True)
+        pos_int("mamba_num_speculative_blocks", self.mamba_num_speculative_blocks, allow_zero=True)
         pos_int("prefix_cache_retention_interval", self.prefix_cache_retention_interval,
                 allow_none=True, allow_zero=True)
         for name in ("eagle", "shared_prefix_checkpoint"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be true or false, got {getattr(self, name)!r}")
+        if self.eagle_groups not in ("all", "attention"):
+            raise ConfigError("eagle_groups", f"must be all or attention, got {self.eagle_groups!r}")
         if self.prompt_checkpoint not in ("v0.33", "seed"):
             raise ConfigError("prompt_checkpoint", f"must be v0.33 or seed, got {self.prompt_checkpoint!r}")
         if self.mamba_cache_mode not in ("align", "all", "none"):

@@ -37,14 +37,24 @@ class Coordinator:
     def __init__(self, specs: list[GroupSpec], num_blocks: int, scheduler_block_size: int,
                  hash_block_size: int, use_eagle: bool, retention: int | None,
                  lookahead: int = 0, prefill_lookahead: int = 0,
-                 num_speculative_blocks: int = 0, checkpoint_rule: str = "v0.33"):
+                 num_speculative_blocks: int = 0, checkpoint_rule: str = "v0.33",
+                 eagle_groups: str = "all", eagle_method: bool = False):
         self.specs = specs
         self.scheduler_block_size = scheduler_block_size
         self.hash_block_size = hash_block_size
         self.reprefillable = max(0, prefill_lookahead - 1)
         self.pool = BlockPool(num_blocks, hash_block_size, lookahead)
+        self.pool.kind_of_group = [1 if s.kind == "mamba" else 0 for s in specs]
         # Unflagged groups: with EAGLE every group counts as an EAGLE group.
-        self.eagle_group_ids = set(range(len(specs))) if use_eagle else set()
+        # A served model flags the groups holding the drafter's layers (full
+        # attention) whenever the drafter is EAGLE-like, lookahead or not; with
+        # no flagged group vLLM falls back to flagging every group when the
+        # legacy drop is on (unit tests, the oracle).
+        annotated = ({i for i, s in enumerate(specs) if s.kind == "full"}
+                     if eagle_method and eagle_groups == "attention" else set())
+        self.eagle_group_ids: set[int] = annotated
+        if use_eagle and not annotated:
+            self.eagle_group_ids = set(range(len(specs)))
         self.drop_eagle_group_ids = set(self.eagle_group_ids) if use_eagle else set()
         if self.eagle_group_ids and scheduler_block_size < prefill_lookahead:
             raise ValueError(

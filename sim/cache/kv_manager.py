@@ -35,9 +35,10 @@ class KVCacheManager:
             cfg.group_specs(), cfg.num_blocks, cfg.scheduler_block_size, cfg.hash_block_size,
             use_eagle=cfg.eagle_drop, retention=cfg.prefix_cache_retention_interval,
             lookahead=cfg.num_hash_lookahead_tokens,
-            prefill_lookahead=cfg.num_hash_lookahead_tokens,
+            prefill_lookahead=cfg.prefill_lookahead,
             num_speculative_blocks=cfg.mamba_num_speculative_blocks,
-            checkpoint_rule=cfg.prompt_checkpoint)
+            checkpoint_rule=cfg.prompt_checkpoint, eagle_groups=cfg.eagle_groups,
+            eagle_method=cfg.eagle)
         c = self.coordinator
         self.shared_prefix_checkpoint = (cfg.shared_prefix_checkpoint and bool(c.eagle_group_ids)
                                          and c.partial_hits and c.reprefillable == 0)
@@ -130,6 +131,13 @@ class KVCacheManager:
             pairs = m.take_pending_cow()
             if pairs:
                 self.pool.free_blocks([b for pair in pairs for b in pair])
+
+    def states_written(self, req: CacheRequest) -> int:
+        """Mamba states this request registered (one Mamba group's count)."""
+        for m in self.coordinator.managers:
+            if isinstance(m, MambaManager):
+                return m.states_written.get(req.request_id, 0)
+        return 0
 
     def free(self, req: CacheRequest) -> None:
         self.coordinator.free(req.request_id)

@@ -238,14 +238,14 @@ class SingleTypeManager:
         cow_blocks: list[Block] = []
         if rid in self.partial_hit:
             idx, src = self.partial_hit.pop(rid)
-            cow = self.pool.get_new_blocks(1)[0]
+            cow = self.pool.get_new_blocks(1, self.group_id)[0]
             self._apply_cow(rid, idx, src, cow)
             cow_blocks.append(cow)
         blocks = self.req_blocks.setdefault(rid, [])
         new = cdiv(num_tokens, self.block_size) - len(blocks)
         if new <= 0:
             return cow_blocks
-        got = self.pool.get_new_blocks(new)
+        got = self.pool.get_new_blocks(new, self.group_id)
         blocks.extend(got)
         return cow_blocks + got
 
@@ -391,6 +391,7 @@ class MambaManager(SingleTypeManager):
         self.last_state_idx: dict[str, int] = {}
         self.retired: dict[str, int] = {}
         self.allocated: set[str] = set()
+        self.states_written: dict[str, int] = {}   # states this request registered
 
     def find(self, hashes, max_length, group_ids, drop_eagle, align):
         return find_mamba(self.pool, hashes, max_length, group_ids, self.block_size, align)
@@ -488,7 +489,7 @@ class MambaManager(SingleTypeManager):
         new = max(required - len(blocks), 0)
         if partial is not None:
             new += 1
-        got = self.pool.get_new_blocks(new)
+        got = self.pool.get_new_blocks(new, self.group_id)
         returned = blocks[prev:]
         if partial is not None:
             idx, src = partial
@@ -514,6 +515,7 @@ class MambaManager(SingleTypeManager):
         self.allocated.discard(rid)
         self.last_state_idx.pop(rid, None)
         self.retired.pop(rid, None)
+        self.states_written.pop(rid, None)
         return super().pop_blocks_for_free(rid)
 
     def cache_blocks(self, req, num_tokens, retention, replay) -> None:
@@ -521,9 +523,11 @@ class MambaManager(SingleTypeManager):
         before = self.num_cached.get(rid, 0)
         super().cache_blocks(req, num_tokens, retention, replay)
         after = self.num_cached.get(rid, 0)
+        written = 0
         key = self._cache_partial_tail(req, num_tokens)
         if key is not None:
             self.cached_this_step.add(key)
+            written += 1
         if after > before:
             blocks = self.req_blocks[rid]
             for i in range(before, after):
@@ -531,6 +535,9 @@ class MambaManager(SingleTypeManager):
                 if b.is_null or b.key is None:
                     continue
                 self.cached_this_step.add(b.key)
+                written += 1
+        if written:
+            self.states_written[rid] = self.states_written.get(rid, 0) + written
 
     def new_step_starts(self) -> None:
         self.cached_this_step.clear()

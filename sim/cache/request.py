@@ -31,7 +31,15 @@ class CacheRequest:
         self.waiting = True
 
     def append_tokens(self, runs: list[Run]) -> None:
-        """Append output tokens and extend the hash list (no rehash of the prefix)."""
-        self.runs = canonical_runs(self.runs + list(runs))
-        self.num_tokens = sum(r[2] for r in self.runs)
-        self.block_hashes = self.hasher.hashes(self.runs, self.block_hashes)
+        """Append output tokens; hashes are extended only when a unit completes."""
+        own = self.runs
+        for s, st, n in runs:
+            ls, lst, ln = own[-1]
+            if ls == s and lst + ln == st:
+                own[-1] = (ls, lst, ln + n)
+            else:
+                own.append((s, st, n))
+            self.num_tokens += n
+        h = self.hasher
+        if (self.num_tokens - h.lookahead) // h.unit > len(self.block_hashes):
+            self.block_hashes = h.hashes(own, self.block_hashes)

@@ -1,0 +1,55 @@
+"""Analytical backend: a per-step roofline over the batch.
+
+step time = overhead + max(FLOPs / (peak FLOP/s x mfu), bytes / (HBM B/s x mbu))
+
+FLOPs per scheduled item of ``t`` new tokens over ``c`` cached tokens:
+  * dense/MoE/projections: 2 x active parameters x t (embeddings excluded),
+  * attention scores and values: 4 x t x (c + (t + 1) / 2) x q_heads x head_dim per attention layer,
+  * Mamba2 SSD: ``ssd_flops_per_token`` x t per Mamba layer (linear in t).
+Bytes per step: active weights once, KV read of ``c + t`` tokens and written for ``t``
+per attention layer, the Mamba state read and written once per item and layer.
+
+Efficiencies (``mfu``, ``mbu``) and the overhead come from the scenario or a
+profile file produced by ``sim calibrate`` (torch backend issue).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CostModel:
+    dense_flops_per_token: float       # 2 x active non-embedding params
+    attn_layers: int
+    attn_width: int                    # q_heads x head_dim
+    kv_bytes_per_token: float          # all attention layers, K and V
+    mamba_layers: int
+    ssd_flops_per_token: float         # one Mamba layer, one token
+    state_bytes_per_seq: float         # all Mamba layers, one request
+    weight_bytes: float                # active weights read per step
+    peak_flops: float
+    hbm_bytes_per_s: float
+    mfu: float = 0.5
+    mbu: float = 0.7
+    overhead_s: float = 0.004
+
+    def step_time(self, items) -> float:
+        if not items:
+            return self.overhead_s
+        flops = 0.0
+        kv_bytes = 0.0
+        state_bytes = 0.0
+        dense = self.dense_flops_per_token
+        attn = 4.0 * self.attn_layers * self.attn_width
+        ssd = self.ssd_flops_per_token * self.mamba_layers
+        kvb = self.kv_bytes_per_token
+        sb = 2.0 * self.state_bytes_per_seq
+        for it in items:
+            t = it.num_tokens
+            c = it.context
+            flops += t * (dense + ssd) + attn * t * (c + (t + 1) * 0.5)
+            kv_bytes += (c + 2 * t) * kvb
+            state_bytes += sb
+        compute = flops / (self.peak_flops * self.mfu)
+        memory = (self.weight_bytes + kv_bytes + state_bytes) / (self.hbm_bytes_per_s * self.mbu)
+        return self.overhead_s + (compute if compute > memory else memory)

@@ -1,0 +1,112 @@
+"""The per-run report: ``report.md`` with a TTFT CDF and a hit-length histogram.
+
+Figures are drawn with matplotlib's Agg backend with fixed metadata so the same
+run writes the same bytes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+_PNG_META = {"Software": None}
+
+
+def _save(fig, path: Path) -> None:
+    fig.savefig(path, dpi=110, bbox_inches="tight", metadata=_PNG_META)
+    plt.close(fig)
+
+
+def ttft_cdf(rows, path: Path, title: str) -> None:
+    vals = sorted(r[11] for r in rows)
+    n = len(vals)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    if n:
+        ax.plot(vals, [(i + 1) / n for i in range(n)], drawstyle="steps-post", color="#1f77b4")
+        for q, ls in ((0.5, ":"), (0.9, "--"), (0.99, "-.")):
+            v = vals[min(int(q * (n - 1) + 0.5), n - 1)]
+            ax.axvline(v, color="grey", ls=ls, lw=0.8, label=f"p{int(q * 100)} = {v:.3f} s")
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel("time to first token (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_ylim(0, 1.01)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    _save(fig, path)
+
+
+def hit_histogram(rows, path: Path, title: str, block: int) -> None:
+    hits = [r[5] for r in rows]
+    attn = [r[6] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    top = max(max(attn, default=0), max(hits, default=0), 1)
+    bins = min(60, max(10, top // max(block, 1) + 1))
+    ax.hist([attn, hits], bins=bins, label=["full attention alone", "reconciled (reused)"],
+            color=["#ff7f0e", "#1f77b4"], alpha=0.8)
+    ax.set_xlabel("prefix hit per request (tokens)")
+    ax.set_ylabel("requests")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    _save(fig, path)
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB"
+
+
+def write_report(folder: Path, sc, dep, rows, s: dict) -> None:
+    folder = Path(folder)
+    ttft_cdf(rows, folder / "ttft_cdf.png", f"{sc.name}: TTFT CDF ({s['requests']:,} requests)")
+    hit_histogram(rows, folder / "hit_hist.png", f"{sc.name}: prefix hit per request",
+                  dep.layout.block_size)
+    from workloads import describe
+
+    lines = [
+        f"# Run report: {sc.name}",
+        "",
+        sc.description.strip() or "",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| model | {sc.model.name} (block {dep.layout.block_size} tokens, "
+        f"hash unit {s['hash_block_size']}) |",
+        f"| cache policy | {sc.cache.policy}: retention {sc.cache.prefix_cache_retention_interval}, "
+        f"shared-prefix checkpoint {'on' if sc.cache.enable_mamba_shared_prefix_checkpoint else 'off'}, "
+        f"lookahead hashes {'off' if sc.cache.disable_lookahead_block_hashes else 'on'} |",
+        f"| speculative | {sc.speculative.method or 'none'} k={sc.speculative.num_speculative_tokens}, "
+        f"mean accepted {sc.speculative.mean_accepted_tokens} |",
+        f"| GPU | {sc.gpu.count} x {sc.gpu.type}, {s['num_gpu_blocks']:,} pool blocks |",
+        f"| workload | {describe(sc.workload)} |",
+        "",
+        "## Reuse",
+        "",
+        f"| metric | value |",
+        f"|---|---|",
+        f"| requests | {s['requests']:,} |",
+        f"| token hit rate | {s['token_hit_rate']:.2%} ({s['hit_tokens']:,} of {s['prompt_tokens']:,}) |",
+        f"| request hit rate | {s['request_hit_rate']:.2%} |",
+        f"| lost to reconciliation | {s['lost_token_rate']:.2%} of prompt tokens ({s['lost_tokens']:,}) |",
+        f"| Mamba state memory, peak | {_gib(s['mamba_state_bytes_peak'])} |",
+        f"| attention KV memory, peak | {_gib(s['kv_bytes_peak'])} |",
+        f"| evicted cache keys | {s['evictions']:,} |",
+        f"| preemptions | {s['preemptions']:,} |",
+        "",
+        "## Latency",
+        "",
+        "| TTFT mean | p50 | p90 | p99 | output tok/s |",
+        "|---|---|---|---|---|",
+        f"| {s['ttft_mean_s']:.3f} s | {s['ttft_p50_s']:.3f} s | {s['ttft_p90_s']:.3f} s | "
+        f"{s['ttft_p99_s']:.3f} s | {s['throughput_tok_s']:,.0f} |",
+        "",
+        "![TTFT CDF](ttft_cdf.png)",
+        "",
+        "![hit histogram](hit_hist.png)",
+        "",
+        "Per-request values: `requests.csv`; every figure above: `summary.json`.",
+        "",
+    ]
+    (folder / "report.md").write_text("\n".join(lines))

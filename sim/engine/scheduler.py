@@ -1,0 +1,269 @@
+"""A continuous-batching scheduler shaped like vLLM v1's ``Scheduler.schedule``.
+
+Each step: running requests first (in order), each gets its remaining tokens
+(prefill chunk, or 1 + K speculative tokens in decode) capped by the long-
+prefill threshold (ignored while only one request is in the system, as vLLM
+does), the step token budget and the align-mode split; if blocks run out the
+newest running request is preempted (recompute) until the allocation fits.
+Then, unless someone was preempted, waiting requests in arrival order: the
+prefix lookup on first admission, the same caps and split, ``max_num_seqs``.
+
+The scheduler knows nothing about time; the engine calls ``schedule`` and
+``update_from_output`` once per step.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from sim.cache.kv_manager import KVCacheManager
+from sim.cache.request import CacheRequest
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    long_prefill_token_threshold: int = 0
+    num_speculative_tokens: int = 0
+
+
+@dataclass(slots=True)
+class SimRequest:
+    """A request inside the engine: cache view plus serving progress."""
+
+    cache: CacheRequest
+    arrival_s: float
+    max_tokens: int
+    index: int                         # arrival order (tie-break, output order)
+    num_output: int = 0
+    hit_tokens: int = -1               # prefix hit at first admission
+    attention_hit_tokens: int = 0      # full attention alone
+    junction: int = 0
+    first_scheduled_s: float = -1.0
+    first_token_s: float = -1.0
+    finish_s: float = -1.0
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    mamba_states_written: int = 0
+    accept_carry: float = 0.0
+    chunk_ends: list[int] = field(default_factory=list)
+    first_prefill_done: bool = False
+    done_event: object = None
+
+    @property
+    def rid(self) -> str:
+        return self.cache.request_id
+
+    @property
+    def num_computed(self) -> int:
+        return self.cache.num_computed_tokens
+
+    out_stream: int = 0                # stream id of this request's output tokens
+    alloc_key: tuple = ()              # block indices at the last allocation (decode fast path)
+
+    @property
+    def decoding(self) -> bool:
+        """Prompt (and any replayed outputs) computed: each step samples."""
+        return self.num_output > 0 and self.cache.num_computed_tokens >= self.cache.num_tokens - 1
+
+
+@dataclass(slots=True)
+class ScheduledItem:
+    req: SimRequest
+    num_tokens: int            # tokens computed this step (incl. drafts in decode)
+    context: int               # tokens already in the KV cache before this step
+    is_prefill: bool
+    spec_tokens: int = 0
+    new_hit: int = 0
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, accepted_per_step: float = 0.0,
+                 fast_decode: bool = True):
+        self.cfg = cfg
+        self.kv = kv
+        self.split = kv.split_policy()
+        self.aligned = kv.needs_aligned_split
+        self.accepted = accepted_per_step
+        # drafter slots allocated past the scheduled tokens (vLLM's num_lookahead_tokens)
+        self.num_lookahead = cfg.num_speculative_tokens
+        self.fast_decode = fast_decode
+        # smallest group block: allocation only changes when a position crosses one
+        self.min_block = min(m.block_size for m in kv.coordinator.managers)
+        self.running: list[SimRequest] = []
+        self.waiting: deque[SimRequest] = deque()
+        self.preemptions = 0
+
+    # ----------------------------------------------------------------- helpers --
+    def add(self, req: SimRequest) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def _split(self, r: SimRequest, num_new: int, new_local: int, lpt: int) -> int:
+        c = r.cache
+        return self.split.split(c.num_prompt_tokens, c.num_tokens, c.num_computed_tokens,
+                                c.shared_prefix_boundary, num_new, new_local,
+                                self.cfg.max_num_batched_tokens, lpt)
+
+    # ---------------------------------------------------------------- schedule --
+    def schedule(self, now: float) -> list[ScheduledItem]:
+        kv = self.kv
+        kv.new_step_starts()
+        cfg = self.cfg
+        budget = cfg.max_num_batched_tokens
+        K = cfg.num_speculative_tokens
+        lpt = cfg.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+        out: list[ScheduledItem] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            r = self.running[i]
+            c = r.cache
+            decode = r.decoding
+            n = c.num_tokens + (K if decode else 0) - c.num_computed_tokens
+            if 0 < lpt < n:
+                n = lpt
+            n = min(n, budget)
+            if self.aligned:
+                n = self._split(r, n, 0, lpt)
+            if n <= 0:
+                i += 1
+                continue
+            key = self._alloc_key(c, n) if decode and self.fast_decode else ()
+            if key and key == r.alloc_key:
+                ok = True  # same blocks as last step: allocate_slots would change nothing
+            while not (key and key == r.alloc_key):
+                ok = kv.allocate_slots(c, n, num_lookahead_tokens=self.num_lookahead)
+                if ok:
+                    r.alloc_key = key
+                    break
+                victim = self.running.pop()
+                self._preempt(victim, out)
+                preempted = True
+                if victim is r:
+                    break
+            if not ok:
+                break
+            out.append(ScheduledItem(r, n, c.num_computed_tokens, not decode,
+                                     spec_tokens=K if decode else 0))
+            budget -= n
+            i += 1
+        if not preempted:
+            while budget > 0 and self.waiting:
+                if len(self.running) >= cfg.max_num_seqs:
+                    break
+                r = self.waiting[0]
+                c = r.cache
+                lookup = None
+                new_local = 0
+                attn_alone = 0
+                if c.num_computed_tokens == 0:
+                    lookup = kv.get_computed_blocks(c)
+                    c.shared_prefix_boundary = lookup.junction
+                    new_local = lookup.hit
+                    if r.hit_tokens < 0:
+                        attn_alone = self._attention_alone(c)
+                n = c.num_tokens - (c.num_computed_tokens + new_local)
+                if 0 < lpt < n:
+                    n = lpt
+                n = min(n, budget)
+                if self.aligned:
+                    n = self._split(r, n, new_local, lpt)
+                    if n == 0:
+                        break
+                ok = kv.allocate_slots(c, n, new_local,
+                                       lookup.blocks if lookup is not None and lookup.hit else None,
+                                       num_lookahead_tokens=self.num_lookahead)
+                if not ok:
+                    break
+                self.waiting.popleft()
+                self.running.append(r)
+                if r.hit_tokens < 0:
+                    r.hit_tokens = new_local
+                    r.junction = lookup.junction if lookup else 0
+                    r.attention_hit_tokens = attn_alone
+                    r.first_scheduled_s = now
+                c.num_computed_tokens += new_local
+                out.append(ScheduledItem(r, n, c.num_computed_tokens, True, new_hit=new_local))
+                budget -= n
+        return out
+
+    def _alloc_key(self, c: CacheRequest, n: int) -> tuple:
+        """Everything ``allocate_slots`` reads, at block granularity.
+
+        Two decode steps with equal keys need the same blocks, free nothing
+        and cache nothing new, so the second allocation is skipped.
+        """
+        b = self.min_block
+        comp = c.num_computed_tokens
+        main = comp + n
+        return (-(-(main + self.num_lookahead) // b), -(-main // b), (comp - 1) // b,
+                -(-comp // b), c.num_tokens // b,
+                len(c.block_hashes) * c.hasher.unit // b)
+
+    def _attention_alone(self, c: CacheRequest) -> int:
+        specs = self.kv.coordinator.specs
+        if not any(s.kind == "full" for s in specs):
+            return 0
+        per = self.kv.per_group_hits(c)
+        return max(p for p, s in zip(per, specs) if s.kind == "full")
+
+    def _preempt(self, r: SimRequest, out: list[ScheduledItem]) -> None:
+        """Recompute preemption: free everything, back to the front of waiting."""
+        r.mamba_states_written += self.kv.states_written(r.cache)
+        self.kv.free(r.cache)
+        r.alloc_key = ()
+        r.recomputed_tokens += r.cache.num_computed_tokens
+        r.cache.num_computed_tokens = 0
+        r.cache.shared_prefix_boundary = 0
+        r.preemptions += 1
+        self.preemptions += 1
+        for k, it in enumerate(out):
+            if it.req is r:
+                del out[k]
+                break
+        self.waiting.appendleft(r)
+
+    # ------------------------------------------------------------------ update --
+    def update_from_output(self, items: list[ScheduledItem], now: float) -> list[SimRequest]:
+        """Advance every scheduled request; returns the requests that finished."""
+        finished = []
+        kv = self.kv
+        for it in items:
+            r = it.req
+            c = r.cache
+            c.num_computed_tokens += it.num_tokens
+            if it.is_prefill:
+                if not r.first_prefill_done:
+                    r.chunk_ends.append(c.num_computed_tokens)
+                if c.num_computed_tokens < c.num_tokens:
+                    continue  # non-final chunk: samples nothing
+                r.first_prefill_done = True
+                new_tokens = 1
+            else:
+                r.accept_carry += self.accepted
+                acc = min(int(r.accept_carry), it.spec_tokens)
+                r.accept_carry -= acc
+                c.num_computed_tokens -= it.spec_tokens - acc
+                new_tokens = 1 + acc
+            new_tokens = min(new_tokens, r.max_tokens - r.num_output)
+            if r.first_token_s < 0:
+                r.first_token_s = now
+            start = r.num_output
+            r.num_output += new_tokens
+            if r.num_output >= r.max_tokens:
+                r.finish_s = now
+                finished.append(r)
+            else:
+                c.append_tokens([(r.out_stream, start, new_tokens)])
+        if finished:
+            done = set(id(r) for r in finished)
+            self.running = [r for r in self.running if id(r) not in done]
+            for r in finished:
+                r.mamba_states_written += kv.states_written(r.cache)
+                kv.free(r.cache)
+        kv.release_cow_copies()
+        return finished

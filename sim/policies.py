@@ -1,0 +1,110 @@
+"""Cache-manager policies, selectable by name from a scenario's ``cache.policy``.
+
+A policy turns the scenario's ``cache`` section (plus the model's KV layout and
+the speculative config) into a ``KVCacheManager``.  ``vllm`` is stock vLLM
+0.33.0 with its switches named as vLLM names them; later policies (retention
+variants, Marconi-style admission, an ideal cache) register here by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from sim.cache.config import CacheConfig, ConfigError
+from sim.cache.kv_manager import KVCacheManager
+
+
+@dataclass(frozen=True)
+class CacheSection:
+    """The ``cache`` section of a scenario (vLLM ``CacheConfig`` names)."""
+
+    policy: str = "vllm"
+    prefix_match_unit: int | None = None
+    enable_mamba_shared_prefix_checkpoint: bool = False
+    prefix_cache_retention_interval: int | None = 0     # vllm serve's default
+    prompt_checkpoint: str = "v0.33"
+    disable_lookahead_block_hashes: bool = False
+    kv_connector: str | None = None
+
+    @classmethod
+    def from_mapping(cls, d: dict, prefix: str = "cache.") -> "CacheSection":
+        names = {f for f in cls.__dataclass_fields__}
+        aliases = {"enable_mamba_fine_grained_prefix_cache": "enable_mamba_shared_prefix_checkpoint",
+                   "hash_block_size": "prefix_match_unit"}
+        kw = {}
+        for k, v in (d or {}).items():
+            name = aliases.get(k, k)
+            if name not in names:
+                raise ConfigError(prefix + k, "unknown key")
+            kw[name] = v
+        sec = cls(**kw)
+        for b in ("enable_mamba_shared_prefix_checkpoint", "disable_lookahead_block_hashes"):
+            if not isinstance(getattr(sec, b), bool):
+                raise ConfigError(prefix + b, f"must be true or false, got {getattr(sec, b)!r}")
+        if sec.policy not in POLICIES:
+            raise ConfigError(prefix + "policy",
+                              f"unknown policy {sec.policy!r} (known: {', '.join(sorted(POLICIES))})")
+        return sec
+
+
+@dataclass(frozen=True)
+class SpecDecode:
+    """Speculative decoding as the cache sees it."""
+
+    method: str | None = None          # eagle | eagle3 | mtp | None
+    num_speculative_tokens: int = 0
+    multi_module_mtp: bool = False     # vLLM: min(num_nextn_predict_layers, k) > 1
+
+    @property
+    def uses_eagle(self) -> bool:
+        return self.method in ("eagle", "eagle3", "mtp") and self.num_speculative_tokens > 0
+
+    @property
+    def num_prefill_lookahead(self) -> int:
+        if not self.uses_eagle:
+            return 0
+        return self.num_speculative_tokens if self.multi_module_mtp else 1
+
+
+class CachePolicy(Protocol):
+    name: str
+
+    def build(self, cache: CacheSection, groups: tuple[str, ...], block_size: int,
+              num_blocks: int, spec: SpecDecode) -> KVCacheManager: ...
+
+
+class VllmPolicy:
+    """Stock vLLM 0.33.0 (``--mamba-cache-mode align``)."""
+
+    name = "vllm"
+
+    def cache_config(self, cache: CacheSection, groups: tuple[str, ...], block_size: int,
+                     num_blocks: int, spec: SpecDecode) -> CacheConfig:
+        lookahead = spec.num_prefill_lookahead
+        if cache.disable_lookahead_block_hashes or cache.kv_connector:
+            lookahead = 0
+        try:
+            return CacheConfig(
+                groups=groups, block_size=block_size, hash_block_size=cache.prefix_match_unit,
+                eagle=spec.uses_eagle,
+                shared_prefix_checkpoint=cache.enable_mamba_shared_prefix_checkpoint,
+                prompt_checkpoint=cache.prompt_checkpoint, num_blocks=num_blocks,
+                prefix_cache_retention_interval=cache.prefix_cache_retention_interval,
+                num_hash_lookahead_tokens=lookahead,
+                num_prefill_lookahead=spec.num_prefill_lookahead, eagle_groups="attention",
+                mamba_num_speculative_blocks=spec.num_speculative_tokens if spec.uses_eagle else 0)
+        except ConfigError as e:
+            field = {"hash_block_size": "prefix_match_unit",
+                     "shared_prefix_checkpoint": "enable_mamba_shared_prefix_checkpoint"
+                     }.get(e.field_name, e.field_name)
+            raise ConfigError("cache." + field, str(e).split(": ", 1)[1]) from None
+
+    def build(self, cache, groups, block_size, num_blocks, spec) -> KVCacheManager:
+        return KVCacheManager(self.cache_config(cache, groups, block_size, num_blocks, spec))
+
+
+POLICIES: dict[str, CachePolicy] = {"vllm": VllmPolicy()}
+
+
+def get_policy(name: str) -> CachePolicy:
+    return POLICIES[name]

@@ -1,0 +1,251 @@
+"""``sim run``: build the deployment a scenario describes, replay its traffic,
+and write the run folder (requests.csv, summary.json, report.md + figures).
+
+Everything written goes to a temporary folder first and is renamed into place
+at the end, so a failed run leaves no partial output.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from backends.analytical import CostModel
+from sim.cache.kv_manager import KVCacheManager
+from sim.cache.prompt import StreamRegistry
+from sim.engine.engine import Engine
+from sim.engine.scheduler import Scheduler, SimRequest
+from sim.gpus import get_gpu, kv_budget
+from sim.models import derive_layout
+from sim.policies import get_policy
+from sim.scenario import Scenario
+
+REQUEST_COLUMNS = ["request_id", "session", "arrival_s", "prompt_tokens", "hit_tokens",
+                   "attention_hit_tokens", "lost_tokens", "junction", "recomputed_tokens",
+                   "queue_s", "ttft_s", "e2e_s", "output_tokens", "preemptions",
+                   "mamba_states_written"]
+
+
+@dataclass
+class Deployment:
+    """What a scenario resolves to before any request runs."""
+
+    layout: object
+    groups: tuple[str, ...]
+    num_blocks: int
+    block_bytes: int
+    budget: object | None
+    cost: CostModel
+    kv: KVCacheManager
+
+
+def build_deployment(sc: Scenario) -> Deployment:
+    kvs = sc.kv_cache
+    spec = sc.speculative
+    method = spec.method if spec.method else "auto"
+    layout = derive_layout(
+        sc.model, tp=kvs.tensor_parallel_size,
+        num_speculative_tokens=spec.num_speculative_tokens if spec.method else 0,
+        mamba_cache_dtype=kvs.mamba_cache_dtype, mamba_ssm_cache_dtype=kvs.mamba_ssm_cache_dtype,
+        kv_cache_dtype=kvs.kv_cache_dtype, kernel_block_size=kvs.kernel_block_size,
+        block_size=kvs.block_size,
+        speculative_method=("mtp" if method == "mtp" else ("eagle" if spec.method else "auto")))
+    gpu = get_gpu(sc.gpu.type)
+    tp = kvs.tensor_parallel_size
+    budget = None
+    if kvs.num_gpu_blocks_override is not None:
+        num_blocks = kvs.num_gpu_blocks_override
+        block_bytes = layout.pool_block_bytes
+    else:
+        budget = kv_budget(gpu, sc.model, layout, gpu_memory_utilization=sc.gpu.gpu_memory_utilization,
+                           tp=tp, num_gpus=sc.gpu.count)
+        num_blocks = budget.num_blocks
+        block_bytes = budget.block_bytes
+    groups = tuple(["full"] * layout.num_attention_groups + ["mamba"] * layout.num_mamba_groups)
+    policy = get_policy(sc.cache.policy)
+    kv = policy.build(sc.cache, groups, layout.block_size, num_blocks, spec.spec_decode())
+    cost = cost_model(sc, layout, gpu)
+    return Deployment(layout, groups, num_blocks, block_bytes, budget, cost, kv)
+
+
+def cost_model(sc: Scenario, layout, gpu) -> CostModel:
+    m = sc.model
+    tp = sc.kv_cache.tensor_parallel_size
+    b = sc.backend
+    mfu, mbu, overhead = b.mfu, b.mbu, b.overhead_s
+    if b.profile:
+        import yaml
+
+        prof = yaml.safe_load((sc.path.parent / b.profile).read_text())
+        mfu = float(prof.get("mfu", mfu))
+        mbu = float(prof.get("mbu", mbu))
+        overhead = float(prof.get("overhead_s", overhead))
+    if m.mamba_kind == "mamba2":
+        state_elems = m.mamba_heads * m.mamba_head_dim * m.d_state
+    elif m.mamba_kind == "gdn":
+        state_elems = m.gdn_v_heads * m.gdn_k_dim * m.gdn_v_dim
+    else:
+        state_elems = m.d_inner * m.d_state
+    return CostModel(
+        dense_flops_per_token=m.flops_per_token(0) / tp,
+        attn_layers=layout.num_attention_layers,
+        attn_width=m.q_heads * m.head_dim // tp,
+        kv_bytes_per_token=layout.attn_bytes_per_token,
+        mamba_layers=layout.num_mamba_layers,
+        ssd_flops_per_token=6.0 * state_elems / tp,
+        state_bytes_per_seq=layout.mamba_bytes_per_seq,
+        weight_bytes=m.active_params * m.dtype_bytes / tp,
+        peak_flops=gpu.bf16_flops, hbm_bytes_per_s=gpu.hbm_bytes_per_s,
+        mfu=mfu, mbu=mbu, overhead_s=overhead)
+
+
+class Recorder:
+    """Collects one row per finished request and the run's counters."""
+
+    def __init__(self, kv: KVCacheManager):
+        self.rows: list[tuple] = []
+        self.kv = kv
+
+    def finish(self, r: SimRequest, session: str | None) -> None:
+        c = r.cache
+        ns = 1e-9  # engine times are integer nanoseconds
+        self.rows.append((
+            r.index, c.request_id, session or "", r.arrival_s * ns, c.num_prompt_tokens,
+            r.hit_tokens, r.attention_hit_tokens, max(r.attention_hit_tokens - r.hit_tokens, 0),
+            r.junction, r.recomputed_tokens, (r.first_scheduled_s - r.arrival_s) * ns,
+            (r.first_token_s - r.arrival_s) * ns, (r.finish_s - r.arrival_s) * ns,
+            r.num_output, r.preemptions, r.mamba_states_written))
+
+
+def _pct(sorted_vals: list[float], q: float) -> float:
+    if not sorted_vals:
+        return float("nan")
+    k = (len(sorted_vals) - 1) * q
+    lo = math.floor(k)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
+
+
+def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: bool = True,
+             fast_decode: bool = True):
+    """Run the scenario; returns (deployment, rows sorted by arrival, summary dict)."""
+    from workloads import build_workload
+
+    t_wall = time.perf_counter()
+    dep = build_deployment(sc)
+    kv = dep.kv
+    sched = Scheduler(sc.scheduler, kv, accepted_per_step=sc.speculative.mean_accepted_tokens
+                      if sc.speculative.method else 0.0, fast_decode=fast_decode)
+    streams = StreamRegistry()
+    rec = Recorder(kv)
+    sessions: dict[int, str | None] = {}
+    mamba_gids = [i for i, g in enumerate(dep.groups) if g == "mamba"]
+    attn_gids = [i for i, g in enumerate(dep.groups) if g == "full"]
+
+    def make(trace, index: int) -> SimRequest:
+        runs = [(streams.id(s), off, n) for s, off, n in trace.segments]
+        r = SimRequest(kv.make_request(trace.request_id, runs), trace.arrival_s,
+                       trace.output_tokens, index)
+        r.out_stream = streams.id(f"out/{trace.request_id}")
+        sessions[index] = trace.session
+        return r
+
+    def on_finish(r: SimRequest) -> None:
+        rec.finish(r, sessions.pop(r.index, None))
+
+    base_dir = sc.path.parent
+    traces = build_workload(sc.workload, sc.seed, base_dir)
+    eng = Engine(sched, dep.cost.step_time, make, on_finish, jump=jump, progress=progress)
+    pool = kv.pool
+    eng.run(traces)
+    rows = sorted(rec.rows)
+    wall = time.perf_counter() - t_wall
+    summary = summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids)
+    return dep, rows, summary
+
+
+def summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids) -> dict:
+    n = len(rows)
+    prompt = sum(r[4] for r in rows)
+    hit = sum(r[5] for r in rows)
+    lost = sum(r[7] for r in rows)
+    out_tokens = sum(r[13] for r in rows)
+    ttfts = sorted(r[11] for r in rows)
+    makespan = max((r[3] + r[12] for r in rows), default=0.0) - min((r[3] for r in rows), default=0.0)
+    pool = dep.kv.pool
+    page = dep.block_bytes
+    return {
+        "scenario": sc.name,
+        "model": sc.model.name,
+        "policy": sc.cache.policy,
+        "block_size": dep.layout.block_size,
+        "hash_block_size": dep.kv.coordinator.hash_block_size,
+        "num_gpu_blocks": dep.num_blocks,
+        "requests": n,
+        "prompt_tokens": prompt,
+        "hit_tokens": hit,
+        "token_hit_rate": hit / prompt if prompt else 0.0,
+        "request_hit_rate": sum(1 for r in rows if r[5] > 0) / n if n else 0.0,
+        "lost_tokens": lost,
+        "lost_token_rate": lost / prompt if prompt else 0.0,
+        "ttft_mean_s": sum(ttfts) / n if n else float("nan"),
+        "ttft_p50_s": _pct(ttfts, 0.50),
+        "ttft_p90_s": _pct(ttfts, 0.90),
+        "ttft_p99_s": _pct(ttfts, 0.99),
+        "output_tokens": out_tokens,
+        "makespan_s": makespan,
+        "throughput_tok_s": out_tokens / makespan if makespan > 0 else 0.0,
+        "mamba_state_bytes_peak": max(pool.peak_by_group(mamba_gids), 0) * page,
+        "kv_bytes_peak": max(pool.peak_by_group(attn_gids), 0) * page,
+        "evictions": pool.evicted_keys,
+        "preemptions": sched.preemptions,
+        "steps": eng.steps,
+        "wall_s": wall,
+        "sim_requests_per_s": n / wall if wall > 0 else 0.0,
+    }
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.6f}"
+    return str(v)
+
+
+def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = True) -> Path:
+    """Write the run folder atomically (temp folder, then rename)."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        with open(tmp / "requests.csv", "w", newline="") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(REQUEST_COLUMNS)
+            for r in rows:
+                w.writerow([_fmt(v) for v in r[1:]])
+        stable = {k: v for k, v in summary.items() if k not in ("wall_s", "sim_requests_per_s")}
+        with open(tmp / "summary.json", "w") as f:
+            json.dump(stable, f, indent=1, sort_keys=False)
+            f.write("\n")
+        with open(tmp / "timing.json", "w") as f:
+            json.dump({"wall_s": summary["wall_s"],
+                       "sim_requests_per_s": summary["sim_requests_per_s"]}, f, indent=1)
+            f.write("\n")
+        if report:
+            from reports.run_report import write_report
+
+            write_report(tmp, sc, dep, rows, summary)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir

@@ -1,0 +1,191 @@
+"""mooncake and azure trace readers, against fixtures cut from the real traces."""
+import csv
+import json
+import math
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from workloads import WorkloadError, build_workload
+
+MOONCAKE = "mooncake_conversation_head.jsonl"
+AZURE = "azure_conv_head.csv"
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def mooncake(fixtures, **opts):
+    return list(build_workload({"kind": "mooncake", "path": MOONCAKE, **opts}, 0, fixtures))
+
+
+# ----------------------------------------------------------------------------- mooncake
+
+def test_mooncake_lengths_match_the_trace(fixtures):
+    recs = records(fixtures / MOONCAKE)
+    reqs = mooncake(fixtures)
+    assert len(reqs) == len(recs) == 200
+    for rec, req in zip(recs, reqs):
+        assert sum(n for _, _, n in req.segments) == rec["input_length"] == req.prompt_tokens
+        assert req.output_tokens == rec["output_length"]
+        # one segment per hash id, in order, each a whole block but the last
+        assert [s for s, _, _ in req.segments] == [f"mc/{h}" for h in rec["hash_ids"]]
+        assert all(off == 0 for _, off, _ in req.segments)
+        assert all(n == 512 for _, _, n in req.segments[:-1])
+        assert 1 <= req.segments[-1][2] <= 512
+        assert req.session is None and req.after is None
+
+
+def test_mooncake_shared_hash_ids_give_identical_segments(fixtures):
+    reqs = mooncake(fixtures)
+    by_id: dict[str, set] = {}
+    uses: dict[str, int] = {}
+    for req in reqs:
+        for seg in req.segments:
+            by_id.setdefault(seg[0], set()).add(seg)
+            uses[seg[0]] = uses.get(seg[0], 0) + 1
+    shared = [h for h, n in uses.items() if n > 1]
+    assert "mc/0" in shared and uses["mc/0"] == 200      # the common system prompt
+    assert len(shared) > 10
+    for h in shared:
+        assert len(by_id[h]) == 1, (h, by_id[h])
+    # two records whose hash ids agree on a leading run give requests sharing that prefix
+    recs = records(fixtures / MOONCAKE)
+    first: dict[tuple, int] = {}
+    pairs = 0
+    for i, rec in enumerate(recs):
+        key = tuple(rec["hash_ids"][:2])
+        if len(key) == 2 and key in first:
+            j = first[key]
+            run = 0
+            while (run < min(len(recs[i]["hash_ids"]), len(recs[j]["hash_ids"]))
+                   and recs[i]["hash_ids"][run] == recs[j]["hash_ids"][run]):
+                run += 1
+            full = min(run, len(recs[i]["hash_ids"]) - 1, len(recs[j]["hash_ids"]) - 1)
+            assert reqs[i].segments[:full] == reqs[j].segments[:full]
+            pairs += 1
+        first.setdefault(key, i)
+    assert pairs > 0
+
+
+def test_mooncake_arrivals_are_timestamps_scaled(fixtures):
+    recs = records(fixtures / MOONCAKE)
+    for scale in (1.0, 2.5):
+        reqs = mooncake(fixtures, time_scale=scale)
+        assert [r.arrival_s for r in reqs] == [rec["timestamp"] / 1000 * scale for rec in recs]
+        assert all(x.arrival_s <= y.arrival_s for x, y in zip(reqs, reqs[1:]))
+    assert reqs[-1].arrival_s > 0
+
+
+def test_mooncake_limit_and_ids(fixtures):
+    reqs = mooncake(fixtures, limit=7)
+    assert [r.request_id for r in reqs] == [f"r{i:07d}" for i in range(7)]
+    assert len({r.request_id for r in mooncake(fixtures)}) == 200
+
+
+def test_mooncake_rest_beyond_hash_blocks_is_private(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"timestamp": 5, "input_length": 1200, "output_length": 3,
+                             "hash_ids": [7, 9]}) + "\n"
+                 + json.dumps({"timestamp": 6, "input_length": 600, "output_length": 1,
+                               "hash_ids": [7, 9, 11]}) + "\n")
+    a, b = build_workload({"kind": "mooncake", "path": "t.jsonl"}, 0, tmp_path)
+    assert a.segments == [("mc/7", 0, 512), ("mc/9", 0, 512), ("mcu/r0000000", 0, 176)]
+    assert b.segments == [("mc/7", 0, 512), ("mc/9", 0, 88)]          # truncated; id 11 unused
+    c, _ = build_workload({"kind": "mooncake", "path": str(p), "block_tokens": 256}, 0)
+    assert c.segments == [("mc/7", 0, 256), ("mc/9", 0, 256), ("mcu/r0000000", 0, 688)]
+    assert a.arrival_s == 0.005
+
+
+BROKEN = {
+    "truncated": lambda line: line[: len(line) // 2],
+    "missing field": lambda line: json.dumps({k: v for k, v in json.loads(line).items()
+                                              if k != "input_length"}),
+    "negative length": lambda line: json.dumps({**json.loads(line), "output_length": -1}),
+    "bad hash ids": lambda line: json.dumps({**json.loads(line), "hash_ids": "0,1"}),
+    "time goes back": None,
+    "not an object": lambda line: "[1, 2]",
+}
+
+
+@pytest.mark.parametrize("how", BROKEN)
+def test_mooncake_broken_line_names_path_and_line(fixtures, tmp_path, how):
+    lines = (fixtures / MOONCAKE).read_text().splitlines()
+    if how == "time goes back":                     # line 36 is at 9000 ms
+        lines[36] = json.dumps({**json.loads(lines[36]), "timestamp": 8999})
+    else:
+        lines[36] = BROKEN[how](lines[36])
+    bad = tmp_path / "broken.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    it = build_workload({"kind": "mooncake", "path": "broken.jsonl"}, 0, tmp_path)
+    got = [next(it) for _ in range(36)]            # lazy: the good lines before it come out
+    assert len(got) == 36
+    with pytest.raises(WorkloadError) as e:
+        next(it)
+    msg = str(e.value)
+    assert msg.startswith(f"{bad}:37: ") and "\n" not in msg
+
+
+def test_trace_file_checked_up_front(tmp_path):
+    for kind in ("mooncake", "azure", "jsonl"):
+        with pytest.raises(WorkloadError, match=r"^workload\.path: no such file: .*nope"):
+            build_workload({"kind": kind, "path": "nope.jsonl"}, 0, tmp_path)
+
+
+# ----------------------------------------------------------------------------- azure
+
+def _azure_time(text: str) -> float:
+    whole, frac = text.split(".")
+    t = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    return t + int(frac) / 10 ** len(frac)
+
+
+def test_azure_fixture(fixtures):
+    rows = list(csv.DictReader((fixtures / AZURE).open()))
+    reqs = list(build_workload({"kind": "azure", "path": AZURE}, 0, fixtures))
+    assert len(reqs) == len(rows) == 50
+    t0 = _azure_time(rows[0]["TIMESTAMP"])
+    for row, req in zip(rows, reqs):
+        assert req.segments == [(f"az/{req.request_id}", 0, int(row["ContextTokens"]))]
+        assert req.output_tokens == int(row["GeneratedTokens"])
+        assert math.isclose(req.arrival_s, _azure_time(row["TIMESTAMP"]) - t0, abs_tol=1e-6)
+    assert reqs[0].arrival_s == 0.0
+    assert reqs[1].arrival_s == pytest.approx(4.314579, abs=1e-9)   # 50.9951690 - 46.6805900
+    assert all(x.arrival_s <= y.arrival_s for x, y in zip(reqs, reqs[1:]))
+    assert len({r.segments[0][0] for r in reqs}) == 50                # no shared prompt tokens
+
+
+def test_azure_time_scale_and_limit(fixtures):
+    full = list(build_workload({"kind": "azure", "path": AZURE}, 0, fixtures))
+    half = list(build_workload({"kind": "azure", "path": AZURE, "time_scale": 0.5, "limit": 10},
+                               0, fixtures))
+    assert len(half) == 10
+    assert [r.arrival_s for r in half] == [r.arrival_s * 0.5 for r in full[:10]]
+
+
+@pytest.mark.parametrize("row, what", [
+    ("2023-11-16 18:15:52.0000000,abc,5", "ContextTokens"),
+    ("2023-11-16 18:15:52.0000000,10,0", "GeneratedTokens"),
+    ("16/11/2023 18:15,10,5", "TIMESTAMP"),
+    ("2023-11-16 18:15:52.0000000,10", "columns"),
+    ("2023-11-16 18:15:40.0000000,10,5", "before the previous"),
+])
+def test_azure_broken_row_names_path_and_line(fixtures, tmp_path, row, what):
+    lines = (fixtures / AZURE).read_text().splitlines()
+    lines[5] = row                                   # file line 6
+    bad = tmp_path / "bad.csv"
+    shutil.copy(fixtures / AZURE, bad)
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(WorkloadError) as e:
+        list(build_workload({"kind": "azure", "path": str(bad)}, 0))
+    assert str(e.value).startswith(f"{bad}:6: ") and what in str(e.value)
+
+
+def test_azure_header_checked(tmp_path):
+    p = tmp_path / "h.csv"
+    p.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\n")
+    with pytest.raises(WorkloadError, match=r":1: header lacks column\(s\) TIMESTAMP"):
+        list(build_workload({"kind": "azure", "path": str(p)}, 0))

@@ -1,0 +1,244 @@
+"""The workload contract: :class:`TraceRequest`, :class:`WorkloadError`, and the
+small pieces every kind shares (config field readers, length/time distributions).
+
+Token identity: token ``p`` of stream ``s`` is the same token wherever it
+appears, and distinct stream names never share a token.  A prompt is the
+concatenation of its segments ``(stream, offset, length)`` = tokens
+``offset .. offset+length-1`` of that stream.  The output tokens of request
+``R`` are stream ``f"out/{R}"``, positions ``0 .. output_tokens-1``.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+Segment = tuple[str, int, int]
+
+
+@dataclass(slots=True)
+class TraceRequest:
+    """One request of a workload, as the engine consumes it."""
+
+    request_id: str
+    arrival_s: float                 # absolute arrival time; for a follow-up turn: a lower bound only
+    segments: list[Segment]          # prompt = concatenation of (stream name, offset, length)
+    output_tokens: int               # tokens to generate (>= 1)
+    session: str | None = None
+    after: str | None = None         # request_id of the previous turn: this request arrives
+    think_s: float = 0.0             # think_s after that one FINISHES (closed loop)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Number of prompt tokens (sum of the segment lengths)."""
+        return sum(seg[2] for seg in self.segments)
+
+
+def output_stream(request_id: str) -> str:
+    """Name of the stream holding the output tokens of ``request_id``."""
+    return f"out/{request_id}"
+
+
+class WorkloadError(ValueError):
+    """A bad workload config or trace line.  The message is one line naming the
+    field (``workload.<field>``) or the file and line (``<path>:<lineno>``) and
+    what is wrong."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
+
+
+# --------------------------------------------------------------------------- values
+
+def show(value: Any, limit: int = 60) -> str:
+    """A short one-line repr of a value for error messages."""
+    text = repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_number(value: Any) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    return isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value)
+
+
+_MISSING: Any = object()
+
+
+class Fields:
+    """Reads the fields of one config mapping at ``where`` (e.g. ``workload`` or
+    ``workload.suffix_tokens``), raising :class:`WorkloadError` that name the
+    field.  Unknown keys are rejected as soon as the reader is made."""
+
+    def __init__(self, mapping: Any, where: str, allowed: Iterable[str]):
+        if not isinstance(mapping, Mapping):
+            raise WorkloadError(f"{where}: expected a mapping, got {show(mapping)}")
+        self.m = mapping
+        self.where = where
+        allowed = list(allowed)
+        for key in mapping:
+            if key not in allowed:
+                hint = ""
+                if isinstance(key, str):
+                    close = difflib.get_close_matches(key, allowed, n=1)
+                    if close:
+                        hint = f"; did you mean {close[0]!r}?"
+                raise WorkloadError(
+                    f"{self.name(key)}: unknown key (allowed: {', '.join(allowed)}){hint}")
+
+    def name(self, key: Any) -> str:
+        return f"{self.where}.{key}"
+
+    def has(self, key: str) -> bool:
+        return key in self.m and self.m[key] is not None
+
+    def raw(self, key: str, default: Any = _MISSING) -> Any:
+        if not self.has(key):
+            if default is _MISSING:
+                raise WorkloadError(f"{self.name(key)}: missing (required)")
+            return default
+        return self.m[key]
+
+    def int(self, key: str, default: Any = _MISSING, minimum: int | None = None) -> int:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        return check_int(value, self.name(key), minimum)
+
+    def number(self, key: str, default: Any = _MISSING, minimum: float | None = None,
+               positive: bool = False) -> float:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        return check_number(value, self.name(key), minimum, positive)
+
+    def str(self, key: str, default: Any = _MISSING, choices: Iterable[str] | None = None) -> str:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if not isinstance(value, str) or not value:
+            raise WorkloadError(f"{self.name(key)}: expected a non-empty string, got {show(value)}")
+        if choices is not None:
+            choices = list(choices)
+            if value not in choices:
+                raise WorkloadError(
+                    f"{self.name(key)}: must be one of {', '.join(choices)}, got {show(value)}")
+        return value
+
+
+def check_int(value: Any, name: str, minimum: int | None = None) -> int:
+    if not is_int(value):
+        raise WorkloadError(f"{name}: expected an integer, got {show(value)}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise WorkloadError(f"{name}: must be >= {minimum}, got {value}")
+    return value
+
+
+def check_number(value: Any, name: str, minimum: float | None = None,
+                 positive: bool = False) -> float:
+    if not is_number(value):
+        raise WorkloadError(f"{name}: expected a finite number, got {show(value)}")
+    value = float(value)
+    if positive and value <= 0:
+        raise WorkloadError(f"{name}: must be > 0, got {value:g}")
+    if minimum is not None and value < minimum:
+        raise WorkloadError(f"{name}: must be >= {minimum:g}, got {value:g}")
+    return value
+
+
+# --------------------------------------------------------------------------- distributions
+
+DIST_KINDS = ("fixed", "uniform", "lognormal")
+
+
+@dataclass(frozen=True, slots=True)
+class Dist:
+    """A length (``integer=True``) or time distribution.
+
+    * ``{dist: fixed, value}`` (a bare number is shorthand for this)
+    * ``{dist: uniform, low, high}`` — integers: ``low..high`` inclusive; floats: ``[low, high)``
+    * ``{dist: lognormal, mean, sigma, min?, max?}`` — ``mean`` is the arithmetic mean
+      of the distribution (before clipping), ``sigma`` the standard deviation of its log;
+      integer samples are rounded, then every sample is clipped to ``[min, max]``
+      (``min`` defaults to the field's lower bound, ``max`` to no limit).
+    """
+
+    kind: str
+    integer: bool
+    value: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+    mean: float = 0.0
+    sigma: float = 0.0
+    min: float = 0.0
+    max: float | None = None
+
+    @classmethod
+    def parse(cls, spec: Any, where: str, *, integer: bool, minimum: float = 0) -> Dist:
+        """Validate a distribution spec at config path ``where``."""
+        check = check_int if integer else check_number
+        if not isinstance(spec, Mapping):
+            if (integer and is_int(spec)) or (not integer and is_number(spec)):
+                return cls("fixed", integer, value=check(spec, where, minimum))
+            want = "an integer" if integer else "a number"
+            raise WorkloadError(
+                f"{where}: expected {want} or a mapping {{dist: fixed|uniform|lognormal, ...}},"
+                f" got {show(spec)}")
+        if "dist" not in spec:
+            raise WorkloadError(f"{where}.dist: missing (one of {', '.join(DIST_KINDS)})")
+        kind = spec["dist"]
+        if kind not in DIST_KINDS:
+            raise WorkloadError(f"{where}.dist: must be one of {', '.join(DIST_KINDS)}, got {show(kind)}")
+        if kind == "fixed":
+            f = Fields(spec, where, ("dist", "value"))
+            return cls(kind, integer, value=check(f.raw("value"), f.name("value"), minimum))
+        if kind == "uniform":
+            f = Fields(spec, where, ("dist", "low", "high"))
+            low = check(f.raw("low"), f.name("low"), minimum)
+            high = check(f.raw("high"), f.name("high"), low)
+            return cls(kind, integer, low=low, high=high)
+        f = Fields(spec, where, ("dist", "mean", "sigma", "min", "max"))
+        mean = f.number("mean", positive=True)
+        sigma = f.number("sigma", minimum=0.0)
+        lo = check(f.raw("min"), f.name("min"), minimum) if f.has("min") else minimum
+        hi = check(f.raw("max"), f.name("max"), lo) if f.has("max") else None
+        return cls(kind, integer, mean=mean, sigma=sigma, min=lo, max=hi)
+
+    def sample(self, rng: np.random.Generator) -> Any:
+        """One sample (an ``int`` for integer distributions, else a ``float``)."""
+        if self.kind == "fixed":
+            return self.value
+        if self.kind == "uniform":
+            if self.integer:
+                return int(rng.integers(self.low, self.high + 1))
+            return float(rng.uniform(self.low, self.high)) if self.high > self.low else float(self.low)
+        mu = math.log(self.mean) - self.sigma * self.sigma / 2.0
+        x = float(rng.lognormal(mu, self.sigma))
+        if self.integer:
+            x = float(round(x)) if math.isfinite(x) else x
+        x = max(x, self.min)
+        if self.max is not None:
+            x = min(x, self.max)
+        if self.integer:
+            return int(x) if math.isfinite(x) else int(self.min)
+        return x
+
+    def describe(self) -> str:
+        if self.kind == "fixed":
+            return f"{self.value:g}"
+        if self.kind == "uniform":
+            return f"U[{self.low:g},{self.high:g}]"
+        clip = ""
+        if self.min or self.max is not None:
+            clip = f" in [{self.min:g},{'inf' if self.max is None else format(self.max, 'g')}]"
+        return f"lognormal(mean {self.mean:g}, sigma {self.sigma:g}{clip})"

@@ -1,0 +1,237 @@
+"""Synthetic workloads: ``system_prompt`` (shared system prompts + private
+suffixes, open loop) and ``multi_turn`` (chat sessions, closed loop)."""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from workloads.base import Dist, Fields, TraceRequest, WorkloadError, check_int, output_stream
+
+WHERE = "workload"
+
+
+def request_id(index: int) -> str:
+    """``r0000000``-style ids: the request's index, zero-padded to 7 digits."""
+    return f"r{index:07d}"
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """An open-loop arrival process: ``poisson`` or ``gamma`` (renewal process whose
+    inter-arrival times have mean ``1/rate_per_s`` and coefficient of variation ``cv``)."""
+
+    process: str
+    rate_per_s: float
+    cv: float = 1.0
+
+    def gaps(self, rng: np.random.Generator) -> Iterator[float]:
+        mean = 1.0 / self.rate_per_s
+        if self.process == "poisson":
+            while True:
+                yield float(rng.exponential(mean))
+        shape = 1.0 / (self.cv * self.cv)
+        while True:
+            yield float(rng.gamma(shape, mean / shape))
+
+    def describe(self) -> str:
+        if self.process == "poisson":
+            return f"poisson {self.rate_per_s:g}/s"
+        return f"gamma {self.rate_per_s:g}/s cv {self.cv:g}"
+
+
+def _int_dist(f: Fields, key: str, minimum: int, default: Any = None) -> Dist:
+    if not f.has(key):
+        if default is None:
+            raise WorkloadError(f"{f.name(key)}: missing (required)")
+        return default
+    return Dist.parse(f.raw(key), f.name(key), integer=True, minimum=minimum)
+
+
+# --------------------------------------------------------------------------- system_prompt
+
+@dataclass(frozen=True, slots=True)
+class SystemPromptConfig:
+    """``kind: system_prompt`` — K shared system prompts (stream ``sys/<k>``), each
+    request = one of them + a private suffix (stream ``u/<request id>``)."""
+
+    KIND: ClassVar[str] = "system_prompt"
+    KEYS: ClassVar[tuple[str, ...]] = (
+        "kind", "num_system_prompts", "system_prompt_tokens", "popularity", "zipf_s",
+        "suffix_tokens", "output_tokens", "arrival", "rate_per_s", "cv", "num_requests",
+        "duration_s")
+
+    num_system_prompts: int
+    system_prompt_tokens: tuple[int, ...] | Dist   # K lengths, or sampled once per prompt
+    suffix_tokens: Dist
+    output_tokens: Dist
+    arrival: Arrivals
+    popularity: str = "uniform"
+    zipf_s: float = 1.1
+    num_requests: int | None = None
+    duration_s: float | None = None
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any], where: str = WHERE) -> SystemPromptConfig:
+        f = Fields(m, where, cls.KEYS)
+        k = f.int("num_system_prompts", minimum=1)
+        spt = f.raw("system_prompt_tokens")
+        if isinstance(spt, (list, tuple)):
+            if len(spt) != k:
+                raise WorkloadError(
+                    f"{f.name('system_prompt_tokens')}: has {len(spt)} lengths but"
+                    f" num_system_prompts is {k}")
+            lengths: tuple[int, ...] | Dist = tuple(
+                check_int(v, f"{f.name('system_prompt_tokens')}[{i}]", 1) for i, v in enumerate(spt))
+        else:
+            lengths = Dist.parse(spt, f.name("system_prompt_tokens"), integer=True, minimum=1)
+        popularity = f.str("popularity", "uniform", ("uniform", "zipf"))
+        if f.has("zipf_s") and popularity != "zipf":
+            raise WorkloadError(f"{f.name('zipf_s')}: only used with popularity: zipf")
+        zipf_s = f.number("zipf_s", 1.1, positive=True)
+        arrival = _arrivals(f)
+        num_requests = f.int("num_requests", None, minimum=0)
+        duration_s = f.number("duration_s", None, minimum=0.0)
+        if num_requests is None and duration_s is None:
+            raise WorkloadError(f"{f.name('num_requests')}: missing (give num_requests or duration_s)")
+        return cls(
+            num_system_prompts=k, system_prompt_tokens=lengths,
+            suffix_tokens=_int_dist(f, "suffix_tokens", 0),
+            output_tokens=_int_dist(f, "output_tokens", 1),
+            arrival=arrival, popularity=popularity, zipf_s=zipf_s,
+            num_requests=num_requests, duration_s=duration_s)
+
+    def popularity_weights(self) -> np.ndarray:
+        """Probability of each system prompt (zipf: ``p_k ∝ 1/(k+1)^s``)."""
+        k = self.num_system_prompts
+        if self.popularity == "uniform":
+            return np.full(k, 1.0 / k)
+        w = 1.0 / np.arange(1, k + 1, dtype=float) ** self.zipf_s
+        return w / w.sum()
+
+    def requests(self, seed: int) -> Iterator[TraceRequest]:
+        rng = np.random.default_rng(seed)
+        k = self.num_system_prompts
+        if isinstance(self.system_prompt_tokens, tuple):
+            sys_len = list(self.system_prompt_tokens)
+        else:
+            sys_len = [self.system_prompt_tokens.sample(rng) for _ in range(k)]
+        cdf = np.cumsum(self.popularity_weights())
+        cdf[-1] = 1.0
+        gaps = self.arrival.gaps(rng)
+        t = 0.0
+        i = 0
+        while self.num_requests is None or i < self.num_requests:
+            t += next(gaps)
+            if self.duration_s is not None and t > self.duration_s:
+                return
+            p = int(np.searchsorted(cdf, rng.random(), side="right")) if k > 1 else 0
+            p = min(p, k - 1)
+            suffix = self.suffix_tokens.sample(rng)
+            out = self.output_tokens.sample(rng)
+            rid = request_id(i)
+            segs = [(f"sys/{p}", 0, sys_len[p])]
+            if suffix > 0:
+                segs.append((f"u/{rid}", 0, suffix))
+            yield TraceRequest(rid, t, segs, out)
+            i += 1
+
+    def describe(self) -> str:
+        lengths = (",".join(map(str, self.system_prompt_tokens))
+                   if isinstance(self.system_prompt_tokens, tuple)
+                   else self.system_prompt_tokens.describe())
+        pop = f"zipf s={self.zipf_s:g}" if self.popularity == "zipf" else "uniform"
+        stop = []
+        if self.num_requests is not None:
+            stop.append(f"{self.num_requests} requests")
+        if self.duration_s is not None:
+            stop.append(f"{self.duration_s:g} s")
+        return (f"system_prompt: {self.num_system_prompts} prompts ({pop}) of {lengths} tokens,"
+                f" suffix {self.suffix_tokens.describe()}, output {self.output_tokens.describe()},"
+                f" {self.arrival.describe()}, {' or '.join(stop)}")
+
+
+def _arrivals(f: Fields) -> Arrivals:
+    process = f.str("arrival", "poisson", ("poisson", "gamma"))
+    rate = f.number("rate_per_s", positive=True)
+    if f.has("cv") and process != "gamma":
+        raise WorkloadError(f"{f.name('cv')}: only used with arrival: gamma")
+    cv = f.number("cv", 1.0, positive=True)
+    return Arrivals(process, rate, cv)
+
+
+# --------------------------------------------------------------------------- multi_turn
+
+@dataclass(frozen=True, slots=True)
+class MultiTurnConfig:
+    """``kind: multi_turn`` — chat sessions arriving Poisson; turn ``k`` of a session
+    resends the whole conversation: system prompt + (user_j + answer_j for each
+    earlier turn j) + user_k, and arrives ``think_s`` after turn ``k-1`` finishes."""
+
+    KIND: ClassVar[str] = "multi_turn"
+    KEYS: ClassVar[tuple[str, ...]] = (
+        "kind", "num_sessions", "session_rate_per_s", "turns", "system_prompt_tokens",
+        "user_tokens", "output_tokens", "think_time_s")
+
+    num_sessions: int
+    session_rate_per_s: float
+    turns: Dist
+    user_tokens: Dist
+    output_tokens: Dist
+    think_time_s: Dist
+    system_prompt_tokens: Dist | None = None   # one prompt (stream sys/0) shared by all sessions
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any], where: str = WHERE) -> MultiTurnConfig:
+        f = Fields(m, where, cls.KEYS)
+        sys_tokens = None
+        if f.has("system_prompt_tokens"):
+            sys_tokens = Dist.parse(f.raw("system_prompt_tokens"), f.name("system_prompt_tokens"),
+                                    integer=True, minimum=1)
+        think = Dist("fixed", False, value=0.0)
+        if f.has("think_time_s"):
+            think = Dist.parse(f.raw("think_time_s"), f.name("think_time_s"), integer=False,
+                               minimum=0.0)
+        return cls(
+            num_sessions=f.int("num_sessions", minimum=0),
+            session_rate_per_s=f.number("session_rate_per_s", positive=True),
+            turns=_int_dist(f, "turns", 1),
+            user_tokens=_int_dist(f, "user_tokens", 1),
+            output_tokens=_int_dist(f, "output_tokens", 1),
+            think_time_s=think,
+            system_prompt_tokens=sys_tokens)
+
+    def requests(self, seed: int) -> Iterator[TraceRequest]:
+        rng = np.random.default_rng(seed)
+        sys_len = self.system_prompt_tokens.sample(rng) if self.system_prompt_tokens else 0
+        t = 0.0
+        mean_gap = 1.0 / self.session_rate_per_s
+        for s in range(self.num_sessions):
+            t += float(rng.exponential(mean_gap))
+            session = f"s{s:07d}"
+            turns = self.turns.sample(rng)
+            history: list[tuple[str, int, int]] = [("sys/0", 0, sys_len)] if sys_len else []
+            prev: TraceRequest | None = None
+            for k in range(turns):
+                rid = f"{session}-t{k:02d}"
+                user = self.user_tokens.sample(rng)
+                out = self.output_tokens.sample(rng)
+                segs = history + [(f"u/{rid}", 0, user)]
+                if prev is None:
+                    req = TraceRequest(rid, t, segs, out, session=session)
+                else:
+                    think = self.think_time_s.sample(rng)
+                    req = TraceRequest(rid, prev.arrival_s + think, segs, out, session=session,
+                                       after=prev.request_id, think_s=think)
+                yield req
+                history = segs + [(output_stream(rid), 0, out)]
+                prev = req
+
+    def describe(self) -> str:
+        sys_part = (f"system {self.system_prompt_tokens.describe()} tokens, "
+                    if self.system_prompt_tokens else "")
+        return (f"multi_turn: {self.num_sessions} sessions at {self.session_rate_per_s:g}/s,"
+                f" {self.turns.describe()} turns, {sys_part}user {self.user_tokens.describe()},"
+                f" output {self.output_tokens.describe()}, think {self.think_time_s.describe()} s")

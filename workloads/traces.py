@@ -1,0 +1,240 @@
+"""Public traces, streamed line by line: ``mooncake`` (FAST'25 JSONL with block
+hash ids) and ``azure`` (Azure LLM inference 2023 CSV, token counts only)."""
+from __future__ import annotations
+
+import calendar
+import csv
+import json
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from workloads.base import Fields, TraceRequest, WorkloadError, is_int, is_number, show
+
+WHERE = "workload"
+
+
+def request_id(index: int) -> str:
+    """Trace request ids: ``r`` + the 0-based record index, zero-padded to 7 digits."""
+    return f"r{index:07d}"
+
+
+def resolve(path: str, base_dir: Path | None) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_absolute() and base_dir is not None:
+        p = Path(base_dir) / p
+    return p
+
+
+def check_file(path: Path, name: str) -> None:
+    if not path.is_file():
+        raise WorkloadError(f"{name}: no such file: {path}")
+
+
+def _trace_fields(f: Fields) -> tuple[str, float, int | None]:
+    path = f.str("path")
+    time_scale = f.number("time_scale", 1.0, minimum=0.0)
+    limit = f.int("limit", None, minimum=0)
+    return path, time_scale, limit
+
+
+def _suffix(limit: int | None, time_scale: float) -> str:
+    parts = []
+    if time_scale != 1.0:
+        parts.append(f"time x{time_scale:g}")
+    if limit is not None:
+        parts.append(f"first {limit}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+# --------------------------------------------------------------------------- mooncake
+
+@dataclass(frozen=True, slots=True)
+class MooncakeConfig:
+    """``kind: mooncake`` — Mooncake FAST'25 JSONL (``timestamp`` ms, ``input_length``,
+    ``output_length``, ``hash_ids``).  Hash id ``h`` at block ``i`` is the segment
+    ``("mc/<h>", 0, block_tokens)``; the last block is cut so the prompt has exactly
+    ``input_length`` tokens (ids beyond that are ignored, as the trace's README says:
+    expand the blocks and truncate to ``input_length``).  Should ``input_length``
+    exceed ``block_tokens * len(hash_ids)``, the rest is a private stream
+    ``("mcu/<request id>", 0, rest)``.  Arrival = ``timestamp / 1000 * time_scale``."""
+
+    KIND: ClassVar[str] = "mooncake"
+    KEYS: ClassVar[tuple[str, ...]] = ("kind", "path", "time_scale", "limit", "block_tokens")
+
+    path: str
+    time_scale: float = 1.0
+    limit: int | None = None
+    block_tokens: int = 512
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any], where: str = WHERE) -> MooncakeConfig:
+        f = Fields(m, where, cls.KEYS)
+        path, time_scale, limit = _trace_fields(f)
+        return cls(path, time_scale, limit, f.int("block_tokens", 512, minimum=1))
+
+    def requests(self, base_dir: Path | None = None) -> Iterator[TraceRequest]:
+        path = resolve(self.path, base_dir)
+        check_file(path, f"{WHERE}.path")
+        return self._read(path)
+
+    def _read(self, path: Path) -> Iterator[TraceRequest]:
+        block = self.block_tokens
+        prev_ts: float | None = None
+        index = 0
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if self.limit is not None and index >= self.limit:
+                    return
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise WorkloadError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+                if not isinstance(rec, dict):
+                    raise WorkloadError(f"{where}: expected a JSON object, got {show(rec)}")
+                for key in ("timestamp", "input_length", "output_length", "hash_ids"):
+                    if key not in rec:
+                        raise WorkloadError(f"{where}: missing field {key!r}")
+                ts = rec["timestamp"]
+                if not is_number(ts) or ts < 0:
+                    raise WorkloadError(f"{where}: timestamp must be a number >= 0 (ms), got {show(ts)}")
+                if prev_ts is not None and ts < prev_ts:
+                    raise WorkloadError(
+                        f"{where}: timestamp {ts} is before the previous record's {prev_ts}"
+                        " (the trace must be sorted by time)")
+                n_in = rec["input_length"]
+                if not is_int(n_in) or n_in < 1:
+                    raise WorkloadError(f"{where}: input_length must be an integer >= 1, got {show(n_in)}")
+                n_out = rec["output_length"]
+                if not is_int(n_out) or n_out < 1:
+                    raise WorkloadError(f"{where}: output_length must be an integer >= 1, got {show(n_out)}")
+                ids = rec["hash_ids"]
+                if not isinstance(ids, list) or not all(is_int(h) and h >= 0 for h in ids):
+                    raise WorkloadError(
+                        f"{where}: hash_ids must be a list of integers >= 0, got {show(ids)}")
+                rid = request_id(index)
+                segs = []
+                left = n_in
+                for h in ids:
+                    if left <= 0:
+                        break
+                    n = min(block, left)
+                    segs.append((f"mc/{h}", 0, n))
+                    left -= n
+                if left > 0:
+                    segs.append((f"mcu/{rid}", 0, left))
+                yield TraceRequest(rid, ts / 1000.0 * self.time_scale, segs, n_out)
+                prev_ts = ts
+                index += 1
+
+    def describe(self) -> str:
+        blk = "" if self.block_tokens == 512 else f", block {self.block_tokens}"
+        return f"mooncake: {self.path}{blk}{_suffix(self.limit, self.time_scale)}"
+
+
+# --------------------------------------------------------------------------- azure
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+def parse_azure_timestamp(text: str) -> tuple[int, float]:
+    """``2023-11-16 18:15:46.6805900`` (UTC) → (whole seconds since the epoch, fraction).
+    Raises ``ValueError``."""
+    whole, _, frac = text.strip().partition(".")
+    secs = calendar.timegm(time.strptime(whole, "%Y-%m-%d %H:%M:%S"))
+    if frac and not frac.isdigit():
+        raise ValueError(f"bad fractional seconds {frac!r}")
+    return secs, (int(frac) / 10 ** len(frac) if frac else 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class AzureConfig:
+    """``kind: azure`` — Azure LLM inference trace 2023 CSV (``TIMESTAMP``,
+    ``ContextTokens``, ``GeneratedTokens``).  Arrival = seconds since the first row
+    × ``time_scale``; each prompt is a private stream ``("az/<request id>", 0,
+    ContextTokens)`` (the trace has no prefix information)."""
+
+    KIND: ClassVar[str] = "azure"
+    KEYS: ClassVar[tuple[str, ...]] = ("kind", "path", "time_scale", "limit")
+
+    path: str
+    time_scale: float = 1.0
+    limit: int | None = None
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any], where: str = WHERE) -> AzureConfig:
+        f = Fields(m, where, cls.KEYS)
+        return cls(*_trace_fields(f))
+
+    def requests(self, base_dir: Path | None = None) -> Iterator[TraceRequest]:
+        path = resolve(self.path, base_dir)
+        check_file(path, f"{WHERE}.path")
+        return self._read(path)
+
+    def _read(self, path: Path) -> Iterator[TraceRequest]:
+        with open(path, encoding="utf-8", newline="") as fh:
+            reader = csv.reader(fh)
+            try:
+                header = next(reader)
+            except StopIteration:
+                raise WorkloadError(f"{path}:1: empty file (expected a header "
+                                    f"{','.join(AZURE_COLUMNS)})") from None
+            except csv.Error as e:
+                raise WorkloadError(f"{path}:1: bad CSV ({e})") from None
+            header = [h.strip().lstrip("\ufeff") for h in header]
+            missing = [c for c in AZURE_COLUMNS if c not in header]
+            if missing:
+                raise WorkloadError(f"{path}:1: header lacks column(s) {', '.join(missing)}"
+                                    f" (got {','.join(header)})")
+            col = [header.index(c) for c in AZURE_COLUMNS]
+            origin: tuple[int, float] | None = None
+            prev = 0.0
+            index = 0
+            while self.limit is None or index < self.limit:
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    return
+                except csv.Error as e:
+                    raise WorkloadError(f"{path}:{reader.line_num}: bad CSV ({e})") from None
+                where = f"{path}:{reader.line_num}"
+                if not row or all(not c.strip() for c in row):
+                    continue
+                if len(row) != len(header):
+                    raise WorkloadError(f"{where}: expected {len(header)} columns, got {len(row)}")
+                ts_text, ctx_text, gen_text = (row[i].strip() for i in col)
+                try:
+                    ts = parse_azure_timestamp(ts_text)
+                except ValueError:
+                    raise WorkloadError(f"{where}: bad TIMESTAMP {ts_text!r}"
+                                        " (want YYYY-MM-DD HH:MM:SS[.fraction])") from None
+                ctx = _count(ctx_text, "ContextTokens", where)
+                gen = _count(gen_text, "GeneratedTokens", where)
+                if origin is None:
+                    origin = ts
+                rel = (ts[0] - origin[0]) + (ts[1] - origin[1])
+                if rel < prev:
+                    raise WorkloadError(f"{where}: TIMESTAMP {ts_text} is before the previous row's"
+                                        " (the trace must be sorted by time)")
+                prev = rel
+                rid = request_id(index)
+                yield TraceRequest(rid, rel * self.time_scale, [(f"az/{rid}", 0, ctx)], gen)
+                index += 1
+
+    def describe(self) -> str:
+        return f"azure: {self.path}{_suffix(self.limit, self.time_scale)}"
+
+
+def _count(text: str, column: str, where: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise WorkloadError(f"{where}: {column} must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise WorkloadError(f"{where}: {column} must be an integer >= 1, got {value}")
+    return value
