@@ -36,20 +36,24 @@ class CostModel:
     def step_time(self, items) -> float:
         if not items:
             return self.overhead_s
-        flops = 0.0
-        kv_bytes = 0.0
-        state_bytes = 0.0
-        dense = self.dense_flops_per_token
-        attn = 4.0 * self.attn_layers * self.attn_width
-        ssd = self.ssd_flops_per_token * self.mamba_layers
-        kvb = self.kv_bytes_per_token
-        sb = 2.0 * self.state_bytes_per_seq
+        T = C = TC = TT = 0
         for it in items:
             t = it.num_tokens
             c = it.context
-            flops += t * (dense + ssd) + attn * t * (c + (t + 1) * 0.5)
-            kv_bytes += (c + 2 * t) * kvb
-            state_bytes += sb
+            T += t
+            C += c
+            TC += t * c
+            TT += t * (t + 1)
+        return self.time_from_sums(len(items), T, C, TC, TT)
+
+    def time_from_sums(self, n: int, T: int, C: int, TC: int, TT: int) -> float:
+        """Step time from integer batch sums: n items, T = sum t, C = sum c,
+        TC = sum t*c, TT = sum t*(t+1).  Pure-decode jumps call this directly
+        with the same integers, so a jump and single steps agree bit for bit."""
+        flops = (T * (self.dense_flops_per_token + self.ssd_flops_per_token * self.mamba_layers)
+                 + 4.0 * self.attn_layers * self.attn_width * (TC + TT // 2 + (TT % 2) * 0.5))
+        mem = (self.weight_bytes + (C + 2 * T) * self.kv_bytes_per_token
+               + n * 2.0 * self.state_bytes_per_seq)
         compute = flops / (self.peak_flops * self.mfu)
-        memory = (self.weight_bytes + kv_bytes + state_bytes) / (self.hbm_bytes_per_s * self.mbu)
+        memory = mem / (self.hbm_bytes_per_s * self.mbu)
         return self.overhead_s + (compute if compute > memory else memory)

@@ -170,11 +170,15 @@ class Coordinator:
         return ([b if b is not None else [] for b in blocks_by_group], hit_length,
                 longest - hit_length)
 
-    def find_per_group(self, hashes: list[int], max_length: int) -> list[int]:
-        """Each spec group's hit evaluated alone (with its own EAGLE drop)."""
+    def find_per_group(self, hashes: list[int], max_length: int,
+                       kinds: tuple[str, ...] | None = None) -> list[int]:
+        """Each spec group's hit evaluated alone (with its own EAGLE drop);
+        ``kinds`` restricts the work to some kinds (others report 0)."""
         out = [0] * len(self.specs)
         h = self.hash_block_size
         for g in self.spec_groups:
+            if kinds is not None and g.spec.kind not in kinds:
+                continue
             lim = max_length
             if g.use_eagle and g.spec.kind != "mamba":
                 lim = min(max_length + self._margin(g), len(hashes) * h)

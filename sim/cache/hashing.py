@@ -62,7 +62,7 @@ class PrefixHasher:
     what was memoised.
     """
 
-    def __init__(self, unit: int, lookahead: int = 0, memo_limit: int = 200_000):
+    def __init__(self, unit: int, lookahead: int = 0, memo_limit: int = 4_000_000):
         if unit <= 0:
             raise ValueError("hash unit must be positive")
         if lookahead < 0:

@@ -88,10 +88,11 @@ class KVCacheManager:
                         "tokens": min(len(gb) * bs, req.num_tokens)})
         return out
 
-    def per_group_hits(self, req: CacheRequest, max_hit: int | None = None) -> list[int]:
+    def per_group_hits(self, req: CacheRequest, max_hit: int | None = None,
+                       kinds: tuple[str, ...] | None = None) -> list[int]:
         if max_hit is None:
             max_hit = req.num_tokens - 1
-        return self.coordinator.find_per_group(req.block_hashes, max_hit)
+        return self.coordinator.find_per_group(req.block_hashes, max_hit, kinds)
 
     # -------------------------------------------------------------- allocation --
     def allocate_slots(self, req: CacheRequest, num_new_tokens: int, num_new_computed: int = 0,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.cache.block_pool import Block, BlockPool
+from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
 from sim.cache.rules import cdiv, mamba_checkpoint_position
 
 
@@ -137,9 +137,14 @@ def find_mamba(pool: BlockPool, hashes: list[int], max_length: int, group_ids: l
     computed: list[list[Block]] = [[] for _ in group_ids]
     null = pool.null_block
     get = pool.get_cached_block
+    cached = pool.cached
+    g0 = group_ids[0]
     if align < block_size and block_size % align == 0:
         sf = block_size // align
         for fi in range(min(max_length // align, len(hashes)) - 1, -1, -1):
+            # cheap membership probe on the first group before the full lookup
+            if ((hashes[fi] << GROUP_BITS) | g0) not in cached:
+                continue
             got = get(hashes[fi], group_ids)
             if got:
                 k = fi // sf
@@ -153,6 +158,8 @@ def find_mamba(pool: BlockPool, hashes: list[int], max_length: int, group_ids: l
         idx = (i + 1) * scale - 1
         if idx >= len(hashes):
             raise IndexError("list index out of range")
+        if ((hashes[idx] << GROUP_BITS) | g0) not in cached:
+            continue
         got = get(hashes[idx], group_ids)
         if got:
             if block_size != align and (i + 1) * block_size % align != 0:

@@ -25,12 +25,14 @@ from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
 
 class Engine:
     def __init__(self, scheduler: Scheduler, step_time: Callable[[list[ScheduledItem]], float],
+                 sums_time: Callable[[int, int, int, int, int], float] | None,
                  make_request: Callable[[object, int], SimRequest],
                  on_finish: Callable[[SimRequest], None], jump: bool = True,
                  progress: Callable[[int], None] | None = None):
         self.env = simpy.Environment()
         self.sched = scheduler
         self._step_time_s = step_time
+        self.sums_time = sums_time
         self.make_request = make_request
         self.on_finish = on_finish
         self.jump = jump
@@ -104,9 +106,10 @@ class Engine:
                 yield self.wake | env.timeout(self.step_time([]))
                 self.wake = None
                 continue
-            k = self._jump_steps(items) if self.jump else 1
+            k, total = self._jump_steps(items) if self.jump else (1, 0)
             if k > 1:
-                yield env.timeout(self._run_jump(items, k))
+                yield env.timeout(total)
+                self._run_jump(items, k)
                 continue
             yield env.timeout(self.step_time(items))
             self.steps += 1
@@ -117,62 +120,74 @@ class Engine:
                 if self.progress is not None:
                     self.progress(self.finished)
 
-    def _jump_steps(self, items: list[ScheduledItem]) -> int:
-        """How many identical pure-decode steps can run without any event."""
-        sched = self.sched
-        if sched.waiting or len(items) != len(sched.running):
-            return 1
-        K = sched.cfg.num_speculative_tokens
-        adv = 1 + K
-        coord = sched.kv.coordinator
-        if any(s.kind == "swa" for s in coord.specs):
-            return 1  # the window slides inside a block: step it exactly
-        bs = coord.scheduler_block_size
-        k = 1 << 30
-        for it in items:
-            if it.is_prefill:
-                return 1
-            r = it.req
-            c = r.cache
-            remaining = r.max_tokens - r.num_output
-            k = min(k, (remaining - 1) // adv)          # nobody finishes inside the jump
-            slots = c.num_tokens + K        # slots the first step already allocated
-            k = min(k, (cdiv(slots, bs) * bs - slots) // adv + 1)
-        if k <= 1:
-            return 1
-        # the budget must not bind
-        if len(items) * adv > sched.cfg.max_num_batched_tokens:
-            return 1
-        horizon = min(self.next_arrival,
-                      self.pending_followups[0] if self.pending_followups else float("inf"))
-        if horizon < float("inf"):
-            t = self.env.now
-            steps = 0
-            while steps < k:
-                t += self.step_time(items)
-                if t >= horizon:
-                    break
-                steps += 1
-            k = steps
-        return max(k, 1)
+    def _jump_steps(self, items: list[ScheduledItem]) -> tuple[int, int]:
+        """How many identical pure-decode steps can run as one jump, and their
+        total duration (ns).  Returns (1, 0) when the next step must run alone.
 
-    def _run_jump(self, items: list[ScheduledItem], k: int) -> float:
-        """Run ``k`` decode steps without events; returns their total duration.
-
-        The first step's slots were already allocated by ``schedule``; the
-        following steps stay inside the same blocks, so allocation is a no-op
-        and is skipped.
+        A jump is exact: nobody waits, everybody running is scheduled, nobody
+        finishes, no position crosses a block (so allocation, freeing and
+        caching would all be no-ops), and the last step ends strictly before
+        the next arrival.
         """
         sched = self.sched
+        if self.sums_time is None or sched.waiting or len(items) != len(sched.running):
+            return 1, 0
+        coord = sched.kv.coordinator
+        if any(s.kind == "swa" for s in coord.specs):
+            return 1, 0  # the window slides inside a block: step it exactly
+        b = sched.min_block
+        la = sched.num_lookahead
+        lh = coord.pool.lookahead
+        grow = 1 << 62      # max advance A(k-1) keeping every allocation key
+        fin = 1 << 62       # max advance A(k) with nobody finishing
+        C0 = 0
+        t = items[0].num_tokens
+        for it in items:
+            if it.is_prefill or it.num_tokens != t:
+                return 1, 0
+            r = it.req
+            c = r.cache
+            comp = it.context
+            main = comp + t
+            slot = main + la
+            nt = c.num_tokens
+            g = min(-(-slot // b) * b - slot, -(-main // b) * b - main,
+                    b - 1 - (comp - 1) % b, -(-comp // b) * b - comp,
+                    b - 1 - nt % b, b - 1 - (nt - lh) % b)
+            if g < grow:
+                grow = g
+            f = r.max_tokens - r.num_output - 1
+            if f < fin:
+                fin = f
+            C0 += comp
+        n = len(items)
+        T = n * t
+        TT = n * t * (t + 1)
+        horizon = min(self.next_arrival,
+                      self.pending_followups[0] if self.pending_followups else float("inf"))
+        now = self.env.now
         total = 0
-        for step in range(k):
-            total += self.step_time(items)
-            sched.update_from_output(items, self.env.now + total)
-            self.steps += 1
-            if step + 1 < k:
-                for it in items:
-                    it.context = it.req.cache.num_computed_tokens
-        return total
+        k = 0
+        adv = sched.advance
+        while True:
+            a_prev = adv(k)             # advance before step k: positions of step k
+            if k > 0 and a_prev > grow:
+                break
+            if adv(k + 1) > fin:
+                break
+            C = C0 + n * a_prev
+            d = max(1, round(self.sums_time(n, T, C, t * C, TT) * 1e9))
+            if now + total + d >= horizon:
+                break
+            total += d
+            k += 1
+        if k <= 1:
+            return 1, 0
+        return k, total
+
+    def _run_jump(self, items: list[ScheduledItem], k: int) -> None:
+        self.sched.jump_decode(items, k)
+        self.steps += k
 
     def run(self, traces: Iterable) -> None:
         self.env.process(self._feeder(iter(traces)))

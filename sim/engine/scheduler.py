@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.request import CacheRequest
@@ -46,7 +47,6 @@ class SimRequest:
     preemptions: int = 0
     recomputed_tokens: int = 0
     mamba_states_written: int = 0
-    accept_carry: float = 0.0
     chunk_ends: list[int] = field(default_factory=list)
     first_prefill_done: bool = False
     done_event: object = None
@@ -85,7 +85,14 @@ class Scheduler:
         self.kv = kv
         self.split = kv.split_policy()
         self.aligned = kv.needs_aligned_split
-        self.accepted = accepted_per_step
+        # Drafts accepted per decode step follow one deterministic global
+        # pattern: step s accepts P(s + 1) - P(s) with P(s) = floor(s x mean),
+        # in exact integers (as the step oracle scripts ``accepted_tokens``).
+        frac = Fraction(accepted_per_step).limit_denominator(1000)
+        if frac > cfg.num_speculative_tokens:
+            raise ValueError("mean accepted tokens exceed num_speculative_tokens")
+        self.acc_num, self.acc_den = frac.numerator, frac.denominator
+        self.step_index = 0
         # drafter slots allocated past the scheduled tokens (vLLM's num_lookahead_tokens)
         self.num_lookahead = cfg.num_speculative_tokens
         self.fast_decode = fast_decode
@@ -208,7 +215,7 @@ class Scheduler:
         specs = self.kv.coordinator.specs
         if not any(s.kind == "full" for s in specs):
             return 0
-        per = self.kv.per_group_hits(c)
+        per = self.kv.per_group_hits(c, kinds=("full",))
         return max(p for p, s in zip(per, specs) if s.kind == "full")
 
     def _preempt(self, r: SimRequest, out: list[ScheduledItem]) -> None:
@@ -227,6 +234,33 @@ class Scheduler:
                 break
         self.waiting.appendleft(r)
 
+    # ------------------------------------------------------------- acceptance --
+    def accepted_before(self, s: int) -> int:
+        """Drafts accepted per request over global steps ``[0, s)``."""
+        return s * self.acc_num // self.acc_den
+
+    def accepted_at(self, s: int) -> int:
+        return self.accepted_before(s + 1) - self.accepted_before(s)
+
+    def advance(self, k: int) -> int:
+        """Tokens a decoding request gains over the next ``k`` steps."""
+        s = self.step_index
+        return k + self.accepted_before(s + k) - self.accepted_before(s)
+
+    def jump_decode(self, items: list[ScheduledItem], k: int) -> None:
+        """Apply ``k`` pure-decode steps at once (the engine checked that no
+        request finishes, crosses a block or changes its allocation)."""
+        a = self.advance(k)
+        for it in items:
+            r = it.req
+            c = r.cache
+            c.num_computed_tokens += a
+            start = r.num_output
+            r.num_output += a
+            c.append_tokens([(r.out_stream, start, a)])
+        self.step_index += k
+        self.kv.release_cow_copies()
+
     # ------------------------------------------------------------------ update --
     def update_from_output(self, items: list[ScheduledItem], now: float) -> list[SimRequest]:
         """Advance every scheduled request; returns the requests that finished."""
@@ -244,9 +278,7 @@ class Scheduler:
                 r.first_prefill_done = True
                 new_tokens = 1
             else:
-                r.accept_carry += self.accepted
-                acc = min(int(r.accept_carry), it.spec_tokens)
-                r.accept_carry -= acc
+                acc = min(self.accepted_at(self.step_index), it.spec_tokens)
                 c.num_computed_tokens -= it.spec_tokens - acc
                 new_tokens = 1 + acc
             new_tokens = min(new_tokens, r.max_tokens - r.num_output)
@@ -259,6 +291,7 @@ class Scheduler:
                 finished.append(r)
             else:
                 c.append_tokens([(r.out_stream, start, new_tokens)])
+        self.step_index += 1
         if finished:
             done = set(id(r) for r in finished)
             self.running = [r for r in self.running if id(r) not in done]

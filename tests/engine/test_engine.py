@@ -1,0 +1,162 @@
+"""The replay engine against hand-computed timelines, and against `sim case`.
+
+Scenarios are written into tmp_path with a JSONL workload so every arrival and
+prompt is explicit.  Step times are recomputed here from first principles (the
+roofline stated in backends/analytical.py), not by calling the backend.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sim.run import REQUEST_COLUMNS, build_deployment, simulate, write_run
+from sim.scenario import load_scenario
+
+BASE = {
+    "name": "tiny",
+    "seed": 3,
+    "model": "nemotron-h-8b",
+    "kv_cache": {"tensor_parallel_size": 1, "num_gpu_blocks_override": 400},
+    "gpu": {"type": "H200"},
+    "cache": {"policy": "vllm", "prefix_match_unit": 16, "prefix_cache_retention_interval": 0},
+    "scheduler": {"max_num_batched_tokens": 4096, "max_num_seqs": 8},
+    "backend": {"kind": "analytical", "mfu": 0.5, "mbu": 0.7, "overhead_s": 0.004},
+}
+
+
+def scenario(tmp_path: Path, requests: list[dict], **over) -> Path:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    data = json.loads(json.dumps(BASE))
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(data.get(k), dict):
+            data[k].update(v)
+        else:
+            data[k] = v
+    data["workload"] = {"kind": "jsonl", "path": "trace.jsonl"}
+    p = tmp_path / "scenario.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def by_id(rows):
+    return {r[1]: dict(zip(["index"] + REQUEST_COLUMNS, r)) for r in rows}
+
+
+def roofline_ns(cost, items: list[tuple[int, int]]) -> int:
+    """One step of (new tokens, cached context) items, from the documented formula."""
+    flops = 0.0
+    mem = cost.weight_bytes
+    for t, c in items:
+        flops += t * cost.dense_flops_per_token + t * cost.ssd_flops_per_token * cost.mamba_layers
+        flops += 4.0 * cost.attn_layers * cost.attn_width * (t * c + t * (t + 1) / 2)
+        mem += (c + 2 * t) * cost.kv_bytes_per_token + 2.0 * cost.state_bytes_per_seq
+    compute = flops / (cost.peak_flops * cost.mfu)
+    memory = mem / (cost.hbm_bytes_per_s * cost.mbu)
+    return max(1, round((cost.overhead_s + max(compute, memory)) * 1e9))
+
+
+def test_lone_request_ttft_is_its_prefill_time(tmp_path):
+    # 1,000 tokens, block 1,040, unit 16: the split stops at the prompt checkpoint
+    # floor(999 / 16) * 16 = 992, then the last 8 tokens; TTFT = both chunks.
+    sc = load_scenario(scenario(tmp_path, [
+        {"id": "a", "arrival_s": 1.0, "prompt": "S:1000", "output_tokens": 1}]))
+    dep, rows, s = simulate(sc)
+    r = by_id(rows)["a"]
+    cost = dep.cost
+    want = roofline_ns(cost, [(992, 0)]) + roofline_ns(cost, [(8, 992)])
+    assert dep.layout.block_size == 1040
+    assert round(r["ttft_s"] * 1e9) == want
+    assert r["queue_s"] == 0.0 and r["hit_tokens"] == 0
+    assert r["e2e_s"] == r["ttft_s"]  # one output token: done at the first token
+
+
+def test_second_request_queues_behind_the_first(tmp_path):
+    # max_num_seqs 1: b waits until a has finished all 3 tokens.
+    sc = load_scenario(scenario(tmp_path, [
+        {"id": "a", "arrival_s": 0.0, "prompt": "A:500", "output_tokens": 3},
+        {"id": "b", "arrival_s": 0.0, "prompt": "B:300", "output_tokens": 1}],
+        scheduler={"max_num_seqs": 1}))
+    dep, rows, _ = simulate(sc)
+    a, b = by_id(rows)["a"], by_id(rows)["b"]
+    cost = dep.cost
+    # a: chunks [496, 500] (checkpoint floor(499/16)*16 = 496), then 2 decode steps.
+    a_prefill = roofline_ns(cost, [(496, 0)]) + roofline_ns(cost, [(4, 496)])
+    a_total = a_prefill + roofline_ns(cost, [(1, 500)]) + roofline_ns(cost, [(1, 501)])
+    assert round(a["ttft_s"] * 1e9) == a_prefill
+    assert round(a["e2e_s"] * 1e9) == a_total
+    assert round(b["queue_s"] * 1e9) == a_total
+    b_prefill = roofline_ns(cost, [(288, 0)]) + roofline_ns(cost, [(12, 288)])
+    assert round(b["ttft_s"] * 1e9) == a_total + b_prefill
+
+
+def test_preemption_recomputes_the_newest_request(tmp_path):
+    # A pool of 10 blocks (1 attention + 6 Mamba groups): two requests of 1,000
+    # tokens fit (1 + 6 blocks each would not: the second waits), long decodes
+    # cross a block boundary and need one more attention block.
+    sc = load_scenario(scenario(tmp_path, [
+        {"id": "a", "arrival_s": 0.0, "prompt": "A:1000", "output_tokens": 120},
+        {"id": "b", "arrival_s": 0.0, "prompt": "B:1000", "output_tokens": 120}],
+        kv_cache={"num_gpu_blocks_override": 17}))
+    dep, rows, s = simulate(sc)
+    a, b = by_id(rows)["a"], by_id(rows)["b"]
+    assert dep.groups == ("full",) + ("mamba",) * 6
+    assert s["preemptions"] >= 1
+    assert a["preemptions"] == 0 and b["preemptions"] >= 1   # the newest is preempted
+    assert b["recomputed_tokens"] > 0
+    assert a["output_tokens"] == 120 and b["output_tokens"] == 120
+    assert b["e2e_s"] > a["e2e_s"]
+
+
+def test_run_hits_equal_case_hits_when_requests_do_not_overlap(tmp_path):
+    from sim.cache.case import run_case_data
+
+    prompts = ["S:1500 U1:200", "S:1500 U2:900", "S:1500 U1:200 X:40", "S:700 Q:9",
+               "S:1500 U2:900 Y:2100", "S:1500 U2:900 Y:2100 Z:3"]
+    reqs = [{"id": f"r{i}", "arrival_s": 100.0 * i, "prompt": p, "output_tokens": 1}
+            for i, p in enumerate(prompts)]
+    for spec in ({"method": "eagle", "num_speculative_tokens": 2, "mean_accepted_tokens": 1.0},
+                 {}):
+        for flag in (False, True):
+            for lookahead_off in (False, True):
+                sc = load_scenario(scenario(
+                    tmp_path, reqs, speculative=spec,
+                    cache={"enable_mamba_shared_prefix_checkpoint": flag,
+                           "disable_lookahead_block_hashes": lookahead_off}))
+                dep, rows, _ = simulate(sc)
+                cfg = dep.kv.cfg
+                case = {"config": {f: getattr(cfg, f) for f in cfg.field_names()},
+                        "requests": [{"id": r["id"], "prompt": r["prompt"]} for r in reqs]}
+                case["config"]["groups"] = list(cfg.groups)
+                case["config"]["max_num_batched_tokens"] = 4096
+                want = {r["id"]: (r["hit"], r["junction"]) for r in run_case_data(case)}
+                got = {k: (v["hit_tokens"], v["junction"]) for k, v in by_id(rows).items()}
+                assert got == want, (spec, flag, lookahead_off)
+                assert any(h for h, _ in want.values())
+
+
+def test_jumps_and_fast_decode_change_nothing(tmp_path):
+    reqs = [{"id": f"r{i}", "arrival_s": 0.37 * i, "prompt": f"S:{600 + 37 * i} U{i}:{50 + i}",
+             "output_tokens": 40 + 13 * i} for i in range(12)]
+    sc = load_scenario(scenario(tmp_path, reqs, speculative={
+        "method": "eagle", "num_speculative_tokens": 3, "mean_accepted_tokens": 1.7}))
+    fast = simulate(sc, jump=True, fast_decode=True)
+    slow = simulate(sc, jump=False, fast_decode=False)
+    assert fast[1] == slow[1]
+    assert fast[2]["steps"] == slow[2]["steps"]
+
+
+def test_same_seed_same_bytes(tmp_path):
+    sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "athena.yaml",
+                       {"workload.num_requests": 150})
+    outs = []
+    for i in range(2):
+        dep, rows, s = simulate(sc)
+        d = write_run(tmp_path / f"run{i}", sc, dep, rows, s, report=False)
+        summary = json.loads((d / "summary.json").read_text())
+        summary.pop("wall_s"), summary.pop("sim_requests_per_s")
+        outs.append(((d / "requests.csv").read_bytes(), summary))
+    assert outs[0] == outs[1]

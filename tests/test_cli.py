@@ -1,0 +1,104 @@
+"""Command-line behaviour a user sees: outputs, and one-line errors with exit code 2."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from sim.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def _athena(tmp_path: Path, **edits) -> Path:
+    data = yaml.safe_load((ROOT / "scenarios" / "athena.yaml").read_text())
+    data["workload"]["num_requests"] = 60
+    for dotted, value in edits.items():
+        cur = data
+        *head, last = dotted.split(".")
+        for h in head:
+            cur = cur[h]
+        cur[last] = value
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_run_writes_the_run_folder(tmp_path):
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["run", str(_athena(tmp_path)), "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    for f in ("requests.csv", "summary.json", "report.md", "ttft_cdf.png", "hit_hist.png"):
+        assert (out / f).is_file(), f
+    s = json.loads((out / "summary.json").read_text())
+    assert s["requests"] == 60 and 0 < s["token_hit_rate"] < 1
+    header = (out / "requests.csv").read_text().splitlines()[0].split(",")
+    assert {"request_id", "hit_tokens", "attention_hit_tokens", "lost_tokens", "ttft_s"} <= set(header)
+
+
+def _one_line_error(res, *needles):
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.output
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_scenario_typo_is_one_line_exit_2_no_output(tmp_path):
+    p = _athena(tmp_path)
+    data = yaml.safe_load(p.read_text())
+    data["cache"]["prefix_match_unt"] = 64
+    p.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["run", str(p), "--out", str(out)])
+    _one_line_error(res, str(p), "cache.prefix_match_unt", "unknown key")
+    assert not out.exists()
+
+
+def test_negative_size_is_one_line(tmp_path):
+    res = runner.invoke(app, ["run", str(_athena(tmp_path, **{"scheduler.max_num_seqs": -4}))])
+    _one_line_error(res, "scheduler.max_num_seqs")
+
+
+def test_bad_prefix_match_unit_names_the_field(tmp_path):
+    res = runner.invoke(app, ["run", str(_athena(tmp_path, **{"cache.prefix_match_unit": 100}))])
+    _one_line_error(res, "cache.prefix_match_unit", "divide")
+
+
+def test_broken_trace_line_names_file_and_line(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"id": "a", "arrival_s": 0, "prompt": "S:10", "output_tokens": 2}\n{"id": "b",\n')
+    p = _athena(tmp_path)
+    data = yaml.safe_load(p.read_text())
+    data["workload"] = {"kind": "jsonl", "path": str(trace)}
+    p.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["run", str(p), "--out", str(out)])
+    _one_line_error(res, "t.jsonl:2")
+    assert not out.exists()
+
+
+def test_case_bad_key_is_one_line(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("config:\n  blok_size: 16\nrequests: [{id: a, prompt: 'S:4'}]\n")
+    res = runner.invoke(app, ["case", str(p)])
+    _one_line_error(res, str(p), "config.blok_size")
+
+
+def test_case_many_files_keyed_by_path():
+    files = [str(ROOT / "cases" / "seed-d3-eagle.yaml"), str(ROOT / "cases" / "junction-flag.yaml")]
+    res = runner.invoke(app, ["case", *files])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert list(out) == files
+    assert [r["hit"] for r in out[files[1]]] == [0, 0, 12]
+
+
+def test_model_prints_the_4416_derivation():
+    res = runner.invoke(app, ["model", "nemotron-3-super-120b", "--num-speculative-tokens", "5",
+                              "--mamba-cache-dtype", "float32", "--mamba-ssm-cache-dtype", "float32"])
+    assert res.exit_code == 0, res.output
+    assert "block_size 4416 tokens" in res.output
