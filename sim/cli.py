@@ -38,6 +38,29 @@ def case(files: list[Path] = typer.Argument(..., help="Case files (YAML or JSON)
     sys.stdout.write("\n")
 
 
+@app.command()
+def steps(files: list[Path] = typer.Argument(..., help="Step case files (YAML or JSON)."),
+          compact: bool = typer.Option(False, "--compact", help="One-line JSON.")) -> None:
+    """Run step cases through the sim-run engine with one time unit per step.
+
+    Prints, per request, the step of first admission, the hit and junction, the first
+    prefill's chunk ends and their steps, the first-token and finish steps and the
+    number of preemptions, comparable with vLLM's real scheduler (sched_oracle.py).
+    """
+    from sim.cache.case import CaseError
+    from sim.steps import run_steps_file
+
+    out = {}
+    for f in files:
+        try:
+            out[str(f)] = run_steps_file(f)
+        except CaseError as e:
+            fail(str(e))
+    result = out[str(files[0])] if len(files) == 1 else out
+    json.dump(result, sys.stdout, indent=None if compact else 1)
+    sys.stdout.write("\n")
+
+
 def _progress(enabled: bool):
     """A live counter of finished requests, shown after ~2 s on a terminal."""
     import time

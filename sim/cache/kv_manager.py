@@ -97,7 +97,8 @@ class KVCacheManager:
     # -------------------------------------------------------------- allocation --
     def allocate_slots(self, req: CacheRequest, num_new_tokens: int, num_new_computed: int = 0,
                        new_computed: list[list[Block]] | None = None,
-                       num_lookahead_tokens: int = 0) -> bool:
+                       num_lookahead_tokens: int = 0,
+                       full_sequence_must_fit: bool = False) -> bool:
         """Reserve slots for ``num_new_tokens`` and cache what they complete.
 
         Returns False (and changes nothing but skipped-block frees) when the
@@ -112,6 +113,12 @@ class KVCacheManager:
         num_main = total + num_new_tokens
         need_slot = num_main + num_lookahead_tokens
         rid = req.request_id
+        if full_sequence_must_fit:
+            # vLLM's admission gate (scheduler_reserve_full_isl, on by default):
+            # the whole sequence so far must fit, not just this chunk.
+            full = req.num_tokens
+            if c.blocks_to_allocate(rid, full, ncb, total, num_local, full) > c.pool.num_free():
+                return False
         for m in c.managers:
             m.remove_skipped_blocks(rid, total)
         need = c.blocks_to_allocate(rid, need_slot, ncb, total, num_local, num_main)

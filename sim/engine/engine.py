@@ -110,15 +110,18 @@ class Engine:
             if k > 1:
                 yield env.timeout(total)
                 self._run_jump(items, k)
-                continue
-            yield env.timeout(self.step_time(items))
-            self.steps += 1
-            for r in sched.update_from_output(items, env.now):
-                self.finished += 1
-                self.on_finish(r)
-                r.done_event.succeed()
-                if self.progress is not None:
-                    self.progress(self.finished)
+            else:
+                yield env.timeout(self.step_time(items))
+                self.steps += 1
+                for r in sched.update_from_output(items, env.now):
+                    self.finished += 1
+                    self.on_finish(r)
+                    r.done_event.succeed()
+                    if self.progress is not None:
+                        self.progress(self.finished)
+            # Requests arriving at this very instant join before the next
+            # schedule(), as vLLM adds new requests before each step.
+            yield env.timeout(0)
 
     def _jump_steps(self, items: list[ScheduledItem]) -> tuple[int, int]:
         """How many identical pure-decode steps can run as one jump, and their

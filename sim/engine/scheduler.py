@@ -48,6 +48,7 @@ class SimRequest:
     recomputed_tokens: int = 0
     mamba_states_written: int = 0
     chunk_ends: list[int] = field(default_factory=list)
+    chunk_end_steps: list[int] = field(default_factory=list)   # step index of each chunk end
     first_prefill_done: bool = False
     done_event: object = None
 
@@ -93,6 +94,8 @@ class Scheduler:
             raise ValueError("mean accepted tokens exceed num_speculative_tokens")
         self.acc_num, self.acc_den = frac.numerator, frac.denominator
         self.step_index = 0
+        self.accept_list: list[int] | None = None   # per-step acceptance (step cases)
+        self.sched_time = 0
         # drafter slots allocated past the scheduled tokens (vLLM's num_lookahead_tokens)
         self.num_lookahead = cfg.num_speculative_tokens
         self.fast_decode = fast_decode
@@ -116,7 +119,8 @@ class Scheduler:
                                 self.cfg.max_num_batched_tokens, lpt)
 
     # ---------------------------------------------------------------- schedule --
-    def schedule(self, now: float) -> list[ScheduledItem]:
+    def schedule(self, now: int) -> list[ScheduledItem]:
+        self.sched_time = now
         kv = self.kv
         kv.new_step_starts()
         cfg = self.cfg
@@ -183,7 +187,8 @@ class Scheduler:
                         break
                 ok = kv.allocate_slots(c, n, new_local,
                                        lookup.blocks if lookup is not None and lookup.hit else None,
-                                       num_lookahead_tokens=self.num_lookahead)
+                                       num_lookahead_tokens=self.num_lookahead,
+                                       full_sequence_must_fit=True)
                 if not ok:
                     break
                 self.waiting.popleft()
@@ -242,6 +247,12 @@ class Scheduler:
     def accepted_at(self, s: int) -> int:
         return self.accepted_before(s + 1) - self.accepted_before(s)
 
+    def set_accept_pattern(self, per_step: list[int]) -> None:
+        """Drafts accepted in step i = per_step[i] (last value repeats), where i
+        is the engine time of the step (step cases run one time unit per step).
+        Decode jumps need the global pattern and are off in this mode."""
+        self.accept_list = list(per_step)
+
     def advance(self, k: int) -> int:
         """Tokens a decoding request gains over the next ``k`` steps."""
         s = self.step_index
@@ -273,12 +284,17 @@ class Scheduler:
             if it.is_prefill:
                 if not r.first_prefill_done:
                     r.chunk_ends.append(c.num_computed_tokens)
+                    r.chunk_end_steps.append(self.sched_time)
                 if c.num_computed_tokens < c.num_tokens:
                     continue  # non-final chunk: samples nothing
                 r.first_prefill_done = True
                 new_tokens = 1
             else:
-                acc = min(self.accepted_at(self.step_index), it.spec_tokens)
+                if self.accept_list is not None:
+                    al = self.accept_list
+                    acc = min(al[min(self.sched_time, len(al) - 1)], it.spec_tokens)
+                else:
+                    acc = min(self.accepted_at(self.step_index), it.spec_tokens)
                 c.num_computed_tokens -= it.spec_tokens - acc
                 new_tokens = 1 + acc
             new_tokens = min(new_tokens, r.max_tokens - r.num_output)

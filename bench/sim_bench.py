@@ -1,0 +1,82 @@
+"""Simulation speed and memory of ``sim run`` (analytical backend).
+
+    python bench/sim_bench.py mooncake      # full Mooncake conversation trace (12,031 requests)
+    python bench/sim_bench.py million       # 1,000,000 synthetic requests, peak RSS
+    python bench/sim_bench.py athena
+
+Prints simulated requests per wall second, the ratio to the 5,000/s target and to the
+reference simulators measured on this machine class (Vidur ~670 req/s, Marconi's cache-only
+replay 1-2 k req/s), and the process's peak RSS.
+"""
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sim.run import simulate  # noqa: E402
+from sim.scenario import load_scenario  # noqa: E402
+
+TARGET = 5000.0
+REFERENCES = {"Vidur": 670.0, "Marconi (cache-only replay)": 1500.0}
+
+MILLION = {
+    "workload.kind": "system_prompt",
+    "workload.num_system_prompts": 32,
+    "workload.system_prompt_tokens": {"dist": "uniform", "low": 1000, "high": 9000},
+    "workload.popularity": "zipf",
+    "workload.suffix_tokens": {"dist": "lognormal", "mean": 300, "sigma": 0.7, "min": 20, "max": 3000},
+    "workload.output_tokens": {"dist": "lognormal", "mean": 60, "sigma": 0.5, "min": 4, "max": 400},
+    "workload.arrival": "poisson",
+    "workload.rate_per_s": 4.0,
+    "workload.num_requests": 1_000_000,
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("which", choices=["mooncake", "million", "athena"])
+    ap.add_argument("--requests", type=int, default=None, help="cap the request count")
+    args = ap.parse_args()
+    if args.which == "mooncake":
+        over = {"workload.limit": args.requests} if args.requests else None
+        sc = load_scenario(ROOT / "scenarios" / "mooncake-conversation.yaml", over)
+    elif args.which == "athena":
+        over = {"workload.num_requests": args.requests} if args.requests else None
+        sc = load_scenario(ROOT / "scenarios" / "athena.yaml", over)
+    else:
+        over = dict(MILLION)
+        if args.requests:
+            over["workload.num_requests"] = args.requests
+        sc = load_scenario(ROOT / "scenarios" / "athena.yaml", over)
+    done = [0]
+    t0 = time.perf_counter()
+
+    def progress(n: int) -> None:
+        if n % 50_000 == 0:
+            dt = time.perf_counter() - t0
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+            print(f"  {n:,} requests, {dt:,.0f} s, {n / dt:,.0f} req/s, peak RSS {rss:.2f} GiB",
+                  flush=True)
+        done[0] = n
+
+    dep, rows, s = simulate(sc, progress=progress)
+    wall = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    rate = s["requests"] / wall
+    print(f"scenario {sc.name} ({args.which}): {s['requests']:,} requests, {s['steps']:,} steps, "
+          f"token hit {s['token_hit_rate']:.2%}")
+    print(f"  wall {wall:,.1f} s -> {rate:,.0f} simulated requests/s "
+          f"({rate / TARGET:.2f}x the {TARGET:,.0f}/s target)")
+    for name, ref in REFERENCES.items():
+        print(f"  vs {name} ~{ref:,.0f} req/s: {rate / ref:.2f}x")
+    print(f"  peak RSS {rss:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Step case files: the ``sim run`` engine and scheduler, unchanged, driven by a
+backend whose every step lasts one time unit, so times *are* step indices
+(one per ``schedule()`` call, from 0) and can be compared with vLLM's real
+scheduler (``../shared/vllm-oracle/sched_oracle.py``) step for step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.cache.case import CASE_KEYS, CaseError
+from sim.cache.config import CacheConfig, ConfigError
+from sim.cache.prompt import StreamRegistry, parse_prompt
+from sim.engine.engine import Engine
+from sim.engine.scheduler import Scheduler, SchedulerConfig, SimRequest
+
+STEP_KEYS = {"max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
+             "num_speculative_tokens", "accepted_tokens", "eagle_lookahead_hashes"}
+UNIT_S = 1e-9   # one step = one engine nanosecond
+
+
+@dataclass
+class _Trace:
+    request_id: str
+    arrival_s: float
+    segments: list
+    output_tokens: int
+    session: str | None = None
+    after: str | None = None
+    think_s: float = 0.0
+
+
+def _int(name, v, lo):
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise CaseError(f"config.{name}: must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def parse_steps(data):
+    if not isinstance(data, dict):
+        raise CaseError("top level: expected a mapping with config and requests")
+    for k in data:
+        if k not in ("config", "requests", "source", "expect", "description"):
+            raise CaseError(f"{k}: unknown key")
+    cfg_in = dict(data.get("config") or {})
+    sched_keys = {k: cfg_in.pop(k) for k in list(cfg_in) if k in STEP_KEYS}
+    for k in list(cfg_in):
+        if k in CASE_KEYS - {"max_num_batched_tokens", "long_prefill_token_threshold"}:
+            cfg_in.pop(k)  # schedule: the scheduler decides chunking here
+    eagle = bool(cfg_in.get("eagle", False))
+    lookahead_hashes = sched_keys.get("eagle_lookahead_hashes", False)
+    if lookahead_hashes and eagle:
+        cfg_in.setdefault("num_hash_lookahead_tokens", 1)
+    if eagle:
+        cfg_in.setdefault("num_prefill_lookahead", 1)
+    try:
+        cfg = CacheConfig.from_mapping(cfg_in, prefix="config.")
+    except ConfigError as e:
+        raise CaseError(str(e)) from None
+    k_default = 1 if eagle else 0
+    K = _int("num_speculative_tokens", sched_keys.get("num_speculative_tokens", k_default), 0)
+    acc = sched_keys.get("accepted_tokens", 0)
+    if isinstance(acc, list):
+        if not all(isinstance(a, int) and 0 <= a <= K for a in acc) or not acc:
+            raise CaseError(f"config.accepted_tokens: a list of integers in [0, {K}]")
+    elif isinstance(acc, bool) or not isinstance(acc, (int, float)) or not 0 <= acc <= K:
+        raise CaseError(f"config.accepted_tokens: must be in [0, num_speculative_tokens={K}]")
+    sc = SchedulerConfig(
+        max_num_batched_tokens=_int("max_num_batched_tokens",
+                                    sched_keys.get("max_num_batched_tokens", 8192), 1),
+        max_num_seqs=_int("max_num_seqs", sched_keys.get("max_num_seqs", 16), 1),
+        long_prefill_token_threshold=_int("long_prefill_token_threshold",
+                                          sched_keys.get("long_prefill_token_threshold", 0), 0),
+        num_speculative_tokens=K)
+    reqs_in = data.get("requests")
+    if not isinstance(reqs_in, list) or not reqs_in:
+        raise CaseError("requests: expected a non-empty list")
+    streams = StreamRegistry()
+    traces = []
+    for i, r in enumerate(reqs_in):
+        where = f"requests[{i}]"
+        if not isinstance(r, dict):
+            raise CaseError(f"{where}: expected a mapping")
+        for k in r:
+            if k not in ("id", "prompt", "arrival_step", "max_tokens"):
+                raise CaseError(f"{where}.{k}: unknown key")
+        try:
+            runs = parse_prompt(r.get("prompt"), streams)
+        except ValueError as e:
+            raise CaseError(f"{where}.prompt: {e}") from None
+        arrival = _int(f"{where}.arrival_step".replace("config.", ""), r.get("arrival_step", 0), 0)
+        mt = r.get("max_tokens", 16)
+        if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
+            raise CaseError(f"{where}.max_tokens: must be an integer >= 1, got {mt!r}")
+        traces.append((str(r.get("id", f"r{i}")), runs, arrival, mt))
+    order = sorted(range(len(traces)), key=lambda i: (traces[i][2], i))
+    return cfg, sc, acc, streams, [traces[i] for i in order], [t[0] for t in traces]
+
+
+def run_steps_data(data, source: str = "<steps>") -> list[dict]:
+    from sim.cache.kv_manager import KVCacheManager
+
+    try:
+        cfg, sc, acc, streams, traces, file_order = parse_steps(data)
+    except CaseError as e:
+        raise CaseError(f"{source}: {e}") from None
+    try:
+        kv = KVCacheManager(cfg)
+    except (AssertionError, ValueError) as e:
+        return [{"id": rid, "error": f"{type(e).__name__}: {e}"} for rid in file_order]
+    sched = Scheduler(sc, kv, accepted_per_step=acc if not isinstance(acc, list) else 0.0)
+    if isinstance(acc, list):
+        sched.set_accept_pattern(acc)
+    reqs: dict[str, SimRequest] = {}
+    by_id = {t[0]: t for t in traces}
+
+    def make(trace, index):
+        _, runs, _, mt = by_id[trace.request_id]
+        r = SimRequest(kv.make_request(trace.request_id, runs), trace.arrival_s, mt, index)
+        r.out_stream = streams.id(f"out/{trace.request_id}")
+        reqs[trace.request_id] = r
+        return r
+
+    eng = Engine(sched, lambda items: UNIT_S, lambda *a: UNIT_S, make, lambda r: None,
+                 jump=not isinstance(acc, list))
+    eng.run(_Trace(rid, arrival * UNIT_S, [], mt) for rid, runs, arrival, mt in traces)
+    out = []
+    for rid in file_order:
+        r = reqs.get(rid)
+        if r is None:
+            out.append({"id": rid, "error": "never arrived"})
+            continue
+        out.append({
+            "id": rid,
+            "arrival_step": r.arrival_s,
+            "first_scheduled_step": r.first_scheduled_s,
+            "hit": r.hit_tokens,
+            "junction": r.junction,
+            "chunk_ends": list(r.chunk_ends),
+            "chunk_end_steps": list(r.chunk_end_steps),
+            "first_token_step": r.first_token_s - 1,
+            "finish_step": r.finish_s - 1,
+            "preemptions": r.preemptions,
+            "output_tokens": r.num_output,
+        })
+    return out
+
+
+def run_steps_file(path) -> list[dict]:
+    from sim.cache.case import load_case_file
+
+    return run_steps_data(load_case_file(path), source=str(path))
