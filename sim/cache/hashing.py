@@ -149,6 +149,54 @@ class PrefixHasher:
             k += 1
         return out
 
+    def extend(self, runs: list[Run], out: list[int]) -> None:
+        """Append to ``out`` (the hashes of a prefix of ``runs``) the hashes of
+        every unit ``runs`` now completes.  ``runs`` must be canonical.  Walks
+        the runs from the end (new units sit near the end) and does not touch
+        the chain memo: appended tokens (outputs) are private to one request."""
+        h, la = self.unit, self.lookahead
+        total = 0
+        for r in runs:
+            total += r[2]
+        n_units = max(0, (total - la) // h)
+        k = len(out)
+        if k >= n_units:
+            return
+        pos = 0 if k == 0 else k * h + la
+        # locate the run holding ``pos`` scanning backwards
+        ri = len(runs) - 1
+        start = total - runs[ri][2]
+        while start > pos:
+            ri -= 1
+            start -= runs[ri][2]
+        off = pos - start
+        parent = out[-1] if out else ROOT
+        single = self.unit_hash_single
+        while k < n_units:
+            need = h + la if k == 0 else h
+            s, st, n = runs[ri]
+            if n - off >= need:
+                parent = single(parent, s, st + off, need)
+                off += need
+            else:
+                pieces: list[Run] = []
+                left = need
+                while left > 0:
+                    s, st, n = runs[ri]
+                    take = min(left, n - off)
+                    pieces.append((s, st + off, take))
+                    left -= take
+                    off += take
+                    if off >= n and ri + 1 < len(runs):
+                        ri += 1
+                        off = 0
+                parent = self.unit_hash_multi(parent, pieces)
+            out.append(parent)
+            k += 1
+            if off >= runs[ri][2] and ri + 1 < len(runs):
+                ri += 1
+                off = 0
+
     def _chain(self, parent: int, stream: int, start: int, first_len: int, cnt: int) -> list[int]:
         key = (parent, stream, start, first_len)
         chain = self._chains.get(key)

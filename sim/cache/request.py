@@ -42,4 +42,4 @@ class CacheRequest:
             self.num_tokens += n
         h = self.hasher
         if (self.num_tokens - h.lookahead) // h.unit > len(self.block_hashes):
-            self.block_hashes = h.hashes(own, self.block_hashes)
+            h.extend(own, self.block_hashes)

@@ -138,9 +138,7 @@ class Engine:
         coord = sched.kv.coordinator
         if any(s.kind == "swa" for s in coord.specs):
             return 1, 0  # the window slides inside a block: step it exactly
-        b = sched.min_block
-        la = sched.num_lookahead
-        lh = coord.pool.lookahead
+        margin = sched.alloc_margin
         grow = 1 << 62      # max advance A(k-1) keeping every allocation key
         fin = 1 << 62       # max advance A(k) with nobody finishing
         C0 = 0
@@ -149,14 +147,8 @@ class Engine:
             if it.is_prefill or it.num_tokens != t:
                 return 1, 0
             r = it.req
-            c = r.cache
             comp = it.context
-            main = comp + t
-            slot = main + la
-            nt = c.num_tokens
-            g = min(-(-slot // b) * b - slot, -(-main // b) * b - main,
-                    b - 1 - (comp - 1) % b, -(-comp // b) * b - comp,
-                    b - 1 - nt % b, b - 1 - (nt - lh) % b)
+            g = margin(r.cache, comp, t)
             if g < grow:
                 grow = g
             f = r.max_tokens - r.num_output - 1

@@ -61,7 +61,9 @@ class SimRequest:
         return self.cache.num_computed_tokens
 
     out_stream: int = 0                # stream id of this request's output tokens
-    alloc_key: tuple = ()              # block indices at the last allocation (decode fast path)
+    fast_n: int = -1                   # decode fast path: tokens per step at the last allocation
+    fast_until: int = -1               # ... and the computed count up to which it stays valid
+    item: "ScheduledItem" = None       # reused per step (a request is scheduled once per step)
 
     @property
     def decoding(self) -> bool:
@@ -130,36 +132,68 @@ class Scheduler:
         out: list[ScheduledItem] = []
         preempted = False
         i = 0
-        while i < len(self.running) and budget > 0:
-            r = self.running[i]
+        running = self.running
+        aligned = self.aligned
+        fast = self.fast_decode
+        while i < len(running) and budget > 0:
+            r = running[i]
             c = r.cache
-            decode = r.decoding
-            n = c.num_tokens + (K if decode else 0) - c.num_computed_tokens
-            if 0 < lpt < n:
-                n = lpt
-            n = min(n, budget)
-            if self.aligned:
-                n = self._split(r, n, 0, lpt)
+            comp = c.num_computed_tokens
+            decode = r.num_output > 0 and comp >= c.num_tokens - 1
+            if decode:
+                n = c.num_tokens + K - comp
+                if 0 < lpt < n:
+                    n = lpt
+                if n > budget:
+                    n = budget
+                # (the align split never cuts a decode step: it starts past the prompt)
+                if fast and n == r.fast_n and comp <= r.fast_until:
+                    # positions stay inside the blocks of the last allocation:
+                    # allocate_slots would allocate, free and cache nothing
+                    it = r.item
+                    it.num_tokens = n
+                    it.context = comp
+                    it.is_prefill = False
+                    it.spec_tokens = K
+                    it.new_hit = 0
+                    out.append(it)
+                    budget -= n
+                    i += 1
+                    continue
+            else:
+                n = c.num_tokens - comp
+                if 0 < lpt < n:
+                    n = lpt
+                if n > budget:
+                    n = budget
+                if aligned:
+                    n = self._split(r, n, 0, lpt)
             if n <= 0:
                 i += 1
                 continue
-            key = self._alloc_key(c, n) if decode and self.fast_decode else ()
-            if key and key == r.alloc_key:
-                ok = True  # same blocks as last step: allocate_slots would change nothing
-            while not (key and key == r.alloc_key):
+            while True:
                 ok = kv.allocate_slots(c, n, num_lookahead_tokens=self.num_lookahead)
                 if ok:
-                    r.alloc_key = key
+                    if decode and fast:
+                        r.fast_n = n
+                        r.fast_until = comp + self.alloc_margin(c, comp, n)
+                    else:
+                        r.fast_n = -1
                     break
-                victim = self.running.pop()
+                victim = running.pop()
                 self._preempt(victim, out)
                 preempted = True
                 if victim is r:
                     break
             if not ok:
                 break
-            out.append(ScheduledItem(r, n, c.num_computed_tokens, not decode,
-                                     spec_tokens=K if decode else 0))
+            it = r.item
+            it.num_tokens = n
+            it.context = comp
+            it.is_prefill = not decode
+            it.spec_tokens = K if decode else 0
+            it.new_hit = 0
+            out.append(it)
             budget -= n
             i += 1
         if not preempted:
@@ -199,22 +233,32 @@ class Scheduler:
                     r.attention_hit_tokens = attn_alone
                     r.first_scheduled_s = now
                 c.num_computed_tokens += new_local
-                out.append(ScheduledItem(r, n, c.num_computed_tokens, True, new_hit=new_local))
+                if r.item is None:
+                    r.item = ScheduledItem(r, 0, 0, True)
+                it = r.item
+                it.num_tokens = n
+                it.context = c.num_computed_tokens
+                it.is_prefill = True
+                it.spec_tokens = 0
+                it.new_hit = new_local
+                out.append(it)
                 budget -= n
         return out
 
-    def _alloc_key(self, c: CacheRequest, n: int) -> tuple:
-        """Everything ``allocate_slots`` reads, at block granularity.
-
-        Two decode steps with equal keys need the same blocks, free nothing
-        and cache nothing new, so the second allocation is skipped.
-        """
+    def alloc_margin(self, c: CacheRequest, comp: int, n: int) -> int:
+        """Tokens a decoding request can advance before ``allocate_slots`` would
+        do anything: every position it reads (computed, scheduled and slot
+        ends, prompt+output length, hashed length) stays inside its current
+        block of the smallest group block size.  Used by the decode fast path
+        and by engine jumps."""
         b = self.min_block
-        comp = c.num_computed_tokens
         main = comp + n
-        return (-(-(main + self.num_lookahead) // b), -(-main // b), (comp - 1) // b,
-                -(-comp // b), c.num_tokens // b,
-                len(c.block_hashes) * c.hasher.unit // b)
+        slot = main + self.num_lookahead
+        nt = c.num_tokens
+        lh = c.hasher.lookahead
+        return min(-(-slot // b) * b - slot, -(-main // b) * b - main,
+                   b - 1 - (comp - 1) % b, -(-comp // b) * b - comp,
+                   b - 1 - nt % b, b - 1 - (nt - lh) % b)
 
     def _attention_alone(self, c: CacheRequest) -> int:
         specs = self.kv.coordinator.specs
@@ -227,7 +271,7 @@ class Scheduler:
         """Recompute preemption: free everything, back to the front of waiting."""
         r.mamba_states_written += self.kv.states_written(r.cache)
         self.kv.free(r.cache)
-        r.alloc_key = ()
+        r.fast_n = -1
         r.recomputed_tokens += r.cache.num_computed_tokens
         r.cache.num_computed_tokens = 0
         r.cache.shared_prefix_boundary = 0
