@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -141,6 +142,132 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML."),
                    f"lost {s['lost_token_rate']:.2%}  TTFT p50 {s['ttft_p50_s']:.3f}s "
                    f"p99 {s['ttft_p99_s']:.3f}s  ({s['sim_requests_per_s']:,.0f} req/s simulated)"
                    f"  -> {folder}/")
+
+
+@app.command()
+def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario + axes)."),
+          out: Path = typer.Option(None, "--out", help="Sweep folder (default runs/sweeps/<name>/)."),
+          executor: str = typer.Option("local", "--executor", help="local (process pool) | ray."),
+          address: str = typer.Option(None, "--address", help="Ray cluster address (default: "
+                                      "start a local Ray)."),
+          workers: int = typer.Option(os.cpu_count() or 1, "--workers",
+                                      help="Parallel points (local pool size / local Ray CPUs)."),
+          quiet: bool = typer.Option(False, "--quiet", "-q"),
+          no_report: bool = typer.Option(False, "--no-report")) -> None:
+    """Run every point of a sweep; write points.csv, each point's run folder and the report."""
+    from sim.sweep import SweepError, load_sweep, run_sweep
+
+    if executor not in ("local", "ray"):
+        fail(f"--executor: must be local or ray, got {executor!r}")
+    if workers < 1:
+        fail(f"--workers: must be >= 1, got {workers}")
+    try:
+        sw = load_sweep(sweep_file)
+    except SweepError as e:
+        fail(str(e))
+    folder = out or Path("runs") / "sweeps" / sw.name
+
+    def progress(done: int, total: int) -> None:
+        if not quiet and sys.stderr.isatty():
+            typer.echo(f"\r{done}/{total} points", err=True, nl=False)
+
+    try:
+        results = run_sweep(sw, folder, executor=executor, workers=workers, address=address,
+                            progress=progress, report=not no_report)
+    except ImportError as e:
+        fail(f"--executor ray: {e} (pip install ray)")
+    failed = [(p.id, r["error"]) for p, r in zip(sw.points, results) if r["status"] != "ok"]
+    if not quiet:
+        typer.echo(f"\n{len(results) - len(failed)}/{len(results)} points ok -> {folder}/")
+        for pid, err in failed:
+            typer.echo(f"  {pid} failed: {err}")
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def compare(scenario: Path = typer.Argument(..., help="Scenario YAML."),
+            flag: str = typer.Option(..., "--flag", help="Boolean field to run off and on, e.g. "
+                                     "enable_mamba_shared_prefix_checkpoint or cache.FIELD."),
+            out: Path = typer.Option(None, "--out", help="Folder (default runs/<name>-<flag>/)."),
+            sets: list[str] = typer.Option([], "--set", help="Override a field (repeatable)."),
+            quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+    """Run a scenario with a boolean field off and on (same seed) and pair the requests."""
+    from sim.cache.config import ConfigError
+    from sim.compare import compare as run_compare
+    from sim.scenario import ScenarioError, load_scenario
+
+    over = _parse_sets(sets)
+    try:
+        sc = load_scenario(scenario, over or None)
+        res = run_compare(scenario, flag, out or Path("runs") / f"{sc.name}-{flag.split('.')[-1]}",
+                          over)
+    except (ScenarioError, ConfigError) as e:
+        fail(str(e))
+    except ValueError as e:
+        fail(f"{scenario}: {e}")
+    if not quiet:
+        a, b = res["off"], res["on"]
+        typer.echo(f"{res['flag']}: token hit {a['token_hit_rate']:.2%} -> {b['token_hit_rate']:.2%} "
+                   f"({(b['token_hit_rate'] - a['token_hit_rate']) * 100:+.2f} pp), TTFT p50 "
+                   f"{a['ttft_p50_s']:.3f}s -> {b['ttft_p50_s']:.3f}s; {res['improved']:,} requests "
+                   f"gain, {res['worse']:,} lose")
+
+
+DEFAULT_CHECKS = ("cases/*.yaml", "scenarios/athena.yaml")
+
+
+@app.command()
+def check(paths: list[Path] = typer.Argument(None, help="Case files and scenarios (default: "
+                                            "cases/*.yaml and scenarios/athena.yaml)."),
+          golden: Path = typer.Option(Path("checks/golden"), "--golden",
+                                      help="Folder of golden files."),
+          update: bool = typer.Option(False, "--update", help="Rewrite the goldens; print what "
+                                      "changed.")) -> None:
+    """Compare per-request hit lengths (reconciled, per group alone, junction) with goldens.
+
+    Exit 1 on any drift, on a request without a golden, or when a `want:` marker's value
+    appears ("fixed - move the marker"); 0 when everything holds.
+    """
+    import glob
+
+    from sim.cache.case import CaseError
+    from sim.check import check as run_check
+    from sim.scenario import ScenarioError
+
+    if not paths:
+        paths = [Path(p) for pat in DEFAULT_CHECKS for p in sorted(glob.glob(pat))]
+    for p in paths:
+        if not p.is_file():
+            fail(f"{p}: no such file")
+    try:
+        res = run_check(paths, golden, Path.cwd(), update=update)
+    except (CaseError, ScenarioError, ValueError) as e:
+        fail(str(e))
+    if update:
+        for f in res.updated:
+            typer.echo(f"updated {f}")
+        new = {}
+        for fd in res.findings:
+            if fd.kind == "new":
+                new[fd.path] = new.get(fd.path, 0) + 1
+            else:
+                typer.echo(f"  {fd.path} {fd.request} {fd.key}: {fd.golden} -> {fd.got}"
+                           + ("  (want marker satisfied and removed)" if fd.kind == "fixed" else ""))
+        for path, n in new.items():
+            typer.echo(f"  {path}: {n} request(s) recorded for the first time")
+        typer.echo(f"{res.checked} requests checked, {len(res.updated)} golden file(s) rewritten")
+        return
+    if res.findings:
+        w = max(len(f.path) for f in res.findings)
+        typer.echo(f"{'file':<{w}}  request  key  golden -> now  status")
+        for fd in res.findings:
+            status = {"fixed": "fixed - move the marker", "new": "no golden (run --update)",
+                      "missing": "request gone", "drift": "DRIFT"}[fd.kind]
+            typer.echo(f"{fd.path:<{w}}  {fd.request}  {fd.key}  {fd.golden} -> {fd.got}  {status}")
+        typer.echo(f"{len(res.findings)} finding(s) in {res.checked} requests")
+        raise typer.Exit(1)
+    typer.echo(f"{res.checked} requests checked: every hit length holds")
 
 
 @app.command()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from backends.analytical import CostModel
+from sim.cache.config import ConfigError
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry
 from sim.engine.engine import Engine
@@ -51,13 +52,12 @@ def build_deployment(sc: Scenario) -> Deployment:
     kvs = sc.kv_cache
     spec = sc.speculative
     method = spec.method if spec.method else "auto"
-    layout = derive_layout(
-        sc.model, tp=kvs.tensor_parallel_size,
-        num_speculative_tokens=spec.num_speculative_tokens if spec.method else 0,
-        mamba_cache_dtype=kvs.mamba_cache_dtype, mamba_ssm_cache_dtype=kvs.mamba_ssm_cache_dtype,
-        kv_cache_dtype=kvs.kv_cache_dtype, kernel_block_size=kvs.kernel_block_size,
-        block_size=kvs.block_size,
-        speculative_method=("mtp" if method == "mtp" else ("eagle" if spec.method else "auto")))
+    try:
+        layout = _derive(sc, kvs, spec, method)
+    except ValueError as e:
+        msg = str(e)
+        field = "speculative.method" if msg.startswith("speculative_method") else "kv_cache"
+        raise ConfigError(field, msg.split(": ", 1)[-1]) from None
     gpu = get_gpu(sc.gpu.type)
     tp = kvs.tensor_parallel_size
     budget = None
@@ -65,8 +65,12 @@ def build_deployment(sc: Scenario) -> Deployment:
         num_blocks = kvs.num_gpu_blocks_override
         block_bytes = layout.pool_block_bytes
     else:
-        budget = kv_budget(gpu, sc.model, layout, gpu_memory_utilization=sc.gpu.gpu_memory_utilization,
-                           tp=tp, num_gpus=sc.gpu.count)
+        try:
+            budget = kv_budget(gpu, sc.model, layout,
+                               gpu_memory_utilization=sc.gpu.gpu_memory_utilization,
+                               tp=tp, num_gpus=sc.gpu.count)
+        except ValueError as e:
+            raise ConfigError("gpu", str(e)) from None
         num_blocks = budget.num_blocks
         block_bytes = budget.block_bytes
     groups = tuple(["full"] * layout.num_attention_groups + ["mamba"] * layout.num_mamba_groups)
@@ -74,6 +78,16 @@ def build_deployment(sc: Scenario) -> Deployment:
     kv = policy.build(sc.cache, groups, layout.block_size, num_blocks, spec.spec_decode())
     cost = cost_model(sc, layout, gpu)
     return Deployment(layout, groups, num_blocks, block_bytes, budget, cost, kv)
+
+
+def _derive(sc, kvs, spec, method):
+    return derive_layout(
+        sc.model, tp=kvs.tensor_parallel_size,
+        num_speculative_tokens=spec.num_speculative_tokens if spec.method else 0,
+        mamba_cache_dtype=kvs.mamba_cache_dtype, mamba_ssm_cache_dtype=kvs.mamba_ssm_cache_dtype,
+        kv_cache_dtype=kvs.kv_cache_dtype, kernel_block_size=kvs.kernel_block_size,
+        block_size=kvs.block_size,
+        speculative_method=("mtp" if method == "mtp" else ("eagle" if spec.method else "auto")))
 
 
 def cost_model(sc: Scenario, layout, gpu) -> CostModel:

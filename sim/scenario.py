@@ -207,6 +207,9 @@ def scenario_from_mapping(data, path: Path) -> Scenario:
         g = {"type": g}
     gpu = _section(GPUSection, g, "gpu.")
     gpu.validate()
+    if gpu.count % kv.tensor_parallel_size:
+        raise ConfigError("gpu.count", f"{gpu.count} GPUs cannot hold tensor_parallel_size "
+                          f"{kv.tensor_parallel_size} x whole pipeline stages")
     cache = CacheSection.from_mapping(data.get("cache") or {})
     sched_in = dict(data.get("scheduler") or {})
     chunked = sched_in.pop("enable_chunked_prefill", True)

@@ -1,0 +1,143 @@
+"""``sim check``: regression of hit lengths against golden files.
+
+For every case file and scenario it computes each request's hit lengths —
+reconciled ``hit``, each group alone (``per_group`` for cases, ``attention``
+alone for scenarios) and ``junction`` — and compares them with a golden file,
+one line per request, diff-friendly::
+
+    # sim check golden for cases/seed-d3-eagle.yaml
+    producer: hit=0 per_group=0,0 junction=0
+    consumer: hit=0 per_group=12,16 junction=12  want: hit=12
+
+A ``want:`` marker states the value we expect once a known defect is fixed (as
+strict xfail markers do): the check passes while today's value holds and fails
+with "fixed — move the marker" the day the wanted value appears.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KEYS_CASE = ("hit", "per_group", "junction")
+KEYS_SCENARIO = ("hit", "attention", "junction")
+_LINE = re.compile(r"^(?P<id>[^:\s][^:]*):\s*(?P<vals>[^#]*?)(?:\s+want:\s*(?P<want>.*))?\s*$")
+
+
+@dataclass
+class Finding:
+    path: str
+    request: str
+    key: str
+    golden: str
+    got: str
+    kind: str            # drift | fixed | new | missing
+
+
+@dataclass
+class CheckResult:
+    findings: list[Finding] = field(default_factory=list)
+    checked: int = 0
+    updated: list[str] = field(default_factory=list)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, (list, tuple)):
+        return ",".join(_fmt(x) for x in v)
+    return str(v)
+
+
+def compute(path: Path) -> tuple[str, dict[str, dict[str, str]]]:
+    """Per-request hit lengths of a case file or a scenario (detected by its keys)."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text())
+    if isinstance(data, dict) and "requests" in data and "config" in data:
+        from sim.cache.case import run_case_data
+
+        out = {}
+        for r in run_case_data(data, str(path)):
+            vals = {k: _fmt(r[k]) for k in KEYS_CASE}
+            if r.get("error"):
+                vals["error"] = str(r["error"]).split(":")[0]
+            out[r["id"]] = vals
+        return "case", out
+    from sim.run import simulate
+    from sim.scenario import load_scenario
+
+    sc = load_scenario(path)
+    _, rows, _ = simulate(sc)
+    return "scenario", {r[1]: {"hit": str(r[5]), "attention": str(r[6]), "junction": str(r[8])}
+                        for r in rows}
+
+
+def parse_golden(text: str) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+    out = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            raise ValueError(f"bad golden line: {line!r}")
+        vals = dict(kv.split("=", 1) for kv in m.group("vals").split())
+        want = dict(kv.split("=", 1) for kv in (m.group("want") or "").split())
+        out[m.group("id").strip()] = (vals, want)
+    return out
+
+
+def render_golden(source: str, values: dict[str, dict[str, str]],
+                  wants: dict[str, dict[str, str]]) -> str:
+    lines = [f"# sim check golden for {source}: per-request hit lengths (regenerate with "
+             f"`sim check {source} --update`)"]
+    for rid, vals in values.items():
+        line = f"{rid}: " + " ".join(f"{k}={v}" for k, v in vals.items())
+        if wants.get(rid):
+            line += "  want: " + " ".join(f"{k}={v}" for k, v in wants[rid].items())
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def golden_path(golden_dir: Path, path: Path, root: Path) -> Path:
+    try:
+        rel = path.resolve().relative_to(root.resolve())
+    except ValueError:
+        rel = Path(path.name)
+    return golden_dir / (str(rel).replace("/", "__") + ".golden")
+
+
+def check(paths: list[Path], golden_dir: Path, root: Path, update: bool = False) -> CheckResult:
+    res = CheckResult()
+    for path in paths:
+        kind, values = compute(path)
+        gp = golden_path(golden_dir, path, root)
+        source = str(path)
+        old = parse_golden(gp.read_text()) if gp.exists() else {}
+        wants = {rid: w for rid, (_, w) in old.items() if w}
+        for rid, vals in values.items():
+            res.checked += 1
+            if rid not in old:
+                res.findings.append(Finding(source, rid, "*", "(none)", " ".join(
+                    f"{k}={v}" for k, v in vals.items()), "new"))
+                continue
+            gold, want = old[rid]
+            for key in sorted(set(gold) | set(vals)):
+                g, v = gold.get(key, "(none)"), vals.get(key, "(none)")
+                if key in want and v == want[key] and v != g:
+                    res.findings.append(Finding(source, rid, key, g, v, "fixed"))
+                elif g != v:
+                    res.findings.append(Finding(source, rid, key, g, v, "drift"))
+        for rid in old:
+            if rid not in values:
+                res.findings.append(Finding(source, rid, "*", "present", "(gone)", "missing"))
+        if update:
+            # a want marker that today's value satisfies has done its job: drop it
+            wants = {rid: {k: w for k, w in want.items() if values.get(rid, {}).get(k) != w}
+                     for rid, want in wants.items()}
+            text = render_golden(source, values, wants)
+            if not gp.exists() or gp.read_text() != text:
+                gp.parent.mkdir(parents=True, exist_ok=True)
+                gp.write_text(text)
+                res.updated.append(str(gp))
+    return res

@@ -1,0 +1,259 @@
+"""Sweeps: a base scenario plus axes, every point an independent simulation.
+
+A sweep file::
+
+    name: flag-onoff
+    base: ../athena.yaml                 # relative to this file
+    set: {workload.num_requests: 1000}   # applied to every point (optional)
+    grid:                                # cartesian product of dotted scenario fields
+      cache.enable_mamba_shared_prefix_checkpoint: [false, true]
+      cache.prefix_match_unit: [64, 192]
+    points:                              # and/or named points
+      - {name: dense, set: {cache.prefix_cache_retention_interval: null}}
+
+Output folder: ``points.csv`` (one row per point: id, label, status, error, each axis,
+each summary metric except the two wall-clock ones), ``points/<id>/`` (each point's run
+folder) and the sweep report.  Points run in a local process pool or on Ray; results
+are identical byte for byte whichever executor runs them, and a failed point is
+recorded with its error without losing the others.
+"""
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import os
+import shutil
+import tempfile
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.cache.config import ConfigError
+
+SWEEP_KEYS = {"name", "description", "base", "set", "grid", "points", "output"}
+TIMING = ("wall_s", "sim_requests_per_s")
+
+
+class SweepError(ValueError):
+    """One line naming the file and field."""
+
+
+@dataclass(frozen=True)
+class Point:
+    id: str
+    label: str
+    overrides: dict          # dotted path -> value (sweep-wide set + the point's own)
+    axes: dict               # dotted path -> value (the point's own coordinates)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    path: Path
+    name: str
+    base: Path
+    points: list[Point]
+    axes: list[str]
+
+
+def _fmt_value(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise SweepError(f"{path}: cannot read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise SweepError(f"{path}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise SweepError(f"{path}: expected a mapping with base and grid/points")
+    for k in data:
+        if k not in SWEEP_KEYS:
+            raise SweepError(f"{path}: {k}: unknown key (known: {', '.join(sorted(SWEEP_KEYS))})")
+    if "base" not in data:
+        raise SweepError(f"{path}: base: missing (path of the base scenario)")
+    base = (p.parent / str(data["base"])).resolve()
+    if not base.is_file():
+        raise SweepError(f"{path}: base: no such scenario file {base}")
+    common = data.get("set") or {}
+    if not isinstance(common, dict):
+        raise SweepError(f"{path}: set: expected a mapping of dotted fields to values")
+    grid = data.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise SweepError(f"{path}: grid: expected a mapping of dotted fields to lists")
+    for k, vals in grid.items():
+        if not isinstance(vals, list) or not vals:
+            raise SweepError(f"{path}: grid.{k}: expected a non-empty list of values")
+    named = data.get("points") or []
+    if not isinstance(named, list):
+        raise SweepError(f"{path}: points: expected a list of {{name, set}}")
+    axes = list(grid)
+    for i, pt in enumerate(named):
+        if not isinstance(pt, dict) or set(pt) - {"name", "set"} or not isinstance(pt.get("set", {}), dict):
+            raise SweepError(f"{path}: points[{i}]: expected {{name: ..., set: {{field: value}}}}")
+        for k in pt.get("set", {}):
+            if k not in axes:
+                axes.append(k)
+    points: list[Point] = []
+    combos = list(itertools.product(*(grid[k] for k in grid))) if grid else []
+    for combo in combos:
+        coords = dict(zip(grid, combo))
+        label = ", ".join(f"{k.split('.')[-1]}={_fmt_value(v)}" for k, v in coords.items())
+        points.append(Point(f"p{len(points):03d}", label, {**common, **coords}, coords))
+    for pt in named:
+        coords = dict(pt.get("set", {}))
+        label = str(pt.get("name") or ", ".join(f"{k.split('.')[-1]}={_fmt_value(v)}"
+                                                for k, v in coords.items()))
+        points.append(Point(f"p{len(points):03d}", label, {**common, **coords}, coords))
+    if not points:
+        raise SweepError(f"{path}: grid/points: the sweep has no points")
+    # Validate every point's scenario up front: a typo fails the sweep before any run.
+    from sim.run import build_deployment
+    from sim.scenario import ScenarioError, load_scenario
+
+    for pt in points:
+        try:
+            build_deployment(load_scenario(base, pt.overrides))
+        except (ScenarioError, ConfigError, ValueError) as e:
+            raise SweepError(f"{path}: point {pt.id} ({pt.label}): {e}") from None
+    return Sweep(p, str(data.get("name") or p.stem), base, points, axes)
+
+
+def run_point(base: str, overrides: dict) -> dict:
+    """Run one point; returns its status, summary and run-folder files (name ->
+    bytes), so a remote Ray worker needs no shared filesystem.  Never raises."""
+    try:
+        from sim.run import simulate, write_run
+        from sim.scenario import load_scenario
+
+        sc = load_scenario(base, overrides)
+        dep, rows, summary = simulate(sc)
+        with tempfile.TemporaryDirectory() as d:
+            folder = write_run(Path(d) / "run", sc, dep, rows, summary, report=True)
+            files = {f.name: f.read_bytes() for f in sorted(folder.iterdir()) if f.is_file()}
+        return {"status": "ok", "summary": summary, "files": files}
+    except Exception as e:  # noqa: BLE001 - a failed point must not lose the others
+        msg = f"{type(e).__name__}: {e}".replace("\n", " ")
+        return {"status": "failed", "error": msg[:500],
+                "trace": traceback.format_exc(limit=3)}
+
+
+def _execute(sweep: Sweep, tmp: Path, executor: str, workers: int, address: str | None,
+             progress) -> list[dict]:
+    jobs = [(str(sweep.base), pt.overrides) for pt in sweep.points]
+    if executor == "ray":
+        import ray
+
+        started = False
+        if not ray.is_initialized():
+            kw = {"address": address} if address else {"num_cpus": workers}
+            ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+                     runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}},
+                     **kw)
+            started = True
+        try:
+            remote = ray.remote(num_cpus=1)(run_point)
+            refs = [remote.remote(*j) for j in jobs]
+            results = []
+            for i, ref in enumerate(refs):
+                results.append(ray.get(ref))
+                progress(i + 1, len(jobs))
+            return results
+        finally:
+            if started:
+                ray.shutdown()
+    if workers <= 1:
+        results = []
+        for i, j in enumerate(jobs):
+            results.append(run_point(*j))
+            progress(i + 1, len(jobs))
+        return results
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(run_point, *j) for j in jobs]
+        results = []
+        for i, f in enumerate(futures):
+            results.append(f.result())
+            progress(i + 1, len(jobs))
+        return results
+
+
+def write_points_csv(path: Path, sweep: Sweep, results: list[dict]) -> None:
+    metrics: list[str] = []
+    for r in results:
+        if r["status"] == "ok":
+            metrics = [k for k in r["summary"] if k not in TIMING]
+            break
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["point", "label", "status", "error", *sweep.axes, *metrics])
+        for pt, r in zip(sweep.points, results):
+            axis_vals = [_fmt_value(pt.axes.get(a, _base_value(sweep, pt, a))) for a in sweep.axes]
+            s = r.get("summary") or {}
+            vals = []
+            for m in metrics:
+                v = s.get(m, "")
+                vals.append(f"{v:.6g}" if isinstance(v, float) else v)
+            w.writerow([pt.id, pt.label, r["status"], r.get("error", ""), *axis_vals, *vals])
+
+
+def _base_value(sweep: Sweep, pt: Point, dotted: str):
+    """An axis a named point does not set: report the base scenario's value."""
+    data = yaml.safe_load(sweep.base.read_text())
+    cur: Any = data
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return "(base)"
+        cur = cur[part]
+    return cur
+
+
+def run_sweep(sweep: Sweep, out: Path, executor: str = "local", workers: int = 1,
+              address: str | None = None, progress=lambda done, total: None,
+              report: bool = True) -> list[dict]:
+    """Run every point; write the sweep folder atomically; return the results."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "points").mkdir()
+        shutil.copyfile(sweep.path, tmp / "sweep.yaml")
+        results = _execute(sweep, tmp, executor, workers, address, progress)
+        for pt, r in zip(sweep.points, results):
+            files = r.pop("files", None)
+            if files:
+                d = tmp / "points" / pt.id
+                d.mkdir()
+                for name, data in files.items():
+                    (d / name).write_bytes(data)
+        write_points_csv(tmp / "points.csv", sweep, results)
+        with open(tmp / "errors.json", "w") as f:
+            json.dump({pt.id: r.get("trace", "") for pt, r in zip(sweep.points, results)
+                       if r["status"] != "ok"}, f, indent=1, sort_keys=True)
+            f.write("\n")
+        if report:
+            try:
+                from reports.sweep_report import write_sweep_report
+            except ImportError:
+                write_sweep_report = None
+            if write_sweep_report is not None:
+                write_sweep_report(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return results
