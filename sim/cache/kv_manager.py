@@ -133,6 +133,23 @@ class KVCacheManager:
         c.cache_blocks(req, min(total + num_new_tokens, req.num_tokens))
         return True
 
+    def pending_copies(self) -> list[tuple[str, object, object]]:
+        """Copies the model runner must make before this step's forward:
+        ``(group kind, source block, destination block)`` for partial-hit and
+        partial-tail copy-on-write.  Not drained (``release_cow_copies`` does)."""
+        out = []
+        for m in self.coordinator.managers:
+            for src, dst in m.pending_cow:
+                out.append((m.spec.kind, src, dst))
+        return out
+
+    def group_blocks(self, req: CacheRequest, kind: str) -> list:
+        """The block table of the first group of ``kind`` for ``req`` (empty if none)."""
+        for m in self.coordinator.managers:
+            if m.spec.kind == kind:
+                return m.req_blocks.get(req.request_id, [])
+        return []
+
     def release_cow_copies(self) -> None:
         """The model runner has copied partial-hit blocks: drop the retained refs."""
         for m in self.coordinator.managers:
