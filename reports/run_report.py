@@ -71,29 +71,73 @@ def _gib(b: float) -> str:
     return f"{b / 2**30:.2f} GiB"
 
 
-def write_report(folder: Path, sc, dep, rows, s: dict) -> None:
-    folder = Path(folder)
-    ttft_cdf(rows, folder / "ttft_cdf.png", f"{sc.name}: TTFT CDF ({s['requests']:,} requests)")
-    hit_histogram(rows, folder / "hit_hist.png", f"{sc.name}: prefix hit per request",
-                  dep.layout.block_size)
+def header_from_scenario(sc, dep) -> dict:
+    """What the report says about the deployment; stored as ``run.json`` in the run
+    folder so ``sim report`` can rebuild the report from the folder alone."""
     from workloads import describe
 
+    return {
+        "name": sc.name, "description": sc.description.strip(), "model": sc.model.name,
+        "block_size": dep.layout.block_size, "policy": sc.cache.policy,
+        "retention": sc.cache.prefix_cache_retention_interval,
+        "shared_prefix_checkpoint": sc.cache.enable_mamba_shared_prefix_checkpoint,
+        "lookahead_hashes": not sc.cache.disable_lookahead_block_hashes,
+        "speculative": f"{sc.speculative.method or 'none'} k={sc.speculative.num_speculative_tokens}, "
+                       f"mean accepted {sc.speculative.mean_accepted_tokens}",
+        "gpu": f"{sc.gpu.count} x {sc.gpu.type}",
+        "workload": describe(sc.workload),
+    }
+
+
+def read_rows(folder: Path) -> list[tuple]:
+    """requests.csv back into the engine's row tuples (index first)."""
+    import csv
+
+    rows = []
+    with open(Path(folder) / "requests.csv", newline="") as f:
+        rd = csv.reader(f)
+        header = next(rd)
+        ints = {"prompt_tokens", "hit_tokens", "attention_hit_tokens", "lost_tokens", "junction",
+                "recomputed_tokens", "output_tokens", "preemptions", "mamba_states_written"}
+        for i, rec in enumerate(rd):
+            vals = []
+            for name, v in zip(header, rec):
+                if name in ("request_id", "session"):
+                    vals.append(v)
+                elif name in ints:
+                    vals.append(int(v))
+                else:
+                    vals.append(float(v))
+            rows.append((i, *vals))
+    return rows
+
+
+def write_report(folder: Path) -> None:
+    """Rebuild report.md and its figures from a run folder (requests.csv,
+    summary.json, run.json)."""
+    import json
+
+    folder = Path(folder)
+    s = json.loads((folder / "summary.json").read_text())
+    h = json.loads((folder / "run.json").read_text())
+    rows = read_rows(folder)
+    name = h["name"]
+    ttft_cdf(rows, folder / "ttft_cdf.png", f"{name}: TTFT CDF ({s['requests']:,} requests)")
+    hit_histogram(rows, folder / "hit_hist.png", f"{name}: prefix hit per request", h["block_size"])
     lines = [
-        f"# Run report: {sc.name}",
+        f"# Run report: {name}",
         "",
-        sc.description.strip() or "",
+        h["description"] or "",
         "",
         "| | |",
         "|---|---|",
-        f"| model | {sc.model.name} (block {dep.layout.block_size} tokens, "
-        f"hash unit {s['hash_block_size']}) |",
-        f"| cache policy | {sc.cache.policy}: retention {sc.cache.prefix_cache_retention_interval}, "
-        f"shared-prefix checkpoint {'on' if sc.cache.enable_mamba_shared_prefix_checkpoint else 'off'}, "
-        f"lookahead hashes {'off' if sc.cache.disable_lookahead_block_hashes else 'on'} |",
-        f"| speculative | {sc.speculative.method or 'none'} k={sc.speculative.num_speculative_tokens}, "
-        f"mean accepted {sc.speculative.mean_accepted_tokens} |",
-        f"| GPU | {sc.gpu.count} x {sc.gpu.type}, {s['num_gpu_blocks']:,} pool blocks |",
-        f"| workload | {describe(sc.workload)} |",
+        f"| model | {h['model']} (block {h['block_size']} tokens, hash unit {s['hash_block_size']}) |",
+        f"| cache policy | {h['policy']}: retention {h['retention']}, shared-prefix checkpoint "
+        f"{'on' if h['shared_prefix_checkpoint'] else 'off'}, lookahead hashes "
+        f"{'on' if h['lookahead_hashes'] else 'off'} |",
+        f"| speculative | {h['speculative']} |",
+        f"| GPU | {h['gpu']}, {s['num_gpu_blocks']:,} pool blocks |",
+        f"| workload | {h['workload']} |",
         "",
         "## Reuse",
         "",

@@ -214,6 +214,25 @@ def compare(scenario: Path = typer.Argument(..., help="Scenario YAML."),
                    f"gain, {res['worse']:,} lose")
 
 
+@app.command()
+def report(folder: Path = typer.Argument(..., help="A run folder (requests.csv, summary.json) "
+                                         "or a sweep folder (points.csv).")) -> None:
+    """Regenerate a run's or a sweep's report from stored results, without rerunning."""
+    if (folder / "points.csv").is_file():
+        from reports.sweep_report import write_sweep_report
+
+        files = write_sweep_report(folder)
+        typer.echo(f"sweep report: {len(files)} files in {folder}/")
+    elif (folder / "summary.json").is_file() and (folder / "run.json").is_file():
+        from reports.run_report import write_report
+
+        write_report(folder)
+        typer.echo(f"run report: {folder}/report.md")
+    else:
+        fail(f"{folder}: neither a sweep folder (points.csv) nor a run folder "
+             f"(summary.json + run.json)")
+
+
 DEFAULT_CHECKS = ("cases/*.yaml", "scenarios/athena.yaml")
 
 

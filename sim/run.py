@@ -249,10 +249,13 @@ def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = Tr
         with open(tmp / "summary.json", "w") as f:
             json.dump(summary, f, indent=1, sort_keys=False)
             f.write("\n")
-        if report:
-            from reports.run_report import write_report
+        from reports.run_report import header_from_scenario, write_report
 
-            write_report(tmp, sc, dep, rows, summary)
+        with open(tmp / "run.json", "w") as f:
+            json.dump(header_from_scenario(sc, dep), f, indent=1)
+            f.write("\n")
+        if report:
+            write_report(tmp)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

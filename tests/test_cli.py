@@ -102,3 +102,19 @@ def test_model_prints_the_4416_derivation():
                               "--mamba-cache-dtype", "float32", "--mamba-ssm-cache-dtype", "float32"])
     assert res.exit_code == 0, res.output
     assert "block_size 4416 tokens" in res.output
+
+
+def test_report_regenerates_from_the_folder_alone(tmp_path):
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["run", str(_athena(tmp_path)), "--out", str(out), "-q"]).exit_code == 0
+    before = {f: (out / f).read_bytes() for f in ("report.md", "ttft_cdf.png", "hit_hist.png")}
+    for f in before:
+        (out / f).unlink()
+    res = runner.invoke(app, ["report", str(out)])
+    assert res.exit_code == 0, res.output
+    assert {f: (out / f).read_bytes() for f in before} == before
+
+
+def test_report_on_a_non_run_folder_is_one_line(tmp_path):
+    res = runner.invoke(app, ["report", str(tmp_path)])
+    _one_line_error(res, "neither a sweep folder")
