@@ -10,7 +10,10 @@ Bytes per step: active weights once, KV read of ``c + t`` tokens and written for
 per attention layer, the Mamba state read and written once per item and layer.
 
 Efficiencies (``mfu``, ``mbu``) and the overhead come from the scenario or a
-profile file produced by ``sim calibrate`` (torch backend issue).
+profile file; a profile made by ``sim calibrate`` (``kind: fitted``) instead
+carries measured coefficients of the torch backend on one device:
+``per_item_s + per_chunk_s * ceil(t / chunk_tokens) + per_token_s * t
++ per_pair_s * (t*c + t*(t+1)/2)`` per item (the SSD scan pads to whole chunks).
 """
 from __future__ import annotations
 
@@ -32,11 +35,18 @@ class CostModel:
     mfu: float = 0.5
     mbu: float = 0.7
     overhead_s: float = 0.004
+    # a fitted profile (``sim calibrate``) replaces the roofline with measured coefficients
+    per_item_s: float | None = None
+    per_token_s: float | None = None
+    per_pair_s: float | None = None
+    per_chunk_s: float = 0.0          # per started SSD chunk of ``chunk_tokens`` new tokens
+    chunk_tokens: int = 0
 
     def step_time(self, items) -> float:
         if not items:
             return self.overhead_s
-        T = C = TC = TT = 0
+        T = C = TC = TT = NC = 0
+        ck = self.chunk_tokens
         for it in items:
             t = it.num_tokens
             c = it.context
@@ -44,12 +54,20 @@ class CostModel:
             C += c
             TC += t * c
             TT += t * (t + 1)
-        return self.time_from_sums(len(items), T, C, TC, TT)
+            if ck:
+                NC += -(-t // ck)
+        return self.time_from_sums(len(items), T, C, TC, TT, NC)
 
-    def time_from_sums(self, n: int, T: int, C: int, TC: int, TT: int) -> float:
+    def time_from_sums(self, n: int, T: int, C: int, TC: int, TT: int,
+                       NC: int | None = None) -> float:
         """Step time from integer batch sums: n items, T = sum t, C = sum c,
         TC = sum t*c, TT = sum t*(t+1).  Pure-decode jumps call this directly
         with the same integers, so a jump and single steps agree bit for bit."""
+        if self.per_token_s is not None:
+            if NC is None:  # a pure-decode jump: every item has T / n tokens
+                NC = n * -(-(T // n) // self.chunk_tokens) if self.chunk_tokens else 0
+            return (n * self.per_item_s + T * self.per_token_s
+                    + (TC + TT // 2) * self.per_pair_s + NC * self.per_chunk_s)
         flops = (T * (self.dense_flops_per_token + self.ssd_flops_per_token * self.mamba_layers)
                  + 4.0 * self.attn_layers * self.attn_width * (TC + TT // 2 + (TT % 2) * 0.5))
         mem = (self.weight_bytes + (C + 2 * T) * self.kv_bytes_per_token

@@ -233,6 +233,132 @@ def report(folder: Path = typer.Argument(..., help="A run folder (requests.csv, 
              f"(summary.json + run.json)")
 
 
+@app.command()
+def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with the torch backend)."),
+           plant: str = typer.Option(None, "--plant", help="Break resumes on purpose to see the "
+                                     "check fail: state_off_by_one."),
+           tol: float = typer.Option(None, "--tol", help="Max abs error (default: fp32 1e-4, "
+                                     "bf16 3e-2)."),
+           sets: list[str] = typer.Option([], "--set", help="Override a field (repeatable)."),
+           out: Path = typer.Option(None, "--out", help="Also write the run folder and verify.csv.")
+           ) -> None:
+    """Prove that every cached-resume prefill equals a from-scratch prefill (torch backend).
+
+    Each request's last-token hidden state at the end of its prefill (resumed from cached KV
+    blocks and a cached Mamba state where it hit) is compared with one pass over the same
+    tokens with no cache. Exit 1 if the worst error exceeds the tolerance, or if no request
+    resumed from the cache (nothing was proved).
+    """
+    from sim.cache.config import ConfigError
+    from sim.run import simulate, write_run
+    from sim.scenario import ScenarioError, load_scenario
+
+    if plant not in (None, "state_off_by_one"):
+        fail(f"--plant: unknown {plant!r} (state_off_by_one)")
+    over = _parse_sets(sets)
+    over.update({"backend.kind": "torch", "backend.verify": True})
+    try:
+        sc = load_scenario(scenario, over)
+        dep, rows, summary = simulate(sc, plant=plant)
+    except (ScenarioError, ConfigError) as e:
+        fail(str(e))
+    from backends.torch_backend.backend import TOLERANCE
+
+    limit = tol if tol is not None else TOLERANCE[sc.backend.dtype]
+    recs = dep.verify or []
+    resumed = [v for v in recs if v.resumed_at > 0]
+    worst = max(recs, key=lambda v: v.max_abs_err, default=None)
+    if out:
+        write_run(out, sc, dep, rows, summary, report=False)
+        with open(out / "verify.csv", "w") as f:
+            f.write("request_id,prompt_tokens,resumed_at,max_abs_err\n")
+            for v in recs:
+                f.write(f"{v.request_id},{v.prompt_tokens},{v.resumed_at},{v.max_abs_err:.3e}\n")
+    typer.echo(f"{len(recs)} prefills verified ({len(resumed)} resumed from cached KV blocks and "
+               f"Mamba states), {sc.backend.dtype}, tolerance {limit:g}")
+    if worst is not None:
+        typer.echo(f"worst: {worst.request_id} (prompt {worst.prompt_tokens}, resumed at "
+                   f"{worst.resumed_at}): max abs error {worst.max_abs_err:.3e}")
+    if not resumed:
+        typer.echo("FAIL: no request resumed from the cache, nothing was proved")
+        raise typer.Exit(1)
+    if worst.max_abs_err > limit:
+        bad = sum(1 for v in recs if v.max_abs_err > limit)
+        typer.echo(f"FAIL: {bad} prefill(s) differ from scratch beyond {limit:g}")
+        raise typer.Exit(1)
+    typer.echo("OK: every resumed prefill equals its from-scratch prefill")
+
+
+@app.command()
+def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (scaled by "
+                                        "--layers/--width-div)."),
+              scenario: Path = typer.Option(None, "--scenario", help="Take the model and torch "
+                                            "settings from a scenario's backend section."),
+              device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
+              layers: int = typer.Option(4, "--layers", help="Layers of the scaled model."),
+              width_div: int = typer.Option(8, "--width-div", help="Width divisor of the scaled model."),
+              dtype: str = typer.Option("float32", "--dtype"),
+              grid: str = typer.Option("quick", "--grid", help="quick | full"),
+              repeats: int = typer.Option(3, "--repeats"),
+              out: Path = typer.Option(None, "--out", help="Profile YAML (default profiles/<device>-<model>.yaml)."),
+              compare_ttft: bool = typer.Option(False, "--compare", help="With --scenario: also run "
+                                                "it on torch and on the fitted analytical backend "
+                                                "and print the per-request TTFT error.")) -> None:
+    """Time the torch backend's prefill on a grid and write a profile for the analytical backend."""
+    from backends.torch_backend.config import TorchModelConfig
+    from sim import calibrate as cal
+    from sim import models
+
+    if (model is None) == (scenario is None):
+        fail("give exactly one of --model NAME or --scenario FILE")
+    if device not in ("cpu", "cuda"):
+        fail(f"--device: must be cpu or cuda, got {device!r}")
+    sc = None
+    try:
+        if scenario is not None:
+            from sim.scenario import load_scenario
+
+            sc = load_scenario(scenario)
+            b = sc.backend
+            spec = sc.model
+            n_layers = b.layers or len(spec.pattern or "") or layers
+            cfg = TorchModelConfig.scaled(spec, num_layers=n_layers, width_div=b.width_div,
+                                          dtype=b.dtype, seed=sc.seed)
+        else:
+            spec = models.get_model(model)
+            cfg = TorchModelConfig.scaled(spec, num_layers=layers, width_div=width_div, dtype=dtype)
+    except (KeyError, ValueError) as e:
+        fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
+    g = cal.QUICK_GRID if grid == "quick" else cal.FULL_GRID
+
+    def progress(done, total):
+        if sys.stderr.isatty():
+            typer.echo(f"\r{done}/{total} grid points", err=True, nl=False)
+
+    profile = cal.calibrate(cfg, device, g, repeats=repeats, progress=progress)
+    name = (sc.model.name if sc else spec.name)
+    path = out or Path("profiles") / f"{device}-{name}.yaml"
+    cal.write_profile(profile, path, "sim " + " ".join(sys.argv[1:]))
+    c, f = profile["coefficients"], profile["fit"]
+    typer.echo(f"\nprofile {path}: per item {c['per_item_s'] * 1e3:.3f} ms, per token "
+               f"{c['per_token_s'] * 1e6:.2f} us, per attention pair {c['per_pair_s'] * 1e9:.3f} ns; "
+               f"fit median error {f['fit_median_rel_err']:.1%}")
+    if compare_ttft:
+        if sc is None:
+            fail("--compare needs --scenario")
+        from sim.run import simulate
+        from sim.scenario import load_scenario
+
+        t = load_scenario(scenario, {"backend.kind": "torch"})
+        a = load_scenario(scenario, {"backend.kind": "analytical",
+                                     "backend.profile": str(path.resolve())})
+        _, rows_t, _ = simulate(t)
+        _, rows_a, _ = simulate(a)
+        med, n = cal.median_ttft_error(rows_t, rows_a)
+        typer.echo(f"analytical (fitted) vs torch TTFT on {scenario}: median error {med:.1%} "
+                   f"over {n} requests")
+
+
 DEFAULT_CHECKS = ("cases/*.yaml", "scenarios/athena.yaml")
 
 

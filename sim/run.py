@@ -46,6 +46,7 @@ class Deployment:
     budget: object | None
     cost: CostModel
     kv: KVCacheManager
+    verify: list | None = None       # torch backend: per-request resume-vs-scratch records
 
 
 def build_deployment(sc: Scenario) -> Deployment:
@@ -95,13 +96,28 @@ def cost_model(sc: Scenario, layout, gpu) -> CostModel:
     tp = sc.kv_cache.tensor_parallel_size
     b = sc.backend
     mfu, mbu, overhead = b.mfu, b.mbu, b.overhead_s
+    fitted = {}
     if b.profile:
         import yaml
 
-        prof = yaml.safe_load((sc.path.parent / b.profile).read_text())
-        mfu = float(prof.get("mfu", mfu))
-        mbu = float(prof.get("mbu", mbu))
-        overhead = float(prof.get("overhead_s", overhead))
+        ppath = sc.path.parent / b.profile
+        try:
+            prof = yaml.safe_load(ppath.read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError("backend.profile", f"cannot read {ppath}: {e}") from None
+        if prof.get("kind") == "fitted":
+            c = prof.get("coefficients") or {}
+            try:
+                fitted = {k: float(c[k]) for k in ("per_item_s", "per_token_s", "per_pair_s")}
+                fitted["per_chunk_s"] = float(c.get("per_chunk_s", 0.0))
+                fitted["chunk_tokens"] = int(c.get("chunk_tokens", 0))
+            except (KeyError, TypeError, ValueError):
+                raise ConfigError("backend.profile", f"{ppath}: coefficients need per_item_s, "
+                                  "per_token_s and per_pair_s") from None
+        else:
+            mfu = float(prof.get("mfu", mfu))
+            mbu = float(prof.get("mbu", mbu))
+            overhead = float(prof.get("overhead_s", overhead))
     if m.mamba_kind == "mamba2":
         state_elems = m.mamba_heads * m.mamba_head_dim * m.d_state
     elif m.mamba_kind == "gdn":
@@ -118,7 +134,7 @@ def cost_model(sc: Scenario, layout, gpu) -> CostModel:
         state_bytes_per_seq=layout.mamba_bytes_per_seq,
         weight_bytes=m.active_params * m.dtype_bytes / tp,
         peak_flops=gpu.bf16_flops, hbm_bytes_per_s=gpu.hbm_bytes_per_s,
-        mfu=mfu, mbu=mbu, overhead_s=overhead)
+        mfu=mfu, mbu=mbu, overhead_s=overhead, **fitted)
 
 
 class Recorder:
@@ -149,7 +165,7 @@ def _pct(sorted_vals: list[float], q: float) -> float:
 
 
 def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: bool = True,
-             fast_decode: bool = True):
+             fast_decode: bool = True, plant: str | None = None):
     """Run the scenario; returns (deployment, rows sorted by arrival, summary dict)."""
     from workloads import build_workload
 
@@ -177,13 +193,57 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
 
     base_dir = sc.path.parent
     traces = build_workload(sc.workload, sc.seed, base_dir)
-    eng = Engine(sched, dep.cost.step_time, dep.cost.time_from_sums, make, on_finish, jump=jump, progress=progress)
+    torch_backend = None
+    if sc.backend.kind == "torch":
+        torch_backend = build_torch_backend(sc, dep, sched, plant)
+        step_time, sums_time = torch_backend.step_time, None   # every step runs for real
+
+        def on_finish(r: SimRequest, _rec=on_finish) -> None:  # noqa: F811
+            torch_backend.forget(r.rid)
+            _rec(r)
+    else:
+        step_time, sums_time = dep.cost.step_time, dep.cost.time_from_sums
+    eng = Engine(sched, step_time, sums_time, make, on_finish, jump=jump, progress=progress)
     pool = kv.pool
     eng.run(traces)
     rows = sorted(rec.rows)
     wall = time.perf_counter() - t_wall
     summary = summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids)
+    if torch_backend is not None:
+        recs = torch_backend.stats.records
+        resumed = [v for v in recs if v.resumed_at > 0]
+        summary["verify_requests"] = len(recs)
+        summary["verify_resumed"] = len(resumed)
+        summary["verify_max_abs_err"] = max((v.max_abs_err for v in recs), default=0.0)
+        summary["torch_forward_s"] = torch_backend.stats.forward_s
+        dep.verify = recs
     return dep, rows, summary
+
+
+def build_torch_backend(sc: Scenario, dep, sched, plant: str | None = None):
+    """The real-compute backend over this deployment's blocks (import torch lazily)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ConfigError("backend.kind", "torch is not installed (pip install torch==2.13.0)") \
+            from None
+    import torch as _t
+
+    from backends.torch_backend.backend import TorchBackend
+    from backends.torch_backend.config import TorchModelConfig
+
+    b = sc.backend
+    pattern = sc.model.pattern or ""
+    n_layers = b.layers or (len(pattern) if pattern else 4)
+    cfg = TorchModelConfig.scaled(sc.model, num_layers=n_layers, width_div=b.width_div,
+                                  dtype=b.dtype, seed=sc.seed)
+    device = b.device
+    if device == "auto":
+        device = "cuda" if _t.cuda.is_available() else "cpu"
+    if device == "cuda" and not _t.cuda.is_available():
+        raise ConfigError("backend.device", "cuda requested but no GPU is visible")
+    return TorchBackend(cfg, dep.kv, sched, dep.num_blocks, dep.layout.block_size, device=device,
+                        verify=b.verify, plant=plant)
 
 
 def summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids) -> dict:

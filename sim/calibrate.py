@@ -1,0 +1,126 @@
+"""``sim calibrate``: measure the torch backend's prefill over a grid of (new tokens,
+cached context) and fit the analytical backend's per-step cost to it.
+
+The fitted form is what one forward of ``t`` new tokens over ``c`` cached tokens
+costs on this device and model::
+
+    seconds = per_item_s + per_token_s * t + per_pair_s * (t * c + t * (t + 1) / 2)
+
+(fixed per-forward cost; linear work: projections, MLP, Mamba scan; attention
+score/value work over every (query, key) pair).  A step of several items is the
+sum.  The profile file (YAML) carries the coefficients, the measured grid and the
+fit's error; ``backend.profile`` in a scenario loads it.
+"""
+from __future__ import annotations
+
+import platform
+import statistics
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+QUICK_GRID = {"new": [1, 4, 16, 64, 128, 200, 256, 384, 512], "cached": [0, 128, 512, 1024]}
+FULL_GRID = {"new": [1, 4, 16, 64, 256, 1024, 2048], "cached": [0, 256, 1024, 4096, 8192]}
+
+
+def fit(points: list[tuple[int, int, float]], chunk: int) -> dict:
+    """Weighted least squares with non-negative coefficients."""
+    X = np.array([[1.0, t, t * c + t * (t + 1) / 2, -(-t // chunk)] for t, c, _ in points])
+    y = np.array([s for _, _, s in points])
+    # weight by 1/y so small steps (decode) count as much as big ones
+    w = 1.0 / np.maximum(y, 1e-9)
+    coef, *_ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
+    coef = np.maximum(coef, 0.0)
+    pred = X @ coef
+    rel = np.abs(pred - y) / y
+    return {"per_item_s": float(coef[0]), "per_token_s": float(coef[1]),
+            "per_pair_s": float(coef[2]), "per_chunk_s": float(coef[3]), "chunk_tokens": chunk,
+            "fit_median_rel_err": float(np.median(rel)),
+            "fit_max_rel_err": float(np.max(rel))}
+
+
+def calibrate(cfg, device: str, grid: dict, repeats: int = 3, progress=None) -> dict:
+    import torch
+
+    from backends.torch_backend.model import HybridStack
+    from backends.torch_backend.timing import time_prefill
+
+    if device == "cpu":
+        torch.set_num_threads(1)   # as the torch backend runs on CPU
+    model = HybridStack(cfg, torch.device(device))
+    points = []
+    measured = []
+    total = len(grid["new"]) * len(grid["cached"])
+    for i, (t, c) in enumerate([(t, c) for c in grid["cached"] for t in grid["new"]]):
+        r = time_prefill(model, t, c, device=device, repeats=repeats)
+        # the fitted total is the call the backend makes (forward_chunk on pooled
+        # blocks, state in and out), not just the layer stack
+        r["total"] = _time_forward_chunk(model, t, c, device, repeats)
+        points.append((t, c, r["total"]))
+        measured.append({"new_tokens": t, "cached": c,
+                         **{k: round(v, 9) for k, v in r.items()}})
+        if progress:
+            progress(i + 1, total)
+    f = fit(points, cfg.chunk_size)
+    return {
+        "kind": "fitted",
+        "description": "torch backend prefill cost on this device, fitted as per_item_s + "
+                       "per_chunk_s*ceil(t/chunk_tokens) + per_token_s*t + "
+                       "per_pair_s*(t*c + t*(t+1)/2) per forward",
+        "device": device if device != "cpu" else f"cpu ({platform.processor() or platform.machine()}, "
+                                                  f"{torch.get_num_threads()} threads)",
+        "torch": str(torch.__version__),
+        "model": {"pattern": cfg.pattern, "hidden": cfg.hidden, "mamba_heads": cfg.mamba_heads,
+                  "mamba_head_dim": cfg.mamba_head_dim, "d_state": cfg.d_state,
+                  "q_heads": cfg.q_heads, "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+                  "ffn_dim": cfg.ffn_dim, "dtype": cfg.dtype, "source": cfg.source},
+        "coefficients": {k: f[k] for k in ("per_item_s", "per_token_s", "per_pair_s",
+                                           "per_chunk_s", "chunk_tokens")},
+        "fit": {k: f[k] for k in ("fit_median_rel_err", "fit_max_rel_err")},
+        "measured": measured,
+    }
+
+
+def _time_forward_chunk(model, t: int, c: int, device: str, repeats: int,
+                        block_size: int = 64) -> float:
+    import time
+
+    import torch
+
+    from backends.torch_backend.model import forward_chunk
+    from backends.torch_backend.pools import KVPool
+
+    g = torch.Generator().manual_seed(t * 7919 + c)
+    ids = torch.randint(0, model.cfg.vocab, (c + t,), generator=g).to(device)
+    nb = -(-(c + t) // block_size) + 1
+    pool = KVPool(model.cfg, nb, block_size, torch.device(device))
+    blocks = list(range(nb))
+    state = None
+    with torch.inference_mode():
+        if c:
+            _, state = forward_chunk(model, ids[:c], 0, blocks, pool, block_size, None)
+        times = []
+        for i in range(repeats + 1):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            forward_chunk(model, ids[c:], c, blocks, pool, block_size, state)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if i:
+                times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def write_profile(profile: dict, path: Path, command: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = f"# made by: {command}\n" + yaml.safe_dump(profile, sort_keys=False)
+    path.write_text(text)
+
+
+def median_ttft_error(torch_rows, analytical_rows) -> tuple[float, int]:
+    """Median relative TTFT error of analytical vs torch, paired by request id."""
+    a = {r[1]: r[11] for r in analytical_rows}
+    errs = [abs(a[r[1]] - r[11]) / r[11] for r in torch_rows if r[1] in a and r[11] > 0]
+    return (statistics.median(errs) if errs else float("nan")), len(errs)
