@@ -234,6 +234,10 @@ def scenario_from_mapping(data, path: Path) -> Scenario:
     _int("scheduler.", "max_num_batched_tokens", sched.max_num_batched_tokens, 1)
     _int("scheduler.", "max_num_seqs", sched.max_num_seqs, 1)
     _int("scheduler.", "long_prefill_token_threshold", sched.long_prefill_token_threshold, 0)
+    if sched.max_num_batched_tokens < sched.max_num_seqs:
+        raise ConfigError("scheduler.max_num_batched_tokens",
+                          f"{sched.max_num_batched_tokens} is smaller than max_num_seqs "
+                          f"{sched.max_num_seqs} (vLLM rejects this)")
     if sched.num_speculative_tokens:
         raise ConfigError("scheduler.num_speculative_tokens", "set it under speculative:")
     spec = _section(SpeculativeSection, data.get("speculative"), "speculative.")

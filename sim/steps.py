@@ -52,12 +52,21 @@ def parse_steps(data):
         cfg_in.setdefault("num_hash_lookahead_tokens", 1)
     if eagle:
         cfg_in.setdefault("num_prefill_lookahead", 1)
+    k_default = 1 if eagle else 0
+    K = _int("num_speculative_tokens", sched_keys.get("num_speculative_tokens", k_default), 0)
+    budget = _int("max_num_batched_tokens", sched_keys.get("max_num_batched_tokens", 8192), 1)
+    seqs = _int("max_num_seqs", sched_keys.get("max_num_seqs", 16), 1)
+    if budget < seqs:
+        raise CaseError(f"config.max_num_batched_tokens: {budget} is smaller than max_num_seqs "
+                        f"{seqs} (vLLM rejects this)")
+    # a served model's Mamba spec holds one state block per speculative token
+    cfg_in.setdefault("mamba_num_speculative_blocks", K)
+    # vLLM resolves async scheduling: two batches in flight size the SWA admission cap
+    cfg_in.setdefault("max_in_flight_tokens", 2 * budget)
     try:
         cfg = CacheConfig.from_mapping(cfg_in, prefix="config.")
     except ConfigError as e:
         raise CaseError(str(e)) from None
-    k_default = 1 if eagle else 0
-    K = _int("num_speculative_tokens", sched_keys.get("num_speculative_tokens", k_default), 0)
     acc = sched_keys.get("accepted_tokens", 0)
     if isinstance(acc, list):
         if not all(isinstance(a, int) and 0 <= a <= K for a in acc) or not acc:
@@ -65,9 +74,8 @@ def parse_steps(data):
     elif isinstance(acc, bool) or not isinstance(acc, (int, float)) or not 0 <= acc <= K:
         raise CaseError(f"config.accepted_tokens: must be in [0, num_speculative_tokens={K}]")
     sc = SchedulerConfig(
-        max_num_batched_tokens=_int("max_num_batched_tokens",
-                                    sched_keys.get("max_num_batched_tokens", 8192), 1),
-        max_num_seqs=_int("max_num_seqs", sched_keys.get("max_num_seqs", 16), 1),
+        max_num_batched_tokens=budget,
+        max_num_seqs=seqs,
         long_prefill_token_threshold=_int("long_prefill_token_threshold",
                                           sched_keys.get("long_prefill_token_threshold", 0), 0),
         num_speculative_tokens=K)
@@ -107,7 +115,8 @@ def run_steps_data(data, source: str = "<steps>") -> list[dict]:
         kv = KVCacheManager(cfg)
     except (AssertionError, ValueError) as e:
         return [{"id": rid, "error": f"{type(e).__name__}: {e}"} for rid in file_order]
-    sched = Scheduler(sc, kv, accepted_per_step=acc if not isinstance(acc, list) else 0.0)
+    sched = Scheduler(sc, kv, accepted_per_step=acc if not isinstance(acc, list) else 0.0,
+                      eagle_family=cfg.eagle)
     if isinstance(acc, list):
         sched.set_accept_pattern(acc)
     reqs: dict[str, SimRequest] = {}

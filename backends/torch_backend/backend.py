@@ -98,7 +98,7 @@ class TorchBackend:
 
     # ------------------------------------------------------------------ steps --
     def _copies(self) -> None:
-        for kind, src, dst in self.kv.pending_copies():
+        for kind, src, dst in self.kv.last_copies:
             if kind == "mamba":
                 self.state_pool.copy(src.block_id, dst.block_id)
             elif kind == "full":

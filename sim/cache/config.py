@@ -57,6 +57,10 @@ class CacheConfig:
     # group is annotated (unit tests, the oracle); a served model flags the
     # groups holding the drafter's layers, i.e. full attention ("attention")
     eagle_groups: str = "all"
+    # tokens scheduled but not yet settled (max_concurrent_batches x budget): sizes the
+    # sliding-window admission cap; None = no cap (the manager-level oracle has none)
+    max_in_flight_tokens: int | None = None
+    max_model_len: int = 65536
     # derived (filled by __post_init__)
     scheduler_block_size: int = field(default=0, init=False)
 
@@ -112,6 +116,8 @@ class CacheConfig:
         pos_int("num_hash_lookahead_tokens", self.num_hash_lookahead_tokens, allow_zero=True)
         pos_int("num_prefill_lookahead", self.num_prefill_lookahead, allow_none=True, allow_zero=True)
         pos_int("mamba_num_speculative_blocks", self.mamba_num_speculative_blocks, allow_zero=True)
+        pos_int("max_in_flight_tokens", self.max_in_flight_tokens, allow_none=True)
+        pos_int("max_model_len", self.max_model_len)
         pos_int("prefix_cache_retention_interval", self.prefix_cache_retention_interval,
                 allow_none=True, allow_zero=True)
         for name in ("eagle", "shared_prefix_checkpoint"):

@@ -209,9 +209,9 @@ class Coordinator:
                            self.retention, replay)
 
     def blocks_to_allocate(self, rid, num_tokens, new_computed, total_computed, num_local,
-                           num_tokens_main) -> int:
+                           num_tokens_main, admission: bool = False) -> int:
         return sum(m.blocks_to_allocate(rid, num_tokens, new_computed[i], total_computed,
-                                        num_local, num_tokens_main)
+                                        num_local, num_tokens_main, admission)
                    for i, m in enumerate(self.managers))
 
     def free(self, rid: str) -> None:

@@ -45,6 +45,16 @@ class KVCacheManager:
         for m in c.managers:
             if isinstance(m, MambaManager) and self.shared_prefix_checkpoint:
                 m.shared_prefix_checkpoint = True
+        if cfg.max_in_flight_tokens is not None:
+            from sim.cache.managers import SlidingWindowManager
+
+            for m in c.managers:
+                if isinstance(m, SlidingWindowManager):
+                    # vLLM SlidingWindowSpec.max_admission_blocks_per_request
+                    n = min(m.spec.window - 1 + max(0, cfg.prefill_lookahead - 1)
+                            + cfg.max_in_flight_tokens, cfg.max_model_len)
+                    m.admission_cap = -(-n // m.block_size) + 1
+        self.last_copies: list[tuple[str, object, object]] = []
         self.pool = c.pool
         self.hasher = PrefixHasher(cfg.hash_block_size, cfg.num_hash_lookahead_tokens)
         self.empty = [[] for _ in c.managers]
@@ -117,7 +127,8 @@ class KVCacheManager:
             # vLLM's admission gate (scheduler_reserve_full_isl, on by default):
             # the whole sequence so far must fit, not just this chunk.
             full = req.num_tokens
-            if c.blocks_to_allocate(rid, full, ncb, total, num_local, full) > c.pool.num_free():
+            if c.blocks_to_allocate(rid, full, ncb, total, num_local, full,
+                                    admission=True) > c.pool.num_free():
                 return False
         for m in c.managers:
             m.remove_skipped_blocks(rid, total)
@@ -133,16 +144,6 @@ class KVCacheManager:
         c.cache_blocks(req, min(total + num_new_tokens, req.num_tokens))
         return True
 
-    def pending_copies(self) -> list[tuple[str, object, object]]:
-        """Copies the model runner must make before this step's forward:
-        ``(group kind, source block, destination block)`` for partial-hit and
-        partial-tail copy-on-write.  Not drained (``release_cow_copies`` does)."""
-        out = []
-        for m in self.coordinator.managers:
-            for src, dst in m.pending_cow:
-                out.append((m.spec.kind, src, dst))
-        return out
-
     def group_blocks(self, req: CacheRequest, kind: str) -> list:
         """The block table of the first group of ``kind`` for ``req`` (empty if none)."""
         for m in self.coordinator.managers:
@@ -151,11 +152,24 @@ class KVCacheManager:
         return []
 
     def release_cow_copies(self) -> None:
-        """The model runner has copied partial-hit blocks: drop the retained refs."""
+        """Drop the refs retained for this step's copy-on-write copies (vLLM frees them
+        at the end of ``schedule()``); the copies themselves are kept in
+        ``last_copies`` for a compute backend to perform before the forward."""
+        copies = []
+        retained = []
         for m in self.coordinator.managers:
             pairs = m.take_pending_cow()
-            if pairs:
-                self.pool.free_blocks([b for pair in pairs for b in pair])
+            for src, dst in pairs:
+                copies.append((m.spec.kind, src, dst))
+                retained.extend((src, dst))
+        self.last_copies = copies
+        if retained:
+            self.pool.free_blocks(retained)
+
+    def cache_blocks(self, req: CacheRequest, num_tokens: int) -> None:
+        """Cache what ``num_tokens`` computed tokens completed (vLLM calls this from
+        update_from_output with speculative decoding)."""
+        self.coordinator.cache_blocks(req, num_tokens)
 
     def states_written(self, req: CacheRequest) -> int:
         """Mamba states this request registered (one Mamba group's count)."""

@@ -203,9 +203,14 @@ class SingleTypeManager:
     def _evictable(blocks) -> int:
         return sum(1 for b in blocks if b.ref_cnt == 0 and not b.is_null)
 
+    admission_cap: int | None = None  # SWA: per-request block cap of the admission gate
+
     def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[Block],
-                           total_computed: int, num_local: int, num_tokens_main: int) -> int:
+                           total_computed: int, num_local: int, num_tokens_main: int,
+                           admission: bool = False) -> int:
         required = cdiv(num_tokens, self.block_size)
+        if admission and self.admission_cap is not None:
+            required = min(required, self.admission_cap)
         have = len(self.req_blocks.get(rid, ()))
         if rid in self.num_cached:
             return max(required - have, 0)
@@ -452,7 +457,7 @@ class MambaManager(SingleTypeManager):
                 blocks[last] = self.pool.null_block
 
     def blocks_to_allocate(self, rid, num_tokens, new_computed, total_computed, num_local,
-                           num_tokens_main):
+                           num_tokens_main, admission: bool = False):
         if new_computed and new_computed[-1].key in self.cached_this_step:
             # A state cached by another request in this same step is not handed
             # out: report "no room" so the request waits for the next step.

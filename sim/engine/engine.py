@@ -144,7 +144,7 @@ class Engine:
         C0 = 0
         t = items[0].num_tokens
         for it in items:
-            if it.is_prefill or it.num_tokens != t:
+            if it.is_prefill or it.padded or it.num_tokens != t or it.req.num_output == 0:
                 return 1, 0
             r = it.req
             comp = it.context

@@ -64,6 +64,9 @@ class SimRequest:
     fast_n: int = -1                   # decode fast path: tokens per step at the last allocation
     fast_until: int = -1               # ... and the computed count up to which it stays valid
     item: "ScheduledItem" = None       # reused per step (a request is scheduled once per step)
+    has_drafts: bool = False           # drafter proposed K tokens after its last sampling step
+    is_prefill_chunk: bool = False     # its last scheduled step left prompt tokens uncomputed
+    recording: bool = True             # first prefill's chunk ends (stops at a preemption)
 
     @property
     def decoding(self) -> bool:
@@ -79,11 +82,12 @@ class ScheduledItem:
     is_prefill: bool
     spec_tokens: int = 0
     new_hit: int = 0
+    padded: bool = False       # a new request padded to 1 + K with drafts never accepted
 
 
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, accepted_per_step: float = 0.0,
-                 fast_decode: bool = True):
+                 fast_decode: bool = True, eagle_family: bool = True):
         self.cfg = cfg
         self.kv = kv
         self.split = kv.split_policy()
@@ -98,9 +102,13 @@ class Scheduler:
         self.step_index = 0
         self.accept_list: list[int] | None = None   # per-step acceptance (step cases)
         self.sched_time = 0
-        # drafter slots allocated past the scheduled tokens (vLLM's num_lookahead_tokens)
-        self.num_lookahead = cfg.num_speculative_tokens
-        self.fast_decode = fast_decode
+        # drafter slots allocated past the scheduled tokens (vLLM's num_lookahead_tokens:
+        # K for EAGLE-family and draft-model drafters, 0 for n-gram)
+        self.num_lookahead = cfg.num_speculative_tokens if eagle_family else 0
+        # the fast path reasons about block boundaries only; a sliding window also
+        # frees blocks as it slides, so step those exactly
+        self.fast_decode = fast_decode and not any(
+            sp.kind == "swa" for sp in kv.coordinator.specs)
         # smallest group block: allocation only changes when a position crosses one
         self.min_block = min(m.block_size for m in kv.coordinator.managers)
         self.running: list[SimRequest] = []
@@ -135,13 +143,15 @@ class Scheduler:
         running = self.running
         aligned = self.aligned
         fast = self.fast_decode
+        prefill_scheduled = False
         while i < len(running) and budget > 0:
             r = running[i]
             c = r.cache
             comp = c.num_computed_tokens
             decode = r.num_output > 0 and comp >= c.num_tokens - 1
             if decode:
-                n = c.num_tokens + K - comp
+                sk = K if r.has_drafts else 0
+                n = c.num_tokens + sk - comp
                 if 0 < lpt < n:
                     n = lpt
                 if n > budget:
@@ -154,9 +164,12 @@ class Scheduler:
                     it.num_tokens = n
                     it.context = comp
                     it.is_prefill = False
-                    it.spec_tokens = K
+                    it.spec_tokens = sk
                     it.new_hit = 0
+                    it.padded = False
                     out.append(it)
+                    prefill_scheduled |= r.is_prefill_chunk
+                    r.is_prefill_chunk = comp + n < c.num_tokens
                     budget -= n
                     i += 1
                     continue
@@ -191,9 +204,12 @@ class Scheduler:
             it.num_tokens = n
             it.context = comp
             it.is_prefill = not decode
-            it.spec_tokens = K if decode else 0
+            it.spec_tokens = sk if decode else 0
             it.new_hit = 0
+            it.padded = False
             out.append(it)
+            prefill_scheduled |= r.is_prefill_chunk
+            r.is_prefill_chunk = comp + n < c.num_tokens
             budget -= n
             i += 1
         if not preempted:
@@ -211,11 +227,23 @@ class Scheduler:
                     new_local = lookup.hit
                     if r.hit_tokens < 0:
                         attn_alone = self._attention_alone(c)
-                n = c.num_tokens - (c.num_computed_tokens + new_local)
+                computed = c.num_computed_tokens + new_local
+                n = c.num_tokens - computed
+                padded = False
+                if (K > 0 and n == 1 and not prefill_scheduled
+                        and (out or computed > 0)
+                        and computed + 1 + K + 1 <= kv.cfg.max_model_len):
+                    # vLLM pads a new request with one token left to 1 + K (drafts
+                    # that are never accepted) to keep the decode batch uniform,
+                    # and would rather not schedule it than schedule it unpadded
+                    if 1 + K > budget:
+                        break
+                    n = 1 + K
+                    padded = True
                 if 0 < lpt < n:
                     n = lpt
                 n = min(n, budget)
-                if self.aligned:
+                if self.aligned and not padded:
                     n = self._split(r, n, new_local, lpt)
                     if n == 0:
                         break
@@ -238,11 +266,15 @@ class Scheduler:
                 it = r.item
                 it.num_tokens = n
                 it.context = c.num_computed_tokens
-                it.is_prefill = True
-                it.spec_tokens = 0
+                it.is_prefill = not padded
+                it.spec_tokens = K if padded else 0
                 it.new_hit = new_local
+                it.padded = padded
                 out.append(it)
+                r.is_prefill_chunk = c.num_computed_tokens + n < c.num_tokens
                 budget -= n
+        # vLLM frees the refs retained for copy-on-write at the end of schedule()
+        kv.release_cow_copies()
         return out
 
     def alloc_margin(self, c: CacheRequest, comp: int, n: int) -> int:
@@ -272,6 +304,8 @@ class Scheduler:
         r.mamba_states_written += self.kv.states_written(r.cache)
         self.kv.free(r.cache)
         r.fast_n = -1
+        r.has_drafts = False
+        r.recording = False   # the first prefill's chunk list ends at the first preemption
         r.recomputed_tokens += r.cache.num_computed_tokens
         r.cache.num_computed_tokens = 0
         r.cache.shared_prefix_boundary = 0
@@ -314,43 +348,55 @@ class Scheduler:
             r.num_output += a
             c.append_tokens([(r.out_stream, start, a)])
         self.step_index += k
-        self.kv.release_cow_copies()
 
     # ------------------------------------------------------------------ update --
     def update_from_output(self, items: list[ScheduledItem], now: float) -> list[SimRequest]:
         """Advance every scheduled request; returns the requests that finished."""
         finished = []
         kv = self.kv
+        K = self.cfg.num_speculative_tokens
         for it in items:
             r = it.req
             c = r.cache
             c.num_computed_tokens += it.num_tokens
             if it.is_prefill:
-                if not r.first_prefill_done:
+                if r.recording and not r.first_prefill_done:
                     r.chunk_ends.append(c.num_computed_tokens)
                     r.chunk_end_steps.append(self.sched_time)
                 if c.num_computed_tokens < c.num_tokens:
+                    r.has_drafts = False
                     continue  # non-final chunk: samples nothing
                 r.first_prefill_done = True
                 new_tokens = 1
             else:
-                if self.accept_list is not None:
+                if it.padded:
+                    acc = 0   # padding drafts are never accepted
+                elif self.accept_list is not None:
                     al = self.accept_list
                     acc = min(al[min(self.sched_time, len(al) - 1)], it.spec_tokens)
                 else:
                     acc = min(self.accepted_at(self.step_index), it.spec_tokens)
                 c.num_computed_tokens -= it.spec_tokens - acc
+                if it.padded and r.recording and not r.first_prefill_done:
+                    r.chunk_ends.append(c.num_computed_tokens)
+                    r.chunk_end_steps.append(self.sched_time)
+                    r.first_prefill_done = True
                 new_tokens = 1 + acc
             new_tokens = min(new_tokens, r.max_tokens - r.num_output)
             if r.first_token_s < 0:
                 r.first_token_s = now
             start = r.num_output
             r.num_output += new_tokens
+            c.append_tokens([(r.out_stream, start, new_tokens)])
+            if K > 0:
+                # with speculative decoding vLLM caches what accepted drafts completed
+                # right away (update_from_output), not at the next allocation
+                kv.cache_blocks(c, c.num_computed_tokens)
             if r.num_output >= r.max_tokens:
                 r.finish_s = now
                 finished.append(r)
             else:
-                c.append_tokens([(r.out_stream, start, new_tokens)])
+                r.has_drafts = K > 0
         self.step_index += 1
         if finished:
             done = set(id(r) for r in finished)
@@ -358,5 +404,4 @@ class Scheduler:
             for r in finished:
                 r.mamba_states_written += kv.states_written(r.cache)
                 kv.free(r.cache)
-        kv.release_cow_copies()
         return finished

@@ -1,0 +1,1069 @@
+#!/usr/bin/env python3
+"""Random differential tester: our step engine against vLLM 0.33.0's real ``Scheduler``.
+
+Usage::
+
+    python tools/diff_steps.py --seed 1 --cases 200 [--profile default|edge]
+                               [--oracle-python PATH] [--oracle-dir DIR] [--workers 2]
+                               [--keep DIR] [--shrink] [--classify] [--show N] [--tables N]
+                               [--assume NAME ...] [--ignore FIELD ...]
+    python tools/diff_steps.py --replay DIR/NAME.oracle.json ... [--shrink]   # kept cases again
+
+Each random case (seeded, reproducible: case *i* of seed *s* depends only on ``(s, i)``) is a
+hybrid cache layout (``[full, mamba]`` mostly, also ``[full, mamba, mamba]`` and
+``[full, swa:W, mamba]``), block / Mamba-block / hash sizes, scheduler limits (token budget,
+``max_num_seqs``, ``long_prefill_token_threshold``), a small or large pool, speculative
+decoding (EAGLE with the legacy drop or with lookahead hashes, or ngram; ``K`` 0-3 and an
+``accepted_tokens`` int ``<= K``), retention ``null`` / ``0`` and the shared-prefix checkpoint
+flag, plus 2-8 requests (concurrent or staggered) built from shared system prompts and private
+suffixes, exact replays and multi-turn extensions of earlier prompts.
+
+Both sides see identical literal token ids: token ``p`` of stream number ``k`` (streams
+numbered in order of first use) is ``(k + 1) * 100000 + p``.
+
+* ours: ``sim.steps.run_steps_data`` with ``prompt: [ids...]``;
+* the oracle: ``run_case`` of ``../shared/vllm-oracle/sched_oracle.py`` in persistent
+  oracle-venv workers (exactly what ``sched_oracle.py --file`` does, one start-up per
+  worker), ``tokens: {"ids": [...]}``.
+
+Compared per request: ``first_scheduled_step, hit, junction, chunk_ends, chunk_end_steps,
+first_token_step, finish_step, preemptions`` (the oracle's list length) and ``output_tokens``
+(the oracle's ``num_output_tokens``).  Case-level outcomes: both sides reject the
+configuration (counted, not a mismatch), one side rejects (``construction``), the oracle
+fails while running (``oracle_error``, e.g. ``max_steps``), our side crashes (``crash``) or
+runs past ``--timeout`` seconds (``hang``).
+
+Per mismatching case it prints our step case as YAML (``sim steps FILE`` reruns it; its
+``expect`` holds the oracle's answers) with the prompts in stream notation (``sys0:96 p_r1:12``,
+checked to give our engine the same answers as the literal ids), both answers, and for the
+first ``--tables`` cases both per-step tables.  ``--keep DIR`` writes every mismatching case as
+``NAME.yaml`` (stream notation), ``NAME.literal.yaml`` (the literal ids that were compared) and
+``NAME.oracle.json`` (the oracle case and its full answer).  ``--shrink`` greedily minimises each
+mismatching case (fewer requests, default config values, shorter prompts and outputs) while a
+mismatch on the same field remains.  Exit status 1 on any mismatch, 0 otherwise; 0 with one
+``skipped`` line when the oracle venv is absent.
+
+Known mismatch classes can be looked past, to find the next one: ``--assume NAME`` (see
+``ASSUMPTIONS``: a config key added on our side, a field label ignored, or a runtime patch of
+our scheduler for that run only -- ``sim`` itself is never changed) and ``--ignore FIELD``.
+``--classify`` labels every mismatching case with the known classes that account for it
+(reruns only our side, so it is cheap).  A plain run assumes nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+DEFAULT_ORACLE_DIR = Path(os.environ.get("VLLM_ORACLE_DIR", REPO / ".." / "shared" / "vllm-oracle"))
+STREAM_STRIDE = 100_000
+BIG_POOL = 1024
+BIG_BUDGET = 8192
+MAX_STEPS = 2000
+FIELDS = ["first_scheduled_step", "hit", "junction", "chunk_ends", "chunk_end_steps",
+          "first_token_step", "finish_step", "preemptions", "output_tokens"]
+# our config key -> sched_oracle case key
+ORACLE_KEYS = {"groups": "layout", "block_size": "block", "mamba_block_size": "mamba_block",
+               "hash_block_size": "hash", "eagle": "eagle",
+               "shared_prefix_checkpoint": "shared_prefix_checkpoint", "num_blocks": "num_blocks",
+               "prefix_cache_retention_interval": "retention",
+               "eagle_lookahead_hashes": "eagle_lookahead_hashes",
+               "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
+               "long_prefill_token_threshold": "long_prefill_token_threshold",
+               "num_speculative_tokens": "num_speculative_tokens",
+               "accepted_tokens": "accepted_tokens"}
+
+
+def default_oracle_python() -> Path:
+    env = os.environ.get("VLLM_ORACLE_PYTHON")
+    if env:
+        return Path(env)
+    return Path.home() / ".vllm-oracle" / "venv" / "bin" / "python"
+
+
+# ---------------------------------------------------------------------------- cases --
+# A case "spec": {"name", "config": {our config keys}, "requests": [{"id", "segments":
+# [[stream, offset, length], ...], "arrival", "max_tokens", "kind"}]}.  Both sides derive
+# from it.
+
+
+def _divisors(n: int, lo: int = 1) -> list[int]:
+    return [d for d in range(lo, n + 1) if n % d == 0]
+
+
+def _need_blocks(cfg: dict, n_tokens: int) -> int:
+    """Generous bound on the blocks one request of ``n_tokens`` (prompt + outputs) holds."""
+    k = cfg.get("num_speculative_tokens", 1 if cfg.get("eagle") else 0)
+    n = n_tokens + k + 2
+    need = 1  # the null block
+    for g in cfg["groups"]:
+        if g == "mamba":
+            need += 3 + k
+        else:
+            need += -(-n // cfg["block_size"]) + 1   # + a copy-on-write partial block
+    return need
+
+
+def gen_case(seed: int, idx: int, profile: str = "default") -> dict:
+    """Case ``idx`` of ``seed``.  ``profile="edge"`` leans on the corners: speculative
+    decoding almost always, small budgets and pools, replays whose prompt is one token past
+    a hash boundary (a hit of all but one token), tight ``max_num_seqs``."""
+    edge = profile == "edge"
+    rng = random.Random(f"diff_steps:{seed}:{idx}" + (":edge" if edge else ""))
+    block = rng.choice([16, 32, 64])
+    mblock = block * rng.choice([1, 1, 2, 4])
+    shape = rng.choices(["fm", "fmm", "fsm"], weights=[70, 15, 15])[0]
+    if shape == "fm":
+        groups = ["full", "mamba"]
+    elif shape == "fmm":
+        groups = ["full", "mamba", "mamba"]
+    else:
+        w = rng.choice([block // 2, block, 2 * block, 3 * block, rng.randint(8, 4 * block)])
+        groups = ["full", f"swa:{w}", "mamba"]
+    cfg: dict[str, Any] = {"groups": groups, "block_size": block}
+    if mblock != block:
+        cfg["mamba_block_size"] = mblock
+    if rng.random() < 0.9:
+        cfg["hash_block_size"] = rng.choice(_divisors(block, 4))
+    sb = mblock  # scheduler block size (lcm)
+    hash_unit = cfg.get("hash_block_size", block)
+
+    # speculative decoding
+    r = rng.random()
+    if r < (0.45 if edge else 0.3):
+        cfg["eagle"] = True
+        if rng.random() < 0.5:
+            cfg["eagle_lookahead_hashes"] = True
+        k = rng.randint(1, 3)
+    elif r < (0.9 if edge else 0.5):
+        k = rng.randint(1, 3)   # ngram: spec decode without cache-side EAGLE effects
+    else:
+        k = 0
+    if k:
+        cfg["num_speculative_tokens"] = k
+        cfg["accepted_tokens"] = rng.randint(0, k)
+    if rng.random() < 0.5:
+        cfg["prefix_cache_retention_interval"] = 0
+    if rng.random() < 0.3:
+        cfg["shared_prefix_checkpoint"] = True
+
+    # scheduler limits
+    r = rng.random()
+    if r < (0.75 if edge else 0.4):
+        cfg["max_num_batched_tokens"] = rng.randint(32, 256)
+    elif r < 0.55:
+        cfg["max_num_batched_tokens"] = rng.randint(257, 1024)
+    else:
+        cfg["max_num_batched_tokens"] = BIG_BUDGET
+    cfg["max_num_seqs"] = 16 if rng.random() < 0.4 else rng.randint(1, 16)
+    if rng.random() < 0.5:
+        cfg["long_prefill_token_threshold"] = rng.randint(8, 256)
+    if edge and rng.random() < 0.4:
+        cfg["max_num_seqs"] = rng.randint(1, 3)
+    small_pool = rng.random() < (0.7 if edge else 0.45)
+
+    # prompts
+    cap = min(600, 4 * sb)
+
+    def sys_len() -> int:
+        r = rng.random()
+        if r < 0.35:
+            n = sb * rng.randint(1, 3)
+        elif r < 0.6:
+            n = hash_unit * rng.randint(1, max(1, 3 * sb // hash_unit))
+        else:
+            n = rng.randint(4, 3 * sb)
+        return max(1, min(n, cap - 8))
+
+    systems = [sys_len() for _ in range(rng.randint(1, 3))]
+    n_req = rng.randint(2, 8)
+    pattern = rng.choice(["concurrent", "staggered", "random"])
+    reqs: list[dict] = []
+    t = 0
+    for i in range(n_req):
+        rid = f"r{i}"
+        if pattern == "concurrent":
+            arrival = 0 if rng.random() < 0.85 else rng.randint(1, 4)
+        elif pattern == "staggered":
+            t += rng.randint(0, 6)
+            arrival = t
+        else:
+            arrival = rng.randint(0, 15)
+        kind = rng.choices(["fresh", "replay", "turn", "private"],
+                           weights=[40, 35, 15, 10] if edge else [60, 15, 15, 10])[0]
+        if kind in ("replay", "turn") and not reqs:
+            kind = "fresh"
+        if kind == "fresh":
+            s = rng.randrange(len(systems))
+            segs = [[f"sys{s}", 0, systems[s]]]
+            priv = rng.randint(0, sb)
+            if edge and rng.random() < 0.5:   # prompt ends one token past a hash boundary
+                priv = max(1, priv - (systems[s] + priv) % hash_unit + 1)
+            if priv:
+                segs.append([f"p_{rid}", 0, priv])
+        elif kind == "private":
+            segs = [[f"p_{rid}", 0, rng.randint(1, 2 * sb)]]
+        else:
+            prev = rng.choice(reqs)
+            segs = copy.deepcopy(prev["segments"])
+            if kind == "turn":
+                segs.append([f"t_{rid}", 0, rng.randint(1, sb)])
+                if rng.random() < 0.7:
+                    arrival = max(arrival, prev["arrival"] + rng.randint(1, 20))
+        total = sum(s[2] for s in segs)
+        while total > cap and len(segs) > 1:      # keep prompts small enough
+            drop = segs.pop()
+            total -= drop[2]
+        if total > cap:
+            segs[0][2] = cap
+        reqs.append({"id": rid, "segments": segs, "arrival": arrival,
+                     "max_tokens": rng.randint(1, 40), "kind": kind})
+
+    need = max(_need_blocks(cfg, sum(s[2] for s in q["segments"]) + q["max_tokens"]) for q in reqs)
+    # the generous bound above still leaves a few cases where vLLM can never admit the
+    # largest request (both sides then stall); keep a margin
+    need += 2
+    cfg["num_blocks"] = max(rng.randint(10, 40), need) if small_pool else max(BIG_POOL, need)
+    return {"name": f"{'e' if edge else 's'}{seed}_c{idx}", "config": cfg, "requests": reqs}
+
+
+# ------------------------------------------------------------------------- tokens --
+def stream_numbers(spec: dict) -> dict[str, int]:
+    nums: dict[str, int] = {}
+    for q in spec["requests"]:
+        for name, _, _ in q["segments"]:
+            nums.setdefault(name, len(nums))
+    return nums
+
+
+def token_ids(spec: dict, q: dict, nums: dict[str, int] | None = None) -> list[int]:
+    nums = nums or stream_numbers(spec)
+    out: list[int] = []
+    for name, off, n in q["segments"]:
+        base = (nums[name] + 1) * STREAM_STRIDE
+        out.extend(range(base + off, base + off + n))
+    return out
+
+
+def prompt_notation(q: dict) -> str:
+    return " ".join(f"{n}@{o}:{ln}" if o else f"{n}:{ln}" for n, o, ln in q["segments"])
+
+
+# Known-gap workarounds for our side only (``--ours-extra``), so that a known mismatch class
+# does not hide others; the YAML printed then carries the same keys.
+OURS_EXTRA: dict[str, Any] = {}
+
+
+def ours_config(spec: dict) -> dict:
+    cfg = dict(spec["config"])
+    for k, v in OURS_EXTRA.items():
+        if k == "mamba_num_speculative_blocks" and v == "K":
+            k_spec = cfg.get("num_speculative_tokens", 1 if cfg.get("eagle") else 0)
+            if k_spec:
+                cfg[k] = k_spec
+        else:
+            cfg[k] = v
+    return cfg
+
+
+def to_ours(spec: dict, literal: bool = True) -> dict:
+    nums = stream_numbers(spec)
+    reqs = [{"id": q["id"],
+             "prompt": token_ids(spec, q, nums) if literal else prompt_notation(q),
+             "arrival_step": q["arrival"], "max_tokens": q["max_tokens"]}
+            for q in spec["requests"]]
+    return {"config": ours_config(spec), "requests": reqs}
+
+
+def to_oracle(spec: dict) -> dict:
+    nums = stream_numbers(spec)
+    case = {ORACLE_KEYS[k]: v for k, v in spec["config"].items()}
+    case["id"] = spec["name"]
+    case["max_steps"] = MAX_STEPS
+    case["requests"] = [{"id": q["id"], "tokens": {"ids": token_ids(spec, q, nums)},
+                         "arrival": q["arrival"], "max_tokens": q["max_tokens"]}
+                        for q in spec["requests"]]
+    return case
+
+
+# ----------------------------------------------------------------------- our side --
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):  # noqa: ARG001
+    raise _Timeout()
+
+
+def run_ours(spec: dict, timeout: float = 20.0, literal: bool = True,
+             trace: list | None = None) -> dict:
+    """{"results": [...]} | {"case_error": msg} | {"crash": tb} | {"hang": seconds}.
+
+    With ``trace`` (a list), our scheduler's per-step decisions are appended to it (the
+    scheduler is wrapped for this run only; nothing in ``sim`` changes).
+    """
+    from sim.cache.case import CaseError
+    import sim.steps as steps_mod
+
+    data = to_ours(spec, literal)
+    orig = steps_mod.Scheduler
+    cls = orig
+    if ASSUME & {"ngram-lookahead", "swa-fast-decode", "cow-release", "spec-cache",
+                 "swa-admission-cap"}:
+        cls = _patched_scheduler(cls, no_lookahead="ngram-lookahead" in ASSUME
+                                 and not spec["config"].get("eagle"))
+    if trace is not None:
+        cls = _tracing_scheduler(cls, trace)
+    steps_mod.Scheduler = cls
+    use_alarm = timeout and threading.current_thread() is threading.main_thread()
+    if use_alarm:
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        return {"results": steps_mod.run_steps_data(data, spec["name"])}
+    except _Timeout:
+        return {"hang": timeout}
+    except CaseError as e:
+        return {"case_error": str(e)}
+    except Exception:  # noqa: BLE001 - a crash of our engine is itself a finding
+        return {"crash": traceback.format_exc(limit=8)}
+    finally:
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        steps_mod.Scheduler = orig
+
+
+def _patched_scheduler(base, no_lookahead: bool):
+    """Our scheduler with the ``--assume`` patches (exploration only)."""
+    class Patched(base):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            if no_lookahead:
+                self.num_lookahead = 0
+            if "swa-fast-decode" in ASSUME:
+                self.fast_decode = False
+            if "swa-admission-cap" in ASSUME:
+                _cap_swa_admission(self.kv, self.cfg.max_num_batched_tokens)
+
+        def schedule(self, now):
+            items = super().schedule(now)
+            if "cow-release" in ASSUME:
+                self.kv.release_cow_copies()
+            return items
+
+        def update_from_output(self, items, now):
+            if "spec-cache" not in ASSUME or not self.cfg.num_speculative_tokens:
+                return super().update_from_output(items, now)
+            return _update_spec_cache(self, items, now)
+
+    return Patched
+
+
+def _cap_swa_admission(kv, budget: int) -> None:
+    """Replace the admission gate of ``kv.allocate_slots`` (this instance only) by one that
+    caps sliding-window groups as vLLM's ``apply_admission_cap`` does."""
+    from sim.cache.managers import SlidingWindowManager
+    from sim.cache.rules import cdiv
+
+    orig = kv.allocate_slots
+    c = kv.coordinator
+
+    def allocate_slots(req, num_new_tokens, num_new_computed=0, new_computed=None,
+                       num_lookahead_tokens=0, full_sequence_must_fit=False):
+        if full_sequence_must_fit:
+            ncb = new_computed if new_computed is not None else kv.empty
+            local = req.num_computed_tokens + num_new_computed
+            full = req.num_tokens
+            need = 0
+            for i, m in enumerate(c.managers):
+                n = full
+                if isinstance(m, SlidingWindowManager):
+                    # vLLM: cdiv(window - 1 + max_in_flight_tokens, block) + 1, where
+                    # max_in_flight_tokens = max_concurrent_batches (2: the oracle's config
+                    # resolves async_scheduling on) x max_num_batched_tokens
+                    cap = cdiv(m.spec.window - 1 + 2 * budget, m.block_size) + 1
+                    n = min(n, cap * m.block_size)
+                need += m.blocks_to_allocate(req.request_id, n, ncb[i], local, local, n)
+            if need > c.pool.num_free():
+                return False
+        return orig(req, num_new_tokens, num_new_computed, new_computed,
+                    num_lookahead_tokens=num_lookahead_tokens)
+
+    kv.allocate_slots = allocate_slots
+
+
+def _update_spec_cache(self, items, now):
+    """Our ``Scheduler.update_from_output`` plus vLLM's post-output ``cache_blocks``: every
+    request that sampled appends its tokens (also in its last step) and caches up to its
+    verified computed tokens before a finished request is freed."""
+    finished = []
+    kv = self.kv
+    for it in items:
+        r = it.req
+        c = r.cache
+        c.num_computed_tokens += it.num_tokens
+        if it.is_prefill:
+            if not r.first_prefill_done:
+                r.chunk_ends.append(c.num_computed_tokens)
+                r.chunk_end_steps.append(self.sched_time)
+            if c.num_computed_tokens < c.num_tokens:
+                continue
+            r.first_prefill_done = True
+            new_tokens = 1
+        else:
+            if self.accept_list is not None:
+                al = self.accept_list
+                acc = min(al[min(self.sched_time, len(al) - 1)], it.spec_tokens)
+            else:
+                acc = min(self.accepted_at(self.step_index), it.spec_tokens)
+            c.num_computed_tokens -= it.spec_tokens - acc
+            new_tokens = 1 + acc
+        new_tokens = min(new_tokens, r.max_tokens - r.num_output)
+        if r.first_token_s < 0:
+            r.first_token_s = now
+        start = r.num_output
+        r.num_output += new_tokens
+        c.append_tokens([(r.out_stream, start, new_tokens)])
+        kv.coordinator.cache_blocks(c, min(c.num_computed_tokens, c.num_tokens))
+        if r.num_output >= r.max_tokens:
+            r.finish_s = now
+            finished.append(r)
+    self.step_index += 1
+    if finished:
+        done = set(id(r) for r in finished)
+        self.running = [r for r in self.running if id(r) not in done]
+        for r in finished:
+            r.mamba_states_written += kv.states_written(r.cache)
+            kv.free(r.cache)
+    kv.release_cow_copies()
+    return finished
+
+
+def _tracing_scheduler(base, trace: list):
+    class Tracing(base):
+        def schedule(self, now):
+            before = {id(r): r.preemptions for r in self.running}
+            items = super().schedule(now)
+            victims = [r.rid for r in self.waiting if id(r) in before
+                       and r.preemptions > before[id(r)]]
+            trace.append({"step": int(now), "scheduled": {it.req.rid: it.num_tokens for it in items},
+                          "spec_tokens": {it.req.rid: it.spec_tokens for it in items
+                                          if it.spec_tokens},
+                          "running": len(self.running), "waiting": len(self.waiting),
+                          "preempted": victims})
+            return items
+
+        def jump_decode(self, items, k):
+            trace.append({"step": int(self.sched_time), "jump": k})
+            return super().jump_decode(items, k)
+
+        def update_from_output(self, items, now):
+            fin = super().update_from_output(items, now)
+            if fin and trace:
+                trace[-1]["finished"] = [r.rid for r in fin]
+            return fin
+
+    return Tracing
+
+
+# -------------------------------------------------------------------- oracle side --
+WORKER = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+out = sys.stdout
+sys.stdout = sys.stderr  # whatever imports print must not corrupt the protocol
+import sched_oracle
+out.write("READY " + json.dumps(sched_oracle.VLLM_VERSION) + "\n"); out.flush()
+for line in sys.stdin:
+    cases = json.loads(line)
+    out.write(json.dumps([sched_oracle.run_case(c) for c in cases], default=str) + "\n")
+    out.flush()
+"""
+
+
+class OracleWorker:
+    """``sched_oracle.run_case`` in a long-lived oracle-venv process (one ~9 s start-up)."""
+
+    def __init__(self, python: Path, oracle_dir: Path):
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [str(python), "-u", "-c", WORKER, str(oracle_dir)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=str(oracle_dir))
+        self.version: str | None = None
+
+    def wait_ready(self) -> None:
+        if self.version is not None:
+            return
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY "):
+            raise RuntimeError(f"oracle worker did not start: {line!r}\n{self._log_tail()}")
+        self.version = json.loads(line[6:])
+
+    def _log_tail(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-3000:]
+
+    def run(self, cases: list[dict], batch: int = 16) -> list[dict]:
+        self.wait_ready()
+        out: list[dict] = []
+        for i in range(0, len(cases), batch):
+            self.proc.stdin.write(json.dumps(cases[i:i + batch]) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"oracle worker died\n{self._log_tail()}")
+            out.extend(json.loads(line))
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+class OraclePool:
+    """Up to N workers; a list of cases is split between them and run in parallel."""
+
+    def __init__(self, python: Path, oracle_dir: Path, n: int = 2):
+        self.workers = [OracleWorker(python, oracle_dir) for _ in range(max(1, n))]
+
+    @property
+    def version(self) -> str | None:
+        return self.workers[0].version
+
+    def run(self, cases: list[dict]) -> list[dict]:
+        if len(cases) < 4 or len(self.workers) == 1:
+            return self.workers[0].run(cases)
+        n = len(self.workers)
+        parts = [cases[i::n] for i in range(n)]
+        res: list[Any] = [None] * n
+        errs: list[BaseException] = []
+
+        def go(j: int) -> None:
+            try:
+                res[j] = self.workers[j].run(parts[j])
+            except BaseException as e:  # noqa: BLE001
+                errs.append(e)
+
+        th = [threading.Thread(target=go, args=(j,)) for j in range(n)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        if errs:
+            raise errs[0]
+        out: list[dict] = [None] * len(cases)  # type: ignore[list-item]
+        for j in range(n):
+            out[j::n] = res[j]
+        return out
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+
+
+# ---------------------------------------------------------------------- comparing --
+def oracle_value(rec: dict, fld: str):
+    if fld == "preemptions":
+        return len(rec.get("preemptions") or [])
+    if fld == "output_tokens":
+        return rec.get("num_output_tokens")
+    return rec.get(fld)
+
+
+def compare(spec: dict, ours: dict, ans: dict) -> tuple[str, list[tuple[str, str, Any, Any]]]:
+    """(status, [(field, request, ours, oracle)]); status: compared | both_reject."""
+    built = "config" in ans
+    if not built:
+        if "case_error" in ours:
+            return "both_reject", []
+        return "compared", [("construction", "-", "accepted" if "results" in ours else
+                             _short(ours), ans.get("error"))]
+    if "case_error" in ours:
+        return "compared", [("construction", "-", f"CaseError: {ours['case_error']}", "accepted")]
+    if "crash" in ours:
+        return "compared", [("crash", "-", ours["crash"].strip().splitlines()[-1],
+                             ans.get("error"))]
+    if "hang" in ours and "max_steps" in str(ans.get("error")):
+        # vLLM never admits some request either (the pool cannot hold it): both stall
+        return "both_stall", []
+    if "hang" in ours:
+        return "compared", [("hang", "-", f"no result after {ours['hang']} s", ans.get("error"))]
+    res = ours["results"]
+    ours_err = [r for r in res if "error" in r]
+    if ans.get("error") or ours_err:
+        o = ours_err[0]["error"] if ours_err else None
+        if ans.get("error") and ours_err:
+            return "compared", [("error", ours_err[0]["id"], o, ans["error"])]
+        return "compared", [("oracle_error" if ans.get("error") else "error", "-", o,
+                             ans.get("error"))]
+    orecs = {r["id"]: r for r in ans["requests"]}
+    mm = []
+    for r in res:
+        o = orecs[r["id"]]
+        for f in FIELDS:
+            a, b = r.get(f), oracle_value(o, f)
+            if a != b:
+                mm.append((_label(f, r, o, a, b), r["id"], a, b))
+    return "compared", [m for m in mm if m[0] not in IGNORE]
+
+
+# Fields (or labels) left out of the comparison (``--ignore``), to look past a known class.
+IGNORE: set[str] = set()
+
+# ``--assume NAME``: look past a known mismatch class (exploration only; a plain run uses none).
+ASSUMPTIONS = {
+    "spec-blocks": "our config gets mamba_num_speculative_blocks = num_speculative_tokens "
+                   "(vLLM's MambaSpec holds one state block per draft token)",
+    "replay-chunks": "ignore chunk_ends@replay / chunk_end_steps@replay (our chunk list goes on "
+                     "through the re-prefill after a preemption inside the first prefill)",
+    "ngram-lookahead": "without EAGLE our scheduler reserves no drafter lookahead slots "
+                       "(vLLM's num_lookahead_tokens is 0 for ngram); patches our scheduler "
+                       "for the run, so a printed YAML does not reproduce this part",
+    "swa-fast-decode": "our scheduler runs without its decode fast path (which skips "
+                       "allocate_slots, and with it the sliding-window block release); patch",
+    "cow-release": "copy-on-write retained blocks are released at the end of schedule(), as "
+                   "vLLM does, not at the end of update_from_output; patch",
+    "swa-admission-cap": "the full-sequence admission gate caps each sliding-window group at "
+                         "cdiv(window - 1 + 2 x max_num_batched_tokens, block) + 1 blocks "
+                         "(vLLM's max_admission_blocks_per_request; 2 = max_concurrent_batches "
+                         "with async scheduling on, as the oracle's config resolves); patch",
+    "spec-cache": "with speculative decoding, update_from_output caches the blocks completed by "
+                  "the step's verified tokens (vLLM's cache_blocks after "
+                  "_update_request_with_output); patch",
+}
+ASSUME: set[str] = set()
+
+
+def assume(names) -> None:
+    for n in names:
+        if n not in ASSUMPTIONS:
+            raise SystemExit(f"--assume: unknown {n!r} (known: {', '.join(ASSUMPTIONS)})")
+        ASSUME.add(n)
+        if n == "spec-blocks":
+            OURS_EXTRA["mamba_num_speculative_blocks"] = "K"
+        elif n == "replay-chunks":
+            IGNORE.update({"chunk_ends@replay", "chunk_end_steps@replay"})
+
+
+def _padded_admissions(ans: dict) -> list[str]:
+    """Requests the oracle admitted with placeholder drafts: vLLM pads a newly scheduled
+    request with one token left (a hit of all but one token) to ``1 + K`` tokens when no
+    running request is prefilling this step (``pad_spec_decode`` in ``Scheduler.schedule``).
+    Our scheduler has no such rule and there is no ``--assume`` patch for it."""
+    first = {r["id"]: r.get("first_scheduled_step") for r in ans.get("requests") or []}
+    out = []
+    for st in ans.get("steps") or []:
+        for rid, n in (st.get("spec_tokens") or {}).items():
+            if first.get(rid) == st.get("step") and n:
+                out.append(rid)
+    return out
+
+
+def explain(spec: dict, ans: dict) -> str:
+    """Which known classes (``--assume`` names) account for this case's mismatches: the
+    single ones that each make it match, else a minimal set found greedily, else
+    ``unexplained`` (with ``pad-spec-decode`` when the oracle padded an admission)."""
+    saved = (set(ASSUME), dict(OURS_EXTRA), set(IGNORE))
+
+    def matches(names) -> bool:
+        ASSUME.clear(), OURS_EXTRA.clear(), IGNORE.clear()
+        ASSUME.update(saved[0]), OURS_EXTRA.update(saved[1]), IGNORE.update(saved[2])
+        assume(names)
+        return not compare(spec, run_ours(spec, timeout=5), ans)[1]
+
+    try:
+        names = [n for n in ASSUMPTIONS if n not in saved[0]]
+        alone = [n for n in names if matches({n})]
+        if alone:
+            return " | ".join(alone)
+        cur = set(names)
+        if not matches(cur):
+            pad = _padded_admissions(ans)
+            return "unexplained" + (f" (pad-spec-decode: {','.join(pad)})" if pad else "")
+        for n in names:
+            if matches(cur - {n}):
+                cur.discard(n)
+        pad = _padded_admissions(ans)
+        return " + ".join(sorted(cur)) + (f" (oracle also padded {','.join(pad)})" if pad else "")
+    finally:
+        ASSUME.clear(), OURS_EXTRA.clear(), IGNORE.clear()
+        ASSUME.update(saved[0]), OURS_EXTRA.update(saved[1]), IGNORE.update(saved[2])
+
+
+def _label(f: str, r: dict, o: dict, a, b) -> str:
+    """The field, with ``@replay`` where the only difference is that our chunk list goes on
+    through the re-prefill after a preemption inside the first prefill (the oracle's
+    ``chunk_ends`` stop at the first preemption)."""
+    if (f in ("chunk_ends", "chunk_end_steps") and o.get("preemptions") and r.get("preemptions")
+            and isinstance(a, list) and isinstance(b, list) and len(a) > len(b)
+            and a[:len(b)] == b):
+        return f + "@replay"
+    return f
+
+
+def _short(ours: dict) -> str:
+    for k in ("case_error", "crash", "hang"):
+        if k in ours:
+            return f"{k}: {str(ours[k]).strip().splitlines()[-1]}"
+    return "accepted"
+
+
+# ------------------------------------------------------------------------ display --
+def ours_yaml(spec: dict, ans: dict | None, literal: bool = False, note: str = "") -> str:
+    data = to_ours(spec, literal)
+    desc = "; ".join(f"{q['id']} ({q['kind']}): {prompt_notation(q)}" for q in spec["requests"])
+    doc: dict[str, Any] = {"source": f"tools/diff_steps.py case {spec['name']}" + note,
+                           "description": desc}
+    doc.update(data)
+    if ans and ans.get("requests"):
+        doc["expect"] = {r["id"]: {f: oracle_value(r, f) for f in FIELDS}
+                         for r in ans["requests"]}
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
+
+
+def step_table(steps: list[dict], limit: int = 80) -> str:
+    lines = []
+    for s in steps[:limit]:
+        if s.get("idle"):
+            lines.append(f"  {s['step']:>4}  (idle)")
+            continue
+        if "jump" in s:
+            lines.append(f"  {s['step']:>4}  ... pure-decode jump over {s['jump']} steps")
+            continue
+        sch = " ".join(f"{k}:{v}" + (f"(+{s['spec_tokens'][k]}sp)" if s.get("spec_tokens", {})
+                                       .get(k) else "")
+                       for k, v in s["scheduled"].items())
+        extra = ""
+        if s.get("arrivals"):
+            extra += f" arr={','.join(s['arrivals'])}"
+        if s.get("preempted"):
+            extra += f" PREEMPT={','.join(s['preempted'])}"
+        if s.get("finished"):
+            extra += f" fin={','.join(s['finished'])}"
+        if "kv_usage" in s:
+            extra += f" kv={s['kv_usage']}"
+        lines.append(f"  {s['step']:>4}  R{s['running']} W{s['waiting']}  [{sch}]{extra}")
+    if len(steps) > limit:
+        lines.append(f"  ... {len(steps) - limit} more steps")
+    return "\n".join(lines)
+
+
+def describe(spec: dict, ours: dict, ans: dict, mm: list, tables: bool) -> str:
+    same = ""
+    if "results" in ours:
+        alt = run_ours(spec, literal=False)
+        if alt.get("results") != ours["results"]:
+            same = " (NOTE: stream notation gives our engine different answers; use --keep's .literal.yaml)"
+    out = [f"=== {spec['name']}: " + ", ".join(sorted({m[0] for m in mm})), "--- our step case"
+           " (sim steps FILE; prompts in stream notation)" + same,
+           ours_yaml(spec, ans).rstrip()]
+    out.append("--- mismatches (field request: ours | oracle)")
+    for f, rid, a, b in mm:
+        out.append(f"  {f:<22} {rid:<4} {a!r} | {b!r}")
+    if "results" in ours:
+        out.append("--- ours:   " + json.dumps([{k: v for k, v in r.items() if k != 'arrival_step'}
+                                              for r in ours["results"]]))
+    else:
+        out.append("--- ours:   " + _short(ours))
+    if ans.get("requests"):
+        out.append("--- oracle: " + json.dumps([{k: oracle_value(r, k) for k in ["id"] + FIELDS}
+                                              for r in ans["requests"]]))
+    if ans.get("error"):
+        out.append(f"--- oracle error: {ans['error']} {ans.get('traceback_tail', '')}")
+    if tables and ans.get("steps"):
+        out.append("--- oracle steps (step  running/waiting after schedule()  [id:tokens])")
+        out.append(step_table(ans["steps"]))
+        tr: list = []
+        run_ours(spec, trace=tr)
+        if tr:
+            out.append("--- our steps")
+            out.append(step_table(tr))
+    return "\n".join(out)
+
+
+def keep_case(keep: Path, spec: dict, ours: dict, ans: dict, mm: list) -> None:
+    keep.mkdir(parents=True, exist_ok=True)
+    (keep / f"{spec['name']}.yaml").write_text(ours_yaml(spec, ans))
+    (keep / f"{spec['name']}.literal.yaml").write_text(ours_yaml(spec, ans, literal=True))
+    (keep / f"{spec['name']}.oracle.json").write_text(json.dumps(
+        {"spec": spec, "oracle_case": to_oracle(spec), "oracle_answer": ans,
+         "ours": ours, "mismatches": mm}, indent=1, default=str))
+
+
+# ------------------------------------------------------------------------- shrink --
+def _candidates(spec: dict) -> list[dict]:
+    """Simpler variants of a case, most aggressive first."""
+    out = []
+    reqs = spec["requests"]
+
+    def var(fn):
+        c = copy.deepcopy(spec)
+        if fn(c) is not False:
+            out.append(c)
+
+    for i in range(len(reqs)):
+        if len(reqs) > 1:
+            var(lambda c, i=i: c["requests"].pop(i))
+    cfg = spec["config"]
+    defaults = {"long_prefill_token_threshold": None, "max_num_batched_tokens": None,
+                "max_num_seqs": None, "prefix_cache_retention_interval": None,
+                "shared_prefix_checkpoint": None, "eagle_lookahead_hashes": None,
+                "mamba_block_size": None}
+    for k in defaults:
+        if k in cfg:
+            var(lambda c, k=k: c["config"].pop(k))
+    if cfg.get("num_blocks", BIG_POOL) < BIG_POOL:
+        var(lambda c: c["config"].__setitem__("num_blocks", BIG_POOL))
+    if cfg.get("num_speculative_tokens") or cfg.get("eagle"):
+        def nospec(c):
+            for k in ("eagle", "eagle_lookahead_hashes", "num_speculative_tokens", "accepted_tokens"):
+                c["config"].pop(k, None)
+        var(nospec)
+        if cfg.get("eagle") and cfg.get("num_speculative_tokens", 1) > 1:
+            def k1(c):
+                c["config"]["num_speculative_tokens"] = 1
+                c["config"]["accepted_tokens"] = min(c["config"].get("accepted_tokens", 0), 1)
+            var(k1)
+        if cfg.get("accepted_tokens"):
+            var(lambda c: c["config"].__setitem__("accepted_tokens", 0))
+        if cfg.get("eagle"):
+            var(lambda c: c["config"].pop("eagle"))
+    if len(cfg["groups"]) > 2:
+        var(lambda c: c["config"].__setitem__("groups", ["full", "mamba"]))
+    if cfg.get("hash_block_size") not in (None, cfg["block_size"]):
+        var(lambda c: c["config"].__setitem__("hash_block_size", c["config"]["block_size"]))
+    budget = cfg.get("max_num_batched_tokens")
+    if budget and budget < BIG_BUDGET and budget > 16:
+        var(lambda c: c["config"].__setitem__("max_num_batched_tokens", budget // 2))
+    if cfg.get("num_blocks", BIG_POOL) < BIG_POOL and cfg["num_blocks"] > 4:
+        var(lambda c: c["config"].__setitem__("num_blocks", cfg["num_blocks"] - 1))
+        var(lambda c: c["config"].__setitem__("num_blocks", cfg["num_blocks"] + 1))
+    for i, q in enumerate(reqs):
+        if q["max_tokens"] > 1:
+            var(lambda c, i=i: c["requests"][i].__setitem__("max_tokens", 1))
+            var(lambda c, i=i, q=q: c["requests"][i].__setitem__("max_tokens", q["max_tokens"] // 2))
+            var(lambda c, i=i, q=q: c["requests"][i].__setitem__("max_tokens", q["max_tokens"] - 1))
+        if q["arrival"] > 0:
+            var(lambda c, i=i: c["requests"][i].__setitem__("arrival", 0))
+            var(lambda c, i=i, q=q: c["requests"][i].__setitem__("arrival", q["arrival"] - 1))
+    # segments: drop or shorten, consistently in every request holding the same stream
+    names = sorted({s[0] for q in reqs for s in q["segments"]})
+    for name in names:
+        lens = {s[2] for q in reqs for s in q["segments"] if s[0] == name}
+        n = max(lens)
+        unit = cfg.get("hash_block_size") or cfg["block_size"]
+
+        def shorten(c, name=name, new=0):
+            for q in c["requests"]:
+                q["segments"] = [[s[0], s[1], min(s[2], new)] if s[0] == name else s
+                                 for s in q["segments"]]
+                q["segments"] = [s for s in q["segments"] if s[2] > 0]
+            c["requests"] = [q for q in c["requests"] if q["segments"]]
+            return bool(c["requests"])
+
+        for new in (0, n // 2, n - unit, n - 1, (n - 1) // unit * unit):
+            if 0 <= new < n:
+                var(lambda c, shorten=shorten, new=new: shorten(c, new=new))
+    if cfg["block_size"] > 16:
+        def smaller(c):
+            f = c["config"]["block_size"] // 16
+            c["config"]["block_size"] = 16
+            if "mamba_block_size" in c["config"]:
+                c["config"]["mamba_block_size"] //= f
+            if "hash_block_size" in c["config"]:
+                c["config"]["hash_block_size"] = max(1, c["config"]["hash_block_size"] // f)
+            for q in c["requests"]:
+                q["segments"] = [[s[0], s[1] // f, max(1, s[2] // f)] for s in q["segments"]]
+        var(smaller)
+    return out
+
+
+def _size(spec: dict) -> tuple:
+    return (len(spec["requests"]), sum(s[2] for q in spec["requests"] for s in q["segments"]),
+            len(json.dumps(spec["config"])), sum(q["max_tokens"] + q["arrival"]
+                                                  for q in spec["requests"]))
+
+
+def shrink(spec: dict, fld: str, pool: OraclePool, max_rounds: int = 300) -> dict:
+    cur = spec
+    for _ in range(max_rounds):
+        cands = [c for c in _candidates(cur) if _size(c) < _size(cur)]
+        if not cands:
+            break
+        answers = pool.run([to_oracle(c) for c in cands])
+        for c, ans in zip(cands, answers):
+            ours = run_ours(c, timeout=10)
+            _, mm = compare(c, ours, ans)
+            if any(m[0] == fld for m in mm):
+                cur = c
+                break
+        else:
+            break
+    cur = copy.deepcopy(cur)
+    cur["name"] = spec["name"] + "_min"
+    return cur
+
+
+# --------------------------------------------------------------------------- main --
+def run_diff(specs: list[dict], pool: OraclePool, timeout: float = 20.0,
+             progress: bool = False) -> dict:
+    t0 = time.time()
+    answers = pool.run([to_oracle(s) for s in specs])
+    t1 = time.time()
+    summ: dict[str, Any] = {"cases": 0, "requests": 0, "both_reject": 0, "both_stall": 0,
+                            "bad_cases": [],
+                            "by_field": Counter(), "cases_by_field": Counter(),
+                            "oracle_s": round(t1 - t0, 1)}
+    for spec, ans in zip(specs, answers):
+        ours = run_ours(spec, timeout=timeout)
+        status, mm = compare(spec, ours, ans)
+        if status in ("both_reject", "both_stall"):
+            summ[status] += 1
+            continue
+        summ["cases"] += 1
+        summ["requests"] += len(spec["requests"])
+        if mm:
+            summ["bad_cases"].append((spec, ours, ans, mm))
+            for f in {m[0] for m in mm}:
+                summ["cases_by_field"][f] += 1
+            for m in mm:
+                summ["by_field"][m[0]] += 1
+    summ["ours_s"] = round(time.time() - t1, 1)
+    return summ
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cases", type=int, default=100)
+    ap.add_argument("--start", type=int, default=0, help="first case index")
+    ap.add_argument("--profile", choices=["default", "edge"], default="default",
+                    help="case distribution (edge: spec decode, small budgets/pools, "
+                         "near-full replays)")
+    ap.add_argument("--oracle-python", type=Path, default=None)
+    ap.add_argument("--oracle-dir", type=Path, default=DEFAULT_ORACLE_DIR)
+    ap.add_argument("--workers", type=int, default=2, help="oracle processes in parallel")
+    ap.add_argument("--keep", type=Path, default=None, help="write mismatching cases here")
+    ap.add_argument("--shrink", action="store_true", help="minimise each mismatching case")
+    ap.add_argument("--show", type=int, default=20, help="print at most N mismatching cases")
+    ap.add_argument("--tables", type=int, default=3, help="step tables for the first N of them")
+    ap.add_argument("--timeout", type=float, default=20.0, help="our side, seconds per case")
+    ap.add_argument("--replay", type=Path, nargs="+", default=None,
+                    help="rerun cases from kept NAME.oracle.json files (their 'spec')")
+    ap.add_argument("--ours-extra", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra config key for OUR side only (YAML value; "
+                         "mamba_num_speculative_blocks=K means num_speculative_tokens), to "
+                         "look past a known mismatch class")
+    ap.add_argument("--ignore", action="append", default=[], metavar="FIELD",
+                    help="leave FIELD (or a label such as chunk_ends@replay) out of the "
+                         "comparison, to look past a known mismatch class")
+    ap.add_argument("--assume", action="append", default=[], metavar="NAME",
+                    help="look past a known mismatch class: " + "; ".join(
+                        f"{k}: {v}" for k, v in ASSUMPTIONS.items()))
+    ap.add_argument("--classify", action="store_true",
+                    help="label each mismatching case with the known classes (--assume "
+                         "names) that account for it (reruns only our side)")
+    args = ap.parse_args(argv)
+    assume(args.assume)
+    IGNORE.update(args.ignore)
+    for kv in args.ours_extra:
+        k, _, v = kv.partition("=")
+        OURS_EXTRA[k] = yaml.safe_load(v)
+
+    py = args.oracle_python or default_oracle_python()
+    if not Path(py).exists():
+        print(f"skipped: no oracle python at {py} (build it with ../shared/vllm-oracle/setup.sh)")
+        return 0
+    oracle_dir = args.oracle_dir.resolve()
+    if args.replay:
+        specs = [json.loads(p.read_text())["spec"] for p in args.replay]
+    else:
+        specs = [gen_case(args.seed, i, args.profile)
+                 for i in range(args.start, args.start + args.cases)]
+    pool = OraclePool(Path(py), oracle_dir, n=min(args.workers, max(1, len(specs) // 4)))
+    try:
+        summ = run_diff(specs, pool, args.timeout)
+        bad = summ["bad_cases"]
+        what = (f"{len(specs)} replayed case(s)" if args.replay else
+                f"seed {args.seed}, profile {args.profile}, "
+                f"cases {args.start}..{args.start + len(specs) - 1}")
+        print(f"vllm {pool.version} sched_oracle vs sim.steps: {what}"
+              + (f"; assuming {', '.join(sorted(ASSUME))}" if ASSUME else "")
+              + (f"; ignoring {', '.join(sorted(IGNORE))}" if IGNORE - {
+                  "chunk_ends@replay", "chunk_end_steps@replay"} else ""))
+        print(f"compared {summ['cases']} cases, {summ['requests']} requests "
+              f"({summ['both_reject']} configurations rejected by both sides, "
+              f"{summ['both_stall']} cases where both never admit a request); "
+              f"oracle {summ['oracle_s']} s, ours {summ['ours_s']} s")
+        print(f"mismatching cases: {len(bad)}")
+        if bad:
+            print("mismatching cases by field: " + ", ".join(
+                f"{f} {n}" for f, n in summ["cases_by_field"].most_common()))
+            print("mismatching request fields: " + ", ".join(
+                f"{f} {n}" for f, n in summ["by_field"].most_common()))
+        if bad and args.classify:
+            labels = Counter()
+            per_case = []
+            for spec, ours, ans, mm in bad:
+                if "config" not in ans or any(m[0] in ("construction", "crash", "hang")
+                                              for m in mm):
+                    lab = "case-level: " + mm[0][0]
+                else:
+                    lab = explain(spec, ans)
+                labels[lab] += 1
+                per_case.append(f"  {spec['name']}: {lab}")
+            print("mismatching cases by known class (which --assume makes them match):")
+            for lab, n in labels.most_common():
+                print(f"  {n:4d}  {lab}")
+            print("\n".join(per_case))
+        for j, (spec, ours, ans, mm) in enumerate(bad):
+            if args.keep:
+                keep_case(args.keep, spec, ours, ans, mm)
+            if j < args.show:
+                print()
+                print(describe(spec, ours, ans, mm, tables=j < args.tables))
+            if args.shrink:
+                small = shrink(spec, mm[0][0], pool)
+                ans2 = pool.run([to_oracle(small)])[0]
+                ours2 = run_ours(small)
+                _, mm2 = compare(small, ours2, ans2)
+                print()
+                print(f"--- shrunk {spec['name']} (on field {mm[0][0]}):")
+                print(describe(small, ours2, ans2, mm2, tables=True))
+                if args.keep:
+                    keep_case(args.keep, small, ours2, ans2, mm2)
+        if len(bad) > args.show:
+            print(f"\n({len(bad) - args.show} more mismatching cases not shown"
+                  + (f"; all kept in {args.keep}" if args.keep else "; use --keep DIR") + ")")
+    finally:
+        pool.close()
+    return 1 if summ["bad_cases"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
