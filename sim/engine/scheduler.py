@@ -67,6 +67,9 @@ class SimRequest:
     has_drafts: bool = False           # drafter proposed K tokens after its last sampling step
     is_prefill_chunk: bool = False     # its last scheduled step left prompt tokens uncomputed
     recording: bool = True             # first prefill's chunk ends (stops at a preemption)
+    cache_mark: int = -1               # block index of min(computed, hashed) at the last
+                                       # update-time cache_blocks (later calls before the next
+                                       # block completes are no-ops and are skipped)
 
     @property
     def decoding(self) -> bool:
@@ -304,6 +307,7 @@ class Scheduler:
         r.mamba_states_written += self.kv.states_written(r.cache)
         self.kv.free(r.cache)
         r.fast_n = -1
+        r.cache_mark = -1
         r.has_drafts = False
         r.recording = False   # the first prefill's chunk list ends at the first preemption
         r.recomputed_tokens += r.cache.num_computed_tokens
@@ -390,8 +394,13 @@ class Scheduler:
             c.append_tokens([(r.out_stream, start, new_tokens)])
             if K > 0:
                 # with speculative decoding vLLM caches what accepted drafts completed
-                # right away (update_from_output), not at the next allocation
-                kv.cache_blocks(c, c.num_computed_tokens)
+                # right away (update_from_output), not at the next allocation; until
+                # another block of the smallest group completes the call changes nothing
+                mark = min(c.num_computed_tokens,
+                           len(c.block_hashes) * c.hasher.unit) // self.min_block
+                if mark != r.cache_mark:
+                    r.cache_mark = mark
+                    kv.cache_blocks(c, c.num_computed_tokens)
             if r.num_output >= r.max_tokens:
                 r.finish_s = now
                 finished.append(r)
