@@ -359,6 +359,39 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
                    f"over {n} requests")
 
 
+@app.command()
+def validate(file: Path = typer.Argument(..., help="Case file (YAML or JSON)."),
+             against_vllm: bool = typer.Option(False, "--against-vllm",
+                                               help="Replay it through vLLM's real KV-cache manager.")
+             ) -> None:
+    """Compare a case file's per-request hits with vLLM 0.33.0's real KV-cache manager.
+
+    Needs the oracle venv (../shared/vllm-oracle/setup.sh); without it, says so and exits 0.
+    Exit 1 on any disagreement.
+    """
+    from sim.cache.case import CaseError, load_case_file
+    from sim.validate import ValidateUnavailable, validate_case
+
+    if not against_vllm:
+        fail("say what to validate against: --against-vllm")
+    try:
+        res = validate_case(load_case_file(file))
+    except CaseError as e:
+        fail(f"{file}: {e}")
+    except ValidateUnavailable as e:
+        typer.echo(f"skipped: {e}")
+        return
+    if res["status"] != "compared":
+        typer.echo(f"{file}: vLLM {res['vllm']}: {res['status'].replace('_', ' ')}")
+        return
+    if res["mismatches"]:
+        typer.echo(f"{file}: {len(res['mismatches'])} disagreement(s) with vLLM {res['vllm']}:")
+        for rid, field, ours, theirs in res["mismatches"]:
+            typer.echo(f"  {rid} {field}: ours {ours!r}, vLLM {theirs!r}")
+        raise typer.Exit(1)
+    typer.echo(f"{file}: {res['lookups']} lookup(s) agree with vLLM {res['vllm']}")
+
+
 DEFAULT_CHECKS = ("cases/*.yaml", "scenarios/athena.yaml")
 
 

@@ -118,3 +118,9 @@ def test_report_regenerates_from_the_folder_alone(tmp_path):
 def test_report_on_a_non_run_folder_is_one_line(tmp_path):
     res = runner.invoke(app, ["report", str(tmp_path)])
     _one_line_error(res, "neither a sweep folder")
+
+
+def test_validate_against_vllm_agrees_or_skips():
+    res = runner.invoke(app, ["validate", "--against-vllm", str(ROOT / "cases" / "seed-d3-eagle.yaml")])
+    assert res.exit_code == 0, res.output
+    assert "agree with vLLM" in res.output or res.output.startswith("skipped:")
