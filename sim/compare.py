@@ -3,13 +3,11 @@ per request (hit, TTFT) with a table of summary deltas."""
 from __future__ import annotations
 
 import csv
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
 
+from sim.atomic import atomic_folder
 from sim.cache.config import ConfigError
 
 
@@ -42,10 +40,7 @@ def compare(scenario_path: Path, flag: str, out: Path, sets: dict | None = None)
         for part in dotted.split("."):
             cur = cur.get(part) if isinstance(cur, dict) else None
         runs[value] = (sc, *simulate(sc))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:
         for value, name in ((False, "off"), (True, "on")):
             sc, dep, rows, summary = runs[value]
             write_run(tmp / name, sc, dep, rows, summary, report=True)
@@ -85,10 +80,5 @@ def compare(scenario_path: Path, flag: str, out: Path, sets: dict | None = None)
             lines.append(f"| {k} | {a:.4g} | {b:.4g} | {d:+.4g} | {rel_s} |")
         lines += ["", "Per request: `paired.csv`; the two runs: `off/`, `on/`.", ""]
         (tmp / "compare.md").write_text("\n".join(lines))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
     return {"flag": dotted, "off": s0, "on": s1, "improved": improved, "worse": worse}

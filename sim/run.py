@@ -7,18 +7,15 @@ at the end, so a failed run leaves no partial output.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from backends.analytical import CostModel
+from sim.atomic import atomic_folder
 from sim.cache.config import ConfigError
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry
@@ -204,7 +201,6 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     else:
         step_time, sums_time = dep.cost.step_time, dep.cost.time_from_sums
     eng = Engine(sched, step_time, sums_time, make, on_finish, jump=jump, progress=progress)
-    pool = kv.pool
     eng.run(traces)
     rows = sorted(rec.rows)
     wall = time.perf_counter() - t_wall
@@ -295,10 +291,9 @@ def _fmt(v) -> str:
 
 def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = True) -> Path:
     """Write the run folder atomically (temp folder, then rename)."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    from reports.run_report import header_from_scenario, write_report
+
+    with atomic_folder(out_dir) as tmp:
         with open(tmp / "requests.csv", "w", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(REQUEST_COLUMNS)
@@ -309,17 +304,9 @@ def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = Tr
         with open(tmp / "summary.json", "w") as f:
             json.dump(summary, f, indent=1, sort_keys=False)
             f.write("\n")
-        from reports.run_report import header_from_scenario, write_report
-
         with open(tmp / "run.json", "w") as f:
             json.dump(header_from_scenario(sc, dep), f, indent=1)
             f.write("\n")
         if report:
             write_report(tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
+    return Path(out_dir)

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from sim.atomic import atomic_folder
 from sim.cache.config import ConfigError
 
 SWEEP_KEYS = {"name", "description", "base", "set", "grid", "points", "output"}
@@ -224,10 +225,7 @@ def run_sweep(sweep: Sweep, out: Path, executor: str = "local", workers: int = 1
               address: str | None = None, progress=lambda done, total: None,
               report: bool = True) -> list[dict]:
     """Run every point; write the sweep folder atomically; return the results."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:
         (tmp / "points").mkdir()
         shutil.copyfile(sweep.path, tmp / "sweep.yaml")
         results = _execute(sweep, tmp, executor, workers, address, progress)
@@ -250,10 +248,4 @@ def run_sweep(sweep: Sweep, out: Path, executor: str = "local", workers: int = 1
                 write_sweep_report = None
             if write_sweep_report is not None:
                 write_sweep_report(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return results

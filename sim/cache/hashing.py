@@ -54,6 +54,22 @@ def canonical_runs(runs: list[Run]) -> list[Run]:
     return out
 
 
+def _take(runs: list[Run], ri: int, off: int, need: int) -> tuple[list[Run], int, int]:
+    """The next ``need`` tokens from run ``ri`` at offset ``off``, possibly across
+    runs; returns them as pieces and the cursor after them."""
+    pieces: list[Run] = []
+    while need > 0:
+        s, st, n = runs[ri]
+        take = min(need, n - off)
+        pieces.append((s, st + off, take))
+        need -= take
+        off += take
+        if off >= n and ri + 1 < len(runs):
+            ri += 1
+            off = 0
+    return pieces, ri, off
+
+
 class PrefixHasher:
     """Computes the hash list of a run sequence for one (unit, lookahead).
 
@@ -133,17 +149,7 @@ class PrefixHasher:
                     off = 0
                 continue
             # Unit spans several runs.
-            pieces: list[Run] = []
-            left = need
-            while left > 0:
-                s, st, n = runs[ri]
-                take = min(left, n - off)
-                pieces.append((s, st + off, take))
-                left -= take
-                off += take
-                if off >= n and ri + 1 < len(runs):
-                    ri += 1
-                    off = 0
+            pieces, ri, off = _take(runs, ri, off, need)
             parent = self.unit_hash_multi(parent, pieces)
             out.append(parent)
             k += 1
@@ -179,17 +185,7 @@ class PrefixHasher:
                 parent = single(parent, s, st + off, need)
                 off += need
             else:
-                pieces: list[Run] = []
-                left = need
-                while left > 0:
-                    s, st, n = runs[ri]
-                    take = min(left, n - off)
-                    pieces.append((s, st + off, take))
-                    left -= take
-                    off += take
-                    if off >= n and ri + 1 < len(runs):
-                        ri += 1
-                        off = 0
+                pieces, ri, off = _take(runs, ri, off, need)
                 parent = self.unit_hash_multi(parent, pieces)
             out.append(parent)
             k += 1

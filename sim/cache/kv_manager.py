@@ -191,7 +191,7 @@ class KVCacheManager:
         get = self.pool.get_cached_block
         return [(i + 1) * h for i, hv in enumerate(req.block_hashes) if get(hv, [gid])]
 
-    def split_policy(self) -> "SplitPolicy":
+    def split_policy(self):
         """The scheduler's align-mode split, configured as this manager."""
         from sim.cache.split import SplitPolicy
 

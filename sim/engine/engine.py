@@ -19,7 +19,6 @@ from typing import Callable, Iterable, Iterator
 
 import simpy
 
-from sim.cache.rules import cdiv
 from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
 
 
