@@ -26,12 +26,19 @@ def case(files: list[Path] = typer.Argument(..., help="Case files (YAML or JSON)
     One file prints an array (one object per request); several print an object
     keyed by the paths as given.
     """
-    from sim.cache.case import CaseError, run_case_file
+    from sim.cache.case import run_case_file
+
+    _print_results(files, run_case_file, compact)
+
+
+def _print_results(files: list[Path], run_file, compact: bool) -> None:
+    """JSON of one file's results, or an object keyed by the paths as given."""
+    from sim.cache.case import CaseError
 
     out = {}
     for f in files:
         try:
-            out[str(f)] = run_case_file(f)
+            out[str(f)] = run_file(f)
         except CaseError as e:
             fail(str(e))
     result = out[str(files[0])] if len(files) == 1 else out
@@ -48,18 +55,9 @@ def steps(files: list[Path] = typer.Argument(..., help="Step case files (YAML or
     prefill's chunk ends and their steps, the first-token and finish steps and the
     number of preemptions, comparable with vLLM's real scheduler (sched_oracle.py).
     """
-    from sim.cache.case import CaseError
     from sim.steps import run_steps_file
 
-    out = {}
-    for f in files:
-        try:
-            out[str(f)] = run_steps_file(f)
-        except CaseError as e:
-            fail(str(e))
-    result = out[str(files[0])] if len(files) == 1 else out
-    json.dump(result, sys.stdout, indent=None if compact else 1)
-    sys.stdout.write("\n")
+    _print_results(files, run_steps_file, compact)
 
 
 def _progress(enabled: bool):

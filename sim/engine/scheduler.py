@@ -163,16 +163,8 @@ class Scheduler:
                 if fast and n == r.fast_n and comp <= r.fast_until:
                     # positions stay inside the blocks of the last allocation:
                     # allocate_slots would allocate, free and cache nothing
-                    it = r.item
-                    it.num_tokens = n
-                    it.context = comp
-                    it.is_prefill = False
-                    it.spec_tokens = sk
-                    it.new_hit = 0
-                    it.padded = False
-                    out.append(it)
                     prefill_scheduled |= r.is_prefill_chunk
-                    r.is_prefill_chunk = comp + n < c.num_tokens
+                    self._emit(out, r, n, comp, False, sk)
                     budget -= n
                     i += 1
                     continue
@@ -203,16 +195,8 @@ class Scheduler:
                     break
             if not ok:
                 break
-            it = r.item
-            it.num_tokens = n
-            it.context = comp
-            it.is_prefill = not decode
-            it.spec_tokens = sk if decode else 0
-            it.new_hit = 0
-            it.padded = False
-            out.append(it)
             prefill_scheduled |= r.is_prefill_chunk
-            r.is_prefill_chunk = comp + n < c.num_tokens
+            self._emit(out, r, n, comp, not decode, sk if decode else 0)
             budget -= n
             i += 1
         if not preempted:
@@ -264,21 +248,28 @@ class Scheduler:
                     r.attention_hit_tokens = attn_alone
                     r.first_scheduled_s = now
                 c.num_computed_tokens += new_local
-                if r.item is None:
-                    r.item = ScheduledItem(r, 0, 0, True)
-                it = r.item
-                it.num_tokens = n
-                it.context = c.num_computed_tokens
-                it.is_prefill = not padded
-                it.spec_tokens = K if padded else 0
-                it.new_hit = new_local
-                it.padded = padded
-                out.append(it)
-                r.is_prefill_chunk = c.num_computed_tokens + n < c.num_tokens
+                self._emit(out, r, n, c.num_computed_tokens, not padded, K if padded else 0,
+                           new_local, padded)
                 budget -= n
         # vLLM frees the refs retained for copy-on-write at the end of schedule()
         kv.release_cow_copies()
         return out
+
+    @staticmethod
+    def _emit(out: list, r: SimRequest, n: int, context: int, prefill: bool, spec: int,
+              new_hit: int = 0, padded: bool = False) -> None:
+        """Schedule ``n`` tokens of ``r`` this step (its item object is reused)."""
+        it = r.item
+        if it is None:
+            it = r.item = ScheduledItem(r, 0, 0, True)
+        it.num_tokens = n
+        it.context = context
+        it.is_prefill = prefill
+        it.spec_tokens = spec
+        it.new_hit = new_hit
+        it.padded = padded
+        out.append(it)
+        r.is_prefill_chunk = context + n < r.cache.num_tokens
 
     def alloc_margin(self, c: CacheRequest, comp: int, n: int) -> int:
         """Tokens a decoding request can advance before ``allocate_slots`` would
