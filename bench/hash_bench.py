@@ -60,8 +60,8 @@ def main() -> None:
         mgr.free(req)
         mgr.new_step_starts()
     dt = time.perf_counter() - t0
-    print(f"full cache model (hash + lookup + chunked prefill + free), A/M block 4416, "
-          f"retention 0, EAGLE drop:")
+    print("full cache model (hash + lookup + chunked prefill + free), A/M block 4416, "
+          "retention 0, EAGLE drop:")
     print(f"  {n_req / dt:,.0f} requests/s, {dt / n_req * 1e3:.3f} ms per request, "
           f"mean hit {hits / n_req:,.0f} tokens")
 

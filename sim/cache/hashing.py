@@ -9,9 +9,15 @@ those tokens exist, i.e. hash *i* fingerprints ``[0, (i + 1) * h + L)``.
 We never materialise token lists.  A prompt is a list of *runs*
 ``(stream, start, length)``: token ``p`` of stream ``s`` is a distinct token
 for every ``(s, p)``; literal token ids live in stream ``LITERAL`` at their own
-value.  The hash of a unit is ``blake2b(parent, runs of the unit)`` truncated
-to 64 bits — deterministic across processes, and with 2**64 values the chance
-that two different prefixes collide over a million-request trace is ~1e-7.
+value.  The key of a unit is CPython's hash of the tuple ``(parent, stream,
+start, length)`` (several runs: the flattened runs after a marker) — the
+xxHash-style tuple hash over integers, which is not salted, so keys are equal
+across processes and runs (PYTHONHASHSEED only salts str/bytes).  Parents
+enter modulo 2**61 - 1, so a key has ~61 bits: the chance that two different
+prefixes collide over a million-request trace (~1e8 units) is ~2e-3 for *some*
+pair of units anywhere, and a collision only matters if both prefixes are
+looked up against each other.  It is ~30x cheaper than a 64-bit blake2b digest
+(bench/hash_bench.py), which is what makes hashing every prompt affordable.
 
 Speed: a unit that lies inside one run is keyed by ``(parent, stream, start,
 length)``, and consecutive such units are memoised as *chains*: the hashes of
@@ -20,19 +26,13 @@ starts with it copies that list slice instead of rehashing (bench/hash_bench.py)
 """
 from __future__ import annotations
 
-import struct
-from hashlib import blake2b
-
 LITERAL = -1          # stream id of literal token ids (position = token id)
 ROOT = 0              # parent hash of the first unit
 
 Run = tuple[int, int, int]  # (stream id, start position in stream, length)
 
-_PACK4 = struct.Struct("<Qqqq").pack
-
-
-def _digest(data: bytes) -> int:
-    return int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+MULTI = -7            # marker that starts the key of a unit spanning several runs
+CHAIN_MIN_UNITS = 16  # runs holding fewer units are hashed directly, not memoised
 
 
 def canonical_runs(runs: list[Run]) -> list[Run]:
@@ -42,15 +42,17 @@ def canonical_runs(runs: list[Run]) -> list[Run]:
     runs are made maximal before hashing.
     """
     out: list[Run] = []
-    for s, st, n in runs:
+    ps = pst = pn = None
+    for r in runs:
+        s, st, n = r
         if n <= 0:
             continue
-        if out:
-            ps, pst, pn = out[-1]
-            if ps == s and pst + pn == st:
-                out[-1] = (s, pst, pn + n)
-                continue
-        out.append((s, st, n))
+        if ps == s and pst + pn == st:
+            pn += n
+            out[-1] = (s, pst, pn)
+            continue
+        out.append(r if r.__class__ is tuple else (s, st, n))
+        ps, pst, pn = s, st, n
     return out
 
 
@@ -93,25 +95,27 @@ class PrefixHasher:
     # -- single units -------------------------------------------------------
     @staticmethod
     def unit_hash_single(parent: int, stream: int, start: int, length: int) -> int:
-        return _digest(_PACK4(parent, stream, start, length))
+        return hash((parent, stream, start, length))
 
     @staticmethod
     def unit_hash_multi(parent: int, runs: list[Run]) -> int:
-        parts = [struct.pack("<Q", parent)]
-        for s, st, n in runs:
-            parts.append(struct.pack("<qqq", s, st, n))
-        parts.append(b"M")  # multi-run marker: never equal to a single-run key
-        return _digest(b"".join(parts))
+        flat = [parent, MULTI]
+        for r in runs:
+            flat.extend(r)
+        return hash(tuple(flat))
 
     # -- whole sequences ----------------------------------------------------
-    def hashes(self, runs: list[Run], start_hashes: list[int] | None = None) -> list[int]:
+    def hashes(self, runs: list[Run], start_hashes: list[int] | None = None,
+               canonical: bool = False) -> list[int]:
         """All emitted hashes of the token sequence ``runs``.
 
         ``start_hashes`` (optional) are hashes already known for a prefix of
         this same sequence (e.g. before output tokens were appended); they are
-        kept and only later units are computed.
+        kept and only later units are computed.  ``canonical``: the caller
+        already merged the runs (``canonical_runs``).
         """
-        runs = canonical_runs(runs)
+        if not canonical:
+            runs = canonical_runs(runs)
         total = sum(r[2] for r in runs)
         h, la = self.unit, self.lookahead
         out: list[int] = list(start_hashes) if start_hashes else []
@@ -129,29 +133,65 @@ class PrefixHasher:
         while ri < len(runs) and off >= runs[ri][2]:
             off -= runs[ri][2]
             ri += 1
+        append = out.append
+        last_ri = len(runs) - 1
         while k < n_units:
             need = h + la if k == 0 else h
             s, st, n = runs[ri]
             avail = n - off
             if avail >= need:
                 # Units lying inside this run: as many as fit (and are emitted).
-                first_len = need
-                cnt = 1 + (avail - need) // h
-                cnt = min(cnt, n_units - k)
-                chain = self._chain(parent, s, st + off, first_len, cnt)
-                out.extend(chain[:cnt] if len(chain) > cnt else chain)
+                cnt = min(1 + (avail - need) // h, n_units - k)
+                q = st + off
+                if cnt >= CHAIN_MIN_UNITS:
+                    chain = self._chain(parent, s, q, need, cnt)
+                    out.extend(chain[:cnt] if len(chain) > cnt else chain)
+                    parent = out[-1]
+                else:
+                    p = parent
+                    c = cnt
+                    if need != h:
+                        p = hash((p, s, q, need))
+                        append(p)
+                        q += need
+                        c -= 1
+                    for q in range(q, q + c * h, h):
+                        p = hash((p, s, q, h))
+                        append(p)
+                    parent = p
                 k += cnt
-                parent = out[-1]
-                consumed = first_len + (cnt - 1) * h
-                off += consumed
-                if off >= n and ri + 1 < len(runs):
+                off += need + (cnt - 1) * h
+                if off >= n and ri < last_ri:
                     ri += 1
                     off = 0
                 continue
-            # Unit spans several runs.
-            pieces, ri, off = _take(runs, ri, off, need)
-            parent = self.unit_hash_multi(parent, pieces)
-            out.append(parent)
+            # Unit spans several runs (same key as ``unit_hash_multi``).
+            rem = need - avail
+            if ri < last_ri:
+                s2, st2, n2 = runs[ri + 1]
+                if n2 > rem or (n2 == rem and ri + 1 == last_ri):
+                    # the common case: it ends inside the next run
+                    parent = hash((parent, MULTI, s, st + off, avail, s2, st2, rem))
+                    append(parent)
+                    k += 1
+                    ri += 1
+                    off = rem
+                    continue
+            flat = [parent, MULTI, s, st + off, avail]
+            while True:
+                ri += 1
+                s, st, n = runs[ri]
+                if n >= rem:
+                    flat += (s, st, rem)
+                    off = rem
+                    if off >= n and ri < last_ri:
+                        ri += 1
+                        off = 0
+                    break
+                flat += (s, st, n)
+                rem -= n
+            parent = hash(tuple(flat))
+            append(parent)
             k += 1
         return out
 
@@ -177,12 +217,11 @@ class PrefixHasher:
             start -= runs[ri][2]
         off = pos - start
         parent = out[-1] if out else ROOT
-        single = self.unit_hash_single
         while k < n_units:
             need = h + la if k == 0 else h
             s, st, n = runs[ri]
             if n - off >= need:
-                parent = single(parent, s, st + off, need)
+                parent = hash((parent, s, st + off, need))
                 off += need
             else:
                 pieces, ri, off = _take(runs, ri, off, need)
@@ -212,11 +251,13 @@ class PrefixHasher:
                 p = parent
                 pos = start
                 ln = first_len
-            single = self.unit_hash_single
-            for _ in range(cnt - len(chain)):
-                p = single(p, stream, pos, ln)
-                chain.append(p)
+            append = chain.append
+            if ln != h:   # the first unit of a sequence also covers the lookahead
+                p = hash((p, stream, pos, ln))
+                append(p)
                 pos += ln
-                ln = h
+            for pos in range(pos, start + first_len + (cnt - 1) * h, h):
+                p = hash((p, stream, pos, h))
+                append(p)
             self._chain_units += cnt
         return chain

@@ -24,7 +24,7 @@ class CacheRequest:
         self.num_prompt_tokens = sum(r[2] for r in self.runs)
         self.num_tokens = self.num_prompt_tokens
         self.hasher = hasher
-        self.block_hashes = hasher.hashes(self.runs)
+        self.block_hashes = hasher.hashes(self.runs, canonical=True)
         self.num_computed_tokens = 0
         self.shared_prefix_boundary = 0
         self.report_mode = report_mode
@@ -32,14 +32,19 @@ class CacheRequest:
 
     def append_tokens(self, runs: list[Run]) -> None:
         """Append output tokens; hashes are extended only when a unit completes."""
-        own = self.runs
         for s, st, n in runs:
-            ls, lst, ln = own[-1]
-            if ls == s and lst + ln == st:
-                own[-1] = (ls, lst, ln + n)
-            else:
-                own.append((s, st, n))
-            self.num_tokens += n
+            self.append_run(s, st, n)
+
+    def append_run(self, stream: int, start: int, n: int) -> None:
+        """Append one run of tokens (the engine appends one run of output
+        tokens per request per step)."""
+        own = self.runs
+        ls, lst, ln = own[-1]
+        if ls == stream and lst + ln == start:
+            own[-1] = (ls, lst, ln + n)
+        else:
+            own.append((stream, start, n))
+        self.num_tokens += n
         h = self.hasher
         if (self.num_tokens - h.lookahead) // h.unit > len(self.block_hashes):
             h.extend(own, self.block_hashes)
