@@ -394,7 +394,7 @@ def _cap_swa_admission(kv, budget: int) -> None:
             local = req.num_computed_tokens + num_new_computed
             full = req.num_tokens
             need = 0
-            for i, m in enumerate(c.managers):
+            for m in c.managers:
                 n = full
                 if isinstance(m, SlidingWindowManager):
                     # vLLM: cdiv(window - 1 + max_in_flight_tokens, block) + 1, where
@@ -402,7 +402,7 @@ def _cap_swa_admission(kv, budget: int) -> None:
                     # resolves async_scheduling on) x max_num_batched_tokens
                     cap = cdiv(m.spec.window - 1 + 2 * budget, m.block_size) + 1
                     n = min(n, cap * m.block_size)
-                need += m.blocks_to_allocate(req.request_id, n, ncb[i], local, local, n)
+                need += m.blocks_to_allocate(req.request_id, n, ncb, local, local, n)
             if need > c.pool.num_free():
                 return False
         return orig(req, num_new_tokens, num_new_computed, new_computed,

@@ -82,11 +82,13 @@ class BlockPool:
 
     def get_cached_block(self, block_hash: int, group_ids: list[int]) -> list[Block] | None:
         out = []
+        cached = self.cached
+        base = block_hash << GROUP_BITS
         for gid in group_ids:
-            b = self.get_one(make_key(block_hash, gid))
-            if b is None:
+            v = cached.get(base | gid)
+            if v is None:
                 return None
-            out.append(b)
+            out.append(v if v.__class__ is Block else next(iter(v.values())))
         return out
 
     def contains(self, key: int, block_id: int) -> bool:
@@ -132,14 +134,22 @@ class BlockPool:
         self._map_insert(key, block)
 
     def remove_keys(self, block: Block) -> list[int]:
-        keys = []
-        if block.key is not None:
-            keys.append(block.key)
-        keys.extend(self.extra_keys.pop(block.block_id, ()))
-        removed = [k for k in keys if self._map_pop(k, block.block_id) is not None]
+        key = block.key
+        extra = self.extra_keys.pop(block.block_id, None) if self.extra_keys else None
         block.key = None
         block.key_tokens = None
-        return removed
+        if extra is None:
+            # one key, usually mapped to this block alone
+            if key is None:
+                return []
+            v = self.cached.get(key)
+            if v is block:
+                del self.cached[key]
+                return [key]
+            return [key] if self._map_pop(key, block.block_id) is not None else []
+        keys = [key] if key is not None else []
+        keys.extend(extra)
+        return [k for k in keys if self._map_pop(k, block.block_id) is not None]
 
     def move_keys(self, src: Block, dst: Block) -> None:
         """Re-point every key of ``src`` to ``dst`` (Mamba partial-tail CoW)."""
@@ -190,7 +200,7 @@ class BlockPool:
         occ = self.occupied
         kind = self.kind_of_group[group_id] if self.kind_of_group else 0
         for _ in range(n):
-            b = pop(last=False)[1]
+            b = pop(False)[1]
             if b.key is not None:
                 self.evicted_keys += len(self.remove_keys(b))
                 occ[b.kind] -= 1
@@ -219,21 +229,24 @@ class BlockPool:
 
     def free_blocks(self, ordered) -> None:
         """Release one reference of each block; order = eviction priority."""
-        first: list[Block] = []
-        last: list[Block] = []
+        first: list[Block] | None = None
+        q = self.free_queue
         for b in ordered:
             if b.is_null:
                 continue
             b.ref_cnt -= 1
             if b.ref_cnt == 0:
                 if b.key is None:
+                    if first is None:
+                        first = []
                     first.append(b)
                     self.occupied[b.kind] -= 1
                 else:
-                    last.append(b)
-        q = self.free_queue
-        for b in reversed(first):
-            q[b.block_id] = b
-            q.move_to_end(b.block_id, last=False)
-        for b in last:
-            q[b.block_id] = b
+                    q[b.block_id] = b
+        # (hashed blocks were appended in order above: nothing else touches the
+        # queue in between, so appending as we go equals appending at the end)
+        if first is not None:
+            move = q.move_to_end
+            for b in reversed(first):
+                q[b.block_id] = b
+                move(b.block_id, False)

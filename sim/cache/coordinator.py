@@ -60,25 +60,37 @@ class Coordinator:
             raise ValueError(
                 f"multi-module MTP with prefix caching requires scheduler_block_size "
                 f"(={scheduler_block_size}) >= num_speculative_tokens (={prefill_lookahead})")
+        # one manager per run of consecutive groups with identical specs
         self.managers: list[SingleTypeManager] = []
-        for gid, spec in enumerate(specs):
+        self.manager_of: list[SingleTypeManager] = []   # group id -> its manager
+        gid = 0
+        while gid < len(specs):
+            spec = specs[gid]
+            end = gid + 1
+            while end < len(specs) and specs[end] == spec:
+                end += 1
+            members = list(range(gid, end))
             cls = MANAGER_BY_KIND[spec.kind]
+            m: SingleTypeManager
             if cls is MambaManager:
-                m = MambaManager(spec, self.pool, gid, scheduler_block_size,
+                m = MambaManager(spec, self.pool, members, scheduler_block_size,
                                  num_speculative_blocks, checkpoint_rule)
             else:
-                m = cls(spec, self.pool, gid, scheduler_block_size)
+                m = cls(spec, self.pool, members, scheduler_block_size)
             self.managers.append(m)
+            self.manager_of.extend([m] * len(members))
+            gid = end
+        self.mamba_managers = [m for m in self.managers if isinstance(m, MambaManager)]
         if use_eagle:
-            for m in self.managers:
-                if isinstance(m, MambaManager):
-                    m.drop_eagle_checkpoint = True
+            for mm in self.mamba_managers:
+                mm.drop_eagle_checkpoint = True
         self.retention = retention
         self.unitary = len(specs) == 1
         if self.unitary:
             self.partial_hits = False
             self.align = self.managers[0].block_size
             self.managers[0].use_eagle = 0 in self.drop_eagle_group_ids
+            self._cacheable = [(self.managers[0], False)]
             self.spec_groups = [SpecGroup(specs[0], [0], type(self.managers[0]),
                                           0 in self.drop_eagle_group_ids)]
             return
@@ -92,7 +104,7 @@ class Coordinator:
         groups: list[SpecGroup] = []
         for gid, spec in enumerate(specs):
             eag = gid in self.drop_eagle_group_ids
-            cls = type(self.managers[gid])
+            cls = type(self.manager_of[gid])
             for g in groups:
                 if g.spec == spec and g.cls is cls:
                     g.group_ids.append(gid)
@@ -105,15 +117,16 @@ class Coordinator:
         for g in groups:
             if g.use_eagle:
                 for gid in g.group_ids:
-                    self.managers[gid].use_eagle = True
+                    self.manager_of[gid].use_eagle = True
+        self._cacheable = [(m, m.use_eagle) for m in self.managers]
 
     # ---------------------------------------------------------------- lookup --
     def _find(self, g: SpecGroup, hashes, max_length, drop_eagle):
-        m = self.managers[g.group_ids[0]]
+        m = self.manager_of[g.group_ids[0]]
         return m.find(hashes, max_length, g.group_ids, drop_eagle, self.align)
 
     def _margin(self, g: SpecGroup) -> int:
-        m = self.managers[g.group_ids[0]]
+        m = self.manager_of[g.group_ids[0]]
         return eagle_proof_margin(m.block_size, self.hash_block_size,
                                   self.partial_hits and m.fine_lookup)
 
@@ -161,7 +174,7 @@ class Coordinator:
         for g in self.spec_groups:
             if g.spec.kind != "full":
                 continue
-            nb = cdiv(hit_length, self.managers[g.group_ids[0]].block_size)
+            nb = cdiv(hit_length, self.manager_of[g.group_ids[0]].block_size)
             for gid in g.group_ids:
                 b = blocks_by_group[gid]
                 if b is not None:
@@ -188,36 +201,42 @@ class Coordinator:
         return out
 
     # --------------------------------------------------------------- caching --
-    def num_cacheable_tokens(self, num_computed: int, gid: int) -> int:
+    def num_cacheable_tokens(self, num_computed: int, use_eagle: bool, block_size: int) -> int:
         if self.unitary:
             return max(0, num_computed - self.reprefillable)
         aligned = num_computed if self.partial_hits else \
             num_computed // self.scheduler_block_size * self.scheduler_block_size
-        m = self.managers[gid]
-        if m.use_eagle and aligned > 0:
+        if use_eagle and aligned > 0:
             fin = max(0, num_computed - self.reprefillable)
             fin_aligned = fin if self.partial_hits else \
                 fin // self.scheduler_block_size * self.scheduler_block_size
-            return min(fin, fin_aligned + m.block_size)
+            return min(fin, fin_aligned + block_size)
         return aligned
 
+    def replay(self, req) -> tuple[int, ...]:
+        return replay_boundaries(req.num_prompt_tokens, self.scheduler_block_size,
+                                 bool(self.drop_eagle_group_ids))
+
     def cache_blocks(self, req, num_computed: int) -> None:
-        replay = replay_boundaries(req.num_prompt_tokens, self.scheduler_block_size,
-                                   bool(self.drop_eagle_group_ids))
-        for gid, m in enumerate(self.managers):
-            m.cache_blocks(req, self.num_cacheable_tokens(num_computed, gid),
-                           self.retention, replay)
+        ret = self.retention
+        replay = self.replay
+        for m, eagle in self._cacheable:
+            m.cache_blocks(req, self.num_cacheable_tokens(num_computed, eagle, m.block_size),
+                           ret, replay)
 
     def blocks_to_allocate(self, rid, num_tokens, new_computed, total_computed, num_local,
                            num_tokens_main, admission: bool = False) -> int:
-        return sum(m.blocks_to_allocate(rid, num_tokens, new_computed[i], total_computed,
-                                        num_local, num_tokens_main, admission)
-                   for i, m in enumerate(self.managers))
+        """Blocks every group needs; ``new_computed`` is indexed by group id."""
+        n = 0
+        for m in self.managers:
+            n += m.blocks_to_allocate(rid, num_tokens, new_computed, total_computed,
+                                      num_local, num_tokens_main, admission)
+        return n
 
     def free(self, rid: str) -> None:
         for m in self.managers:
             m.free(rid)
 
     def new_step_starts(self) -> None:
-        for m in self.managers:
+        for m in self.mamba_managers:
             m.new_step_starts()

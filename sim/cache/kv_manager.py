@@ -57,7 +57,7 @@ class KVCacheManager:
         self.last_copies: list[tuple[str, object, object]] = []
         self.pool = c.pool
         self.hasher = PrefixHasher(cfg.hash_block_size, cfg.num_hash_lookahead_tokens)
-        self.empty = [[] for _ in c.managers]
+        self.empty: list[list[Block]] = [[] for _ in c.specs]   # "no hit", per group
 
     @property
     def partial_hits(self) -> bool:
@@ -90,7 +90,7 @@ class KVCacheManager:
         for gid, gb in enumerate(blocks):
             if not gb:
                 continue
-            bs = self.coordinator.managers[gid].block_size
+            bs = self.coordinator.manager_of[gid].block_size
             view_len = len(req.block_hashes) // (bs // h)
             if len(gb) > view_len:
                 raise IndexError("list index out of range")
@@ -137,8 +137,8 @@ class KVCacheManager:
             return False
         if (new_computed is not None and any(new_computed)
                 and not any(rid in m.num_cached for m in c.managers)):
-            for i, m in enumerate(c.managers):
-                m.add_local_computed(rid, ncb[i], num_local)
+            for m in c.managers:
+                m.add_local_computed(rid, ncb, num_local)
         for m in c.managers:
             m.allocate_new(rid, need_slot, num_main)
         c.cache_blocks(req, min(total + num_new_tokens, req.num_tokens))
@@ -148,7 +148,7 @@ class KVCacheManager:
         """The block table of the first group of ``kind`` for ``req`` (empty if none)."""
         for m in self.coordinator.managers:
             if m.spec.kind == kind:
-                return m.req_blocks.get(req.request_id, [])
+                return m.table(req.request_id)
         return []
 
     def release_cow_copies(self) -> None:
@@ -158,11 +158,14 @@ class KVCacheManager:
         copies = []
         retained = []
         for m in self.coordinator.managers:
-            pairs = m.take_pending_cow()
-            for src, dst in pairs:
-                copies.append((m.spec.kind, src, dst))
-                retained.extend((src, dst))
-        self.last_copies = copies
+            if not m.has_pending_cow:
+                continue
+            for pairs in m.take_pending_cow():   # one list per member group, in group order
+                for src, dst in pairs:
+                    copies.append((m.spec.kind, src, dst))
+                    retained.extend((src, dst))
+        if copies or self.last_copies:
+            self.last_copies = copies
         if retained:
             self.pool.free_blocks(retained)
 

@@ -51,18 +51,31 @@ def find_full(pool: BlockPool, hashes: list[int], max_length: int, group_ids: li
     computed: list[list[Block]] = [[] for _ in group_ids]
     n_view = len(hashes) // scale
     get = pool.get_cached_block
-    for j in range(min(max_length // block_size, n_view)):
-        got = get(hashes[(j + 1) * scale - 1], group_ids)
-        if not got:
-            break
-        for c, b in zip(computed, got):
-            c.append(b)
+    cached = pool.cached
+    g0 = group_ids[0]
+    if len(group_ids) == 1:
+        # one group: walk the hash map directly
+        c0 = computed[0]
+        for j in range(min(max_length // block_size, n_view)):
+            v = cached.get((hashes[(j + 1) * scale - 1] << GROUP_BITS) | g0)
+            if v is None:
+                break
+            c0.append(v if v.__class__ is Block else next(iter(v.values())))
+    else:
+        for j in range(min(max_length // block_size, n_view)):
+            got = get(hashes[(j + 1) * scale - 1], group_ids)
+            if not got:
+                break
+            for c, b in zip(computed, got):
+                c.append(b)
     hit = len(computed[0]) * block_size
     if fine:
         sf = block_size // align
         first = len(computed[0]) * sf
         hi = min(first + sf - 1, max_length // align, len(hashes))
         for fi in range(hi - 1, first - 1, -1):
+            if ((hashes[fi] << GROUP_BITS) | g0) not in cached:
+                continue
             got = get(hashes[fi], group_ids)
             if not got:
                 continue
@@ -174,95 +187,146 @@ def find_mamba(pool: BlockPool, hashes: list[int], max_length: int, group_ids: l
 # ---------------------------------------------------------------- managers --
 
 class SingleTypeManager:
-    """Block table bookkeeping common to every kind (vLLM's base manager)."""
+    """Block table bookkeeping common to every kind (vLLM's base manager).
+
+    One manager serves a *run* of consecutive KV-cache groups with identical
+    specs (Nemotron-H-8B: one attention group, then six identical Mamba
+    groups).  vLLM keeps one manager per group, and every member of such a
+    run sees the same request with the same positions, so the decisions
+    (how many blocks, which indices to free, where a state is cached) are
+    identical; only the physical blocks differ.  We decide once and apply the
+    pool operations member by member, in group order, so the free queue
+    evolves exactly as with one manager per group.  Reads of per-block state
+    (reference counts, keys) stay per member.
+
+    ``tables[rid]`` holds one block list per member; all have the same length
+    and the same null pattern.
+    """
 
     fine_lookup = False
+    admission_cap: int | None = None  # SWA: per-request block cap of the admission gate
 
-    def __init__(self, spec: GroupSpec, pool: BlockPool, group_id: int,
+    def __init__(self, spec: GroupSpec, pool: BlockPool, group_ids: list[int],
                  scheduler_block_size: int):
         self.spec = spec
         self.pool = pool
-        self.group_id = group_id
+        self.group_ids = list(group_ids)
+        self.group_id = self.group_ids[0]
+        self.width = len(self.group_ids)
         self.block_size = spec.block_size
         self.align = scheduler_block_size  # cache-hit alignment; lowered when fine-grained
         self.use_eagle = False
         self.shared_prefix_checkpoint = False
-        self.req_blocks: dict[str, list[Block]] = {}
+        self.tables: dict[str, list[list[Block]]] = {}
         self.num_cached: dict[str, int] = {}
-        self.partial_hit: dict[str, tuple[int, Block]] = {}
-        self.pending_cow: list[tuple[Block, Block]] = []
+        # rid -> (block index, the partially hit block of each member)
+        self.partial_hit: dict[str, tuple[int, list[Block]]] = {}
+        self.pending_cow: list[list[tuple[Block, Block]]] = [[] for _ in self.group_ids]
+        self.has_pending_cow = False
+
+    def find(self, hashes, max_length, group_ids, drop_eagle, align):
+        raise NotImplementedError
+
+    def table(self, rid: str) -> list[Block]:
+        """The block table of the first member group (empty if none)."""
+        t = self.tables.get(rid)
+        return t[0] if t else []
+
+    def _new_table(self, rid: str) -> list[list[Block]]:
+        t = self.tables[rid] = [[] for _ in self.group_ids]
+        return t
 
     # sizing ------------------------------------------------------------------
     def num_skipped_tokens(self, num_computed: int) -> int:
         return 0
 
-    def _has_partial_local_hit(self, new_computed: list[Block], num_local: int) -> bool:
-        return len(new_computed) > 0 and num_local % self.block_size != 0
+    def _evictable(self, new_computed: list[list[Block]], skip: int = 0) -> int:
+        """Hit blocks (over all members) that sit in the free queue."""
+        n = 0
+        for g in self.group_ids:
+            for b in new_computed[g][skip:] if skip else new_computed[g]:
+                if b.ref_cnt == 0 and not b.is_null:
+                    n += 1
+        return n
 
-    @staticmethod
-    def _evictable(blocks) -> int:
-        return sum(1 for b in blocks if b.ref_cnt == 0 and not b.is_null)
-
-    admission_cap: int | None = None  # SWA: per-request block cap of the admission gate
-
-    def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[Block],
+    def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[list[Block]],
                            total_computed: int, num_local: int, num_tokens_main: int,
                            admission: bool = False) -> int:
-        required = cdiv(num_tokens, self.block_size)
+        """Blocks the pool must hand out for all members (``new_computed`` is
+        indexed by group id)."""
+        bs = self.block_size
+        required = -(-num_tokens // bs)
         if admission and self.admission_cap is not None:
             required = min(required, self.admission_cap)
-        have = len(self.req_blocks.get(rid, ()))
+        t = self.tables.get(rid)
+        have = len(t[0]) if t else 0
         if rid in self.num_cached:
-            return max(required - have, 0)
-        skipped_blocks = self.num_skipped_tokens(total_computed) // self.block_size
-        local_blocks = len(new_computed) + have
-        new = max(required - max(skipped_blocks, local_blocks), 0)
+            return max(required - have, 0) * self.width
+        skipped_blocks = self.num_skipped_tokens(total_computed) // bs
+        nc0 = new_computed[self.group_id]
+        new = max(required - max(skipped_blocks, len(nc0) + have), 0)
         skip_new = max(0, skipped_blocks - have)
-        evictable = self._evictable(new_computed[skip_new:])
-        if self._has_partial_local_hit(new_computed, num_local):
+        if nc0 and num_local % bs:
             new += 1
-        return new + evictable
+        return new * self.width + self._evictable(new_computed, skip_new)
 
     # allocation --------------------------------------------------------------
-    def add_local_computed(self, rid: str, new_computed: list[Block], num_local: int) -> None:
-        blocks = self.req_blocks.setdefault(rid, [])
-        assert not blocks
+    def add_local_computed(self, rid: str, new_computed: list[list[Block]], num_local: int) -> None:
+        t = self.tables.get(rid)
+        assert not t or not t[0]
+        t = self._new_table(rid)
         skipped = self.num_skipped_tokens(num_local) // self.block_size
-        if skipped > 0:
-            new_computed = new_computed[skipped:]
-        self.pool.touch(new_computed)
-        blocks.extend([self.pool.null_block] * skipped)
-        blocks.extend(new_computed)
-        self.num_cached[rid] = len(blocks)
-        if self._has_partial_local_hit(new_computed, num_local):
+        null = self.pool.null_block
+        touch = self.pool.touch
+        hit = 0
+        for blocks, g in zip(t, self.group_ids):
+            nc = new_computed[g]
+            if skipped > 0:
+                nc = nc[skipped:]
+            touch(nc)
+            if skipped > 0:
+                blocks.extend([null] * skipped)
+            blocks.extend(nc)
+            hit = len(nc)
+        self.num_cached[rid] = len(t[0])
+        if hit and num_local % self.block_size:
             idx = num_local // self.block_size
-            self.partial_hit[rid] = (idx, new_computed[-1])
+            self.partial_hit[rid] = (idx, [blocks[-1] for blocks in t])
             self.num_cached[rid] = idx
 
-    def _apply_cow(self, rid: str, idx: int, src: Block, cow: Block) -> None:
-        blocks = self.req_blocks[rid]
+    def _apply_cow(self, blocks: list[Block], member: int, idx: int, src: Block,
+                   cow: Block) -> None:
         assert blocks[idx] is src
         blocks[idx] = cow
-        self.pending_cow.append((src, cow))
+        self.pending_cow[member].append((src, cow))
+        self.has_pending_cow = True
         cow.ref_cnt += 1
 
-    def allocate_new(self, rid: str, num_tokens: int, num_tokens_main: int) -> list[Block]:
-        cow_blocks: list[Block] = []
-        if rid in self.partial_hit:
-            idx, src = self.partial_hit.pop(rid)
-            cow = self.pool.get_new_blocks(1, self.group_id)[0]
-            self._apply_cow(rid, idx, src, cow)
-            cow_blocks.append(cow)
-        blocks = self.req_blocks.setdefault(rid, [])
-        new = cdiv(num_tokens, self.block_size) - len(blocks)
-        if new <= 0:
-            return cow_blocks
-        got = self.pool.get_new_blocks(new, self.group_id)
-        blocks.extend(got)
-        return cow_blocks + got
+    def allocate_new(self, rid: str, num_tokens: int, num_tokens_main: int) -> None:
+        t = self.tables.get(rid) or self._new_table(rid)
+        partial = self.partial_hit.pop(rid, None)
+        new = -(-num_tokens // self.block_size) - len(t[0])
+        if partial is None and new <= 0:
+            return
+        new = max(new, 0)
+        per = new + (partial is not None)
+        # one pop for every member (same blocks, same order as member by member)
+        fresh = self.pool.get_new_blocks(per * self.width, self.group_id)
+        for mi in range(self.width):
+            blocks = t[mi]
+            got = fresh[mi * per:(mi + 1) * per] if self.width > 1 else fresh
+            if partial is not None:
+                idx, srcs = partial
+                self._apply_cow(blocks, mi, idx, srcs[mi], got[0])
+                got = got[1:]
+            if got:
+                blocks.extend(got)
 
-    def take_pending_cow(self) -> list[tuple[Block, Block]]:
-        out, self.pending_cow = self.pending_cow, []
+    def take_pending_cow(self) -> list[list[tuple[Block, Block]]]:
+        """This step's copy-on-write pairs, one list per member."""
+        out = self.pending_cow
+        self.pending_cow = [[] for _ in self.group_ids]
+        self.has_pending_cow = False
         return out
 
     # caching -----------------------------------------------------------------
@@ -270,59 +334,72 @@ class SingleTypeManager:
                        boundaries: list[int]) -> list[bool] | None:
         return None
 
-    def cache_blocks(self, req, num_tokens: int, retention: int | None,
-                     replay: tuple[int, ...]) -> None:
+    def cache_blocks(self, req, num_tokens: int, retention: int | None, replay) -> None:
+        """Cache the full blocks ``num_tokens`` completed.  ``replay`` is a
+        callable giving the replay boundaries (computed only when needed)."""
         rid = req.request_id
         num_cached = self.num_cached.get(rid, 0)
         hashed = len(req.block_hashes) * self.pool.hash_block_size
-        num_full = min(num_tokens, hashed) // self.block_size
+        num_full = (num_tokens if num_tokens < hashed else hashed) // self.block_size
         if num_cached >= num_full:
             return
-        boundaries = list(replay)
-        if req.shared_prefix_boundary:
-            boundaries.append(req.shared_prefix_boundary)
-            if self.use_eagle:
-                boundaries.append(req.shared_prefix_boundary - self.block_size)
+        boundaries: list[int] = []
+        if retention is not None:   # (only sparse retention reads the boundaries)
+            boundaries.extend(replay(req))
+            if req.shared_prefix_boundary:
+                boundaries.append(req.shared_prefix_boundary)
+                if self.use_eagle:
+                    boundaries.append(req.shared_prefix_boundary - self.block_size)
         mask = self.reachable_mask(num_cached, num_full, retention, boundaries)
-        self.pool.cache_full_blocks(req.block_hashes, self.req_blocks[rid], num_cached,
-                                    num_full, self.block_size, self.group_id, mask)
+        cache = self.pool.cache_full_blocks
+        for blocks, g in zip(self.tables[rid], self.group_ids):
+            cache(req.block_hashes, blocks, num_cached, num_full, self.block_size, g, mask)
         self.num_cached[rid] = num_full
 
     # freeing -----------------------------------------------------------------
-    def pop_blocks_for_free(self, rid: str) -> list[Block]:
-        blocks = self.req_blocks.pop(rid, [])
+    def _forget(self, rid: str) -> list[list[Block]] | None:
         self.num_cached.pop(rid, None)
         self.partial_hit.pop(rid, None)
-        i = 0
-        while i < len(blocks) and blocks[i].is_null:
-            i += 1
-        return blocks[i:]
+        return self.tables.pop(rid, None)
 
     def free(self, rid: str) -> None:
-        self.pool.free_blocks(reversed(self.pop_blocks_for_free(rid)))
+        """Return every member's blocks, tail first (leading nulls skipped)."""
+        t = self._forget(rid)
+        if not t:
+            return
+        b0 = t[0]
+        i = 0
+        while i < len(b0) and b0[i].is_null:
+            i += 1
+        free = self.pool.free_blocks
+        for blocks in t:
+            tail = blocks[i:] if i else blocks
+            free(tail[::-1])
 
     def _remove_range(self, rid: str, first: int, last: int) -> None:
-        blocks = self.req_blocks.get(rid)
-        if blocks is None or first >= last:
+        t = self.tables.get(rid)
+        if t is None or first >= last:
             return
-        last = min(last, len(blocks))
-        freed = []
+        last = min(last, len(t[0]))
         null = self.pool.null_block
-        for i in range(last - 1, first - 1, -1):
-            if blocks[i] is null:
-                break
-            freed.append(blocks[i])
-            blocks[i] = null
-        if freed:
-            self.pool.free_blocks(freed)
+        for blocks in t:
+            freed = []
+            for i in range(last - 1, first - 1, -1):
+                if blocks[i] is null:
+                    break
+                freed.append(blocks[i])
+                blocks[i] = null
+            if freed:
+                self.pool.free_blocks(freed)
 
     def remove_skipped_blocks(self, rid: str, processed: int) -> None:
         skipped = self.num_skipped_tokens(processed)
         if skipped <= 0:
             return
-        blocks = self.req_blocks.setdefault(rid, [])
-        n = min(skipped // self.block_size, len(blocks))
-        self._remove_range(rid, 0, n)
+        t = self.tables.get(rid)
+        if t is None:
+            return
+        self._remove_range(rid, 0, min(skipped // self.block_size, len(t[0])))
 
     def new_step_starts(self) -> None:
         return None
@@ -344,11 +421,12 @@ class FullAttentionManager(SingleTypeManager):
         boundary = min(limit // h, len(req.block_hashes)) * h
         if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
             return
-        blocks = self.req_blocks[req.request_id]
+        t = self.tables[req.request_id]
         idx = boundary // self.block_size
-        if idx >= len(blocks):
+        if idx >= len(t[0]):
             return
-        self.pool.cache_partial_block(req.block_hashes, blocks[idx], boundary, self.group_id)
+        for blocks, g in zip(t, self.group_ids):
+            self.pool.cache_partial_block(req.block_hashes, blocks[idx], boundary, g)
 
 
 class SlidingWindowManager(SingleTypeManager):
@@ -390,20 +468,21 @@ class MambaManager(SingleTypeManager):
 
     fine_lookup = True
 
-    def __init__(self, spec: GroupSpec, pool: BlockPool, group_id: int,
+    def __init__(self, spec: GroupSpec, pool: BlockPool, group_ids: list[int],
                  scheduler_block_size: int, num_speculative_blocks: int = 0,
                  checkpoint_rule: str = "v0.33"):
-        super().__init__(spec, pool, group_id, scheduler_block_size)
+        super().__init__(spec, pool, group_ids, scheduler_block_size)
         if spec.mamba_mode != "align":
             raise AssertionError("Mamba prefix caching requires mamba_cache_mode='align'")
         self.num_spec_blocks = num_speculative_blocks
         self.checkpoint_rule = checkpoint_rule
         self.drop_eagle_checkpoint = False
-        self.cached_this_step: set[int] = set()
+        self.cached_this_step: set[int] = set()   # keys of every member
         self.last_state_idx: dict[str, int] = {}
         self.retired: dict[str, int] = {}
         self.allocated: set[str] = set()
-        self.states_written: dict[str, int] = {}   # states this request registered
+        self.states_written: dict[str, int] = {}   # states this request registered (per group)
+        self._checkpoints: dict[int, int] = {}     # prompt length -> checkpoint position
 
     def find(self, hashes, max_length, group_ids, drop_eagle, align):
         return find_mamba(self.pool, hashes, max_length, group_ids, self.block_size, align)
@@ -430,41 +509,56 @@ class MambaManager(SingleTypeManager):
                 mask[blk - start] = True
         return mask
 
-    def _remove_range(self, rid, first, last):
-        blocks = self.req_blocks.get(rid, [])
-        first = max(first, self.retired.get(rid, 0))
-        last = min(last, len(blocks))
-        if first >= last:
-            return
-        freed = []
-        null = self.pool.null_block
-        for i in range(last - 1, first - 1, -1):
-            if blocks[i].is_null:
-                continue
-            freed.append(blocks[i])
-            blocks[i] = null
-        if freed:
-            self.pool.free_blocks(freed)
-        self.retired[rid] = last
-
     def remove_skipped_blocks(self, rid, processed):
-        super().remove_skipped_blocks(rid, processed)
-        last = self.last_state_idx.get(rid)
-        if last is not None and last < cdiv(processed, self.block_size) - 1:
-            blocks = self.req_blocks[rid]
-            if not blocks[last].is_null:
-                self.pool.free_blocks([blocks[last]])
-                blocks[last] = self.pool.null_block
+        """Free the states below the running one: the skipped range (nulls
+        skipped, tail first) and the previous running state, member by member."""
+        t = self.tables.get(rid)
+        if t is None:
+            return
+        n_blocks = len(t[0])
+        first = last = 0
+        skipped = processed - 1
+        if skipped > 0:
+            first = self.retired.get(rid, 0)
+            last = min(skipped // self.block_size, n_blocks)
+        ls = self.last_state_idx.get(rid)
+        drop_last = ls is not None and ls < -(-processed // self.block_size) - 1
+        if first >= last and not drop_last:
+            return
+        null = self.pool.null_block
+        free = self.pool.free_blocks
+        for blocks in t:
+            if first < last:
+                freed = []
+                for i in range(last - 1, first - 1, -1):
+                    b = blocks[i]
+                    if not b.is_null:
+                        freed.append(b)
+                        blocks[i] = null
+                if freed:
+                    free(freed)
+            if drop_last and not blocks[ls].is_null:
+                free([blocks[ls]])
+                blocks[ls] = null
+        if first < last:
+            self.retired[rid] = last
 
     def blocks_to_allocate(self, rid, num_tokens, new_computed, total_computed, num_local,
                            num_tokens_main, admission: bool = False):
-        if new_computed and new_computed[-1].key in self.cached_this_step:
-            # A state cached by another request in this same step is not handed
-            # out: report "no room" so the request waits for the next step.
-            return self.pool.num_blocks + 1
-        required = cdiv(num_tokens_main, self.block_size) + self.num_spec_blocks
-        new = required - len(new_computed) - len(self.req_blocks.get(rid, ()))
-        has_partial = self._has_partial_local_hit(new_computed, num_local) or rid in self.partial_hit
+        cts = self.cached_this_step
+        if cts:
+            for g in self.group_ids:
+                nc = new_computed[g]
+                if nc and nc[-1].key in cts:
+                    # A state cached by another request in this same step is not
+                    # handed out: report "no room" so the request waits a step.
+                    return self.pool.num_blocks + 1
+        bs = self.block_size
+        required = -(-num_tokens_main // bs) + self.num_spec_blocks
+        t = self.tables.get(rid)
+        nc0 = new_computed[self.group_id]
+        new = required - len(nc0) - (len(t[0]) if t else 0)
+        has_partial = bool(nc0 and num_local % bs) or rid in self.partial_hit
         if has_partial:
             new = max(new, 0) + 1
         if new > 0:
@@ -472,108 +566,134 @@ class MambaManager(SingleTypeManager):
             if rid not in self.allocated:
                 cap += self.num_spec_blocks
             new = min(new, cap)
-        return new + self._evictable(new_computed)
+        return new * self.width + self._evictable(new_computed)
 
     def allocate_new(self, rid, num_tokens, num_tokens_main):
-        blocks = self.req_blocks.setdefault(rid, [])
-        required = cdiv(num_tokens_main, self.block_size) + self.num_spec_blocks
+        t = self.tables.get(rid) or self._new_table(rid)
+        b0 = t[0]
+        nspec = self.num_spec_blocks
+        required = -(-num_tokens_main // self.block_size) + nspec
         partial = self.partial_hit.get(rid)
-        if required <= len(blocks) and partial is None:
+        if required <= len(b0) and partial is None:
             self.allocated.add(rid)
-            return []
-        prev = len(blocks)
+            return
+        prev = len(b0)
         was_allocated = rid in self.allocated
         if was_allocated:
-            self.last_state_idx[rid] = prev - 1 - self.num_spec_blocks
+            self.last_state_idx[rid] = prev - 1 - nspec
         elif prev > 0:
             self.last_state_idx[rid] = prev - 1
-        skipped = required - self.num_spec_blocks - 1
+        skipped = required - nspec - 1
         null = self.pool.null_block
-        if prev < skipped:
-            blocks.extend([null] * (skipped - prev))
-        if was_allocated:
-            for idx in range(prev - self.num_spec_blocks, prev):
-                if idx < skipped:
-                    blocks.append(blocks[idx])
-                    blocks[idx] = null
-                else:
-                    break
-        new = max(required - len(blocks), 0)
+        for blocks in t:
+            if prev < skipped:
+                blocks.extend([null] * (skipped - prev))
+            if was_allocated:
+                # the speculative blocks move up past the skipped range
+                for idx in range(prev - nspec, prev):
+                    if idx < skipped:
+                        blocks.append(blocks[idx])
+                        blocks[idx] = null
+                    else:
+                        break
+        new = max(required - len(b0), 0)
         if partial is not None:
             new += 1
-        got = self.pool.get_new_blocks(new, self.group_id)
-        returned = blocks[prev:]
-        if partial is not None:
-            idx, src = partial
-            cow, got = got[0], got[1:]
-            if was_allocated:
-                # The running request keeps writing into src: the cache entry
-                # moves to a private copy instead.
-                assert blocks[idx] is src
-                self.pool.move_keys(src, cow)
-                self.pending_cow.append((src, cow))
-                src.ref_cnt += 1
-                if cow.key is not None:
-                    self.cached_this_step.add(cow.key)
-            else:
-                self._apply_cow(rid, idx, src, cow)
-                returned = [cow] + returned
-        blocks.extend(got)
+        pool = self.pool
+        # one pop for every member: the free queue hands out the same blocks in
+        # the same order as member-by-member pops (nothing in between touches it)
+        fresh = pool.get_new_blocks(new * self.width, self.group_id) if new else []
+        for mi in range(self.width):
+            blocks = t[mi]
+            got = fresh[mi * new:(mi + 1) * new] if self.width > 1 else fresh
+            if partial is not None:
+                idx, srcs = partial
+                src = srcs[mi]
+                cow, got = got[0], got[1:]
+                if was_allocated:
+                    # The running request keeps writing into src: the cache entry
+                    # moves to a private copy instead.
+                    assert blocks[idx] is src
+                    pool.move_keys(src, cow)
+                    self.pending_cow[mi].append((src, cow))
+                    self.has_pending_cow = True
+                    src.ref_cnt += 1
+                    if cow.key is not None:
+                        self.cached_this_step.add(cow.key)
+                else:
+                    self._apply_cow(blocks, mi, idx, src, cow)
+            blocks.extend(got)
         self.allocated.add(rid)
         self.partial_hit.pop(rid, None)
-        return returned + got
 
-    def pop_blocks_for_free(self, rid):
+    def _forget(self, rid):
         self.allocated.discard(rid)
         self.last_state_idx.pop(rid, None)
         self.retired.pop(rid, None)
         self.states_written.pop(rid, None)
-        return super().pop_blocks_for_free(rid)
+        return super()._forget(rid)
 
     def cache_blocks(self, req, num_tokens, retention, replay) -> None:
         rid = req.request_id
         before = self.num_cached.get(rid, 0)
         super().cache_blocks(req, num_tokens, retention, replay)
         after = self.num_cached.get(rid, 0)
-        written = 0
-        key = self._cache_partial_tail(req, num_tokens)
-        if key is not None:
-            self.cached_this_step.add(key)
-            written += 1
+        written = self._cache_partial_tail(req, num_tokens)
         if after > before:
-            blocks = self.req_blocks[rid]
-            for i in range(before, after):
-                b = blocks[i]
-                if b.is_null or b.key is None:
-                    continue
-                self.cached_this_step.add(b.key)
-                written += 1
+            cts = self.cached_this_step
+            for mi, blocks in enumerate(self.tables[rid]):
+                for i in range(before, after):
+                    b = blocks[i]
+                    if b.is_null or b.key is None:
+                        continue
+                    cts.add(b.key)
+                    if mi == 0:
+                        written += 1
         if written:
             self.states_written[rid] = self.states_written.get(rid, 0) + written
 
     def new_step_starts(self) -> None:
-        self.cached_this_step.clear()
+        if self.cached_this_step:
+            self.cached_this_step.clear()
 
-    def _cache_partial_tail(self, req, num_tokens: int) -> int | None:
+    def _cache_partial_tail(self, req, num_tokens: int) -> int:
+        """Register the prompt checkpoint (or junction) state inside a block;
+        returns the states the first member registered (0 or 1)."""
         h = self.pool.hash_block_size
         if num_tokens <= 0 or num_tokens % h != 0:
-            return None
-        latest = mamba_checkpoint_position(req.num_prompt_tokens, h, self.drop_eagle_checkpoint,
-                                           self.pool.lookahead, self.checkpoint_rule)
+            return 0
+        npt = req.num_prompt_tokens
+        latest = self._checkpoints.get(npt)
+        if latest is None:
+            latest = self._checkpoints[npt] = mamba_checkpoint_position(
+                npt, h, self.drop_eagle_checkpoint, self.pool.lookahead, self.checkpoint_rule)
         at_junction = (self.shared_prefix_checkpoint
                        and num_tokens == req.shared_prefix_boundary
                        and req.num_computed_tokens < num_tokens <= req.num_prompt_tokens)
         if num_tokens != latest and not at_junction:
-            return None
+            return 0
         idx = cdiv(num_tokens, self.block_size) - 1
-        blocks = self.req_blocks[req.request_id]
-        if idx >= len(blocks):
-            return None
-        src = blocks[idx]
-        if src.is_null or src.key_tokens == num_tokens:
-            return None
-        key = self.pool.cache_partial_block(req.block_hashes, src, num_tokens, self.group_id)
-        if key is not None and num_tokens % self.block_size:
-            self.partial_hit[req.request_id] = (idx, src)
+        t = self.tables.get(req.request_id)
+        if t is None or idx >= len(t[0]):
+            return 0
+        written = 0
+        registered = []
+        for mi, g in enumerate(self.group_ids):
+            src = t[mi][idx]
+            if src.is_null or src.key_tokens == num_tokens:
+                continue
+            key = self.pool.cache_partial_block(req.block_hashes, src, num_tokens, g)
+            if key is None:
+                continue
+            self.cached_this_step.add(key)
+            registered.append(src)
+            if mi == 0:
+                written = 1
+        if registered and num_tokens % self.block_size:
+            if len(registered) != self.width:
+                # Mid-block states are only registered on blocks this request
+                # wrote itself, which every member holds alike.
+                raise AssertionError("identical KV-cache groups diverged at a partial state")
+            self.partial_hit[req.request_id] = (idx, registered)
             self.num_cached[req.request_id] = idx
-        return key
+        return written
