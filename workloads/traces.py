@@ -84,13 +84,15 @@ class MooncakeConfig:
         block = self.block_tokens
         prev_ts: float | None = None
         index = 0
+        spath = str(path)
+        names: dict[int, str] = {}
         with open(path, encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, 1):
                 if self.limit is not None and index >= self.limit:
                     return
                 if not line.strip():
                     continue
-                where = f"{path}:{lineno}"
+                where = f"{spath}:{lineno}"
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:
@@ -114,18 +116,24 @@ class MooncakeConfig:
                 if not is_int(n_out) or n_out < 1:
                     raise WorkloadError(f"{where}: output_length must be an integer >= 1, got {show(n_out)}")
                 ids = rec["hash_ids"]
-                if not isinstance(ids, list) or not all(is_int(h) and h >= 0 for h in ids):
+                # (JSON integers decode as int exactly; bools and floats fail here)
+                if ids.__class__ is not list or not all(
+                        h.__class__ is int and h >= 0 for h in ids):
                     raise WorkloadError(
                         f"{where}: hash_ids must be a list of integers >= 0, got {show(ids)}")
                 rid = request_id(index)
+                full, part = divmod(n_in, block)
                 segs = []
-                left = n_in
-                for h in ids:
-                    if left <= 0:
-                        break
-                    n = min(block, left)
-                    segs.append((f"mc/{h}", 0, n))
-                    left -= n
+                for h in ids[:full + 1 if part else full]:
+                    name = names.get(h)
+                    if name is None:
+                        # one string object per hash id: later requests reuse it
+                        # (and its cached hash) instead of formatting a new one
+                        name = names[h] = f"mc/{h}"
+                    segs.append((name, 0, block))
+                if len(segs) > full:          # the last hash id covers a partial block
+                    segs[full] = (segs[full][0], 0, part)
+                left = n_in - sum(seg[2] for seg in segs)
                 if left > 0:
                     segs.append((f"mcu/{rid}", 0, left))
                 yield TraceRequest(rid, ts / 1000.0 * self.time_scale, segs, n_out)

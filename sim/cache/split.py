@@ -26,6 +26,25 @@ class SplitPolicy:
     shared_prefix_checkpoint: bool
     checkpoint_rule: str = "v0.33"
 
+    def __post_init__(self) -> None:
+        # (num_tokens, num_prompt) -> (last cacheable block position, prompt tail)
+        object.__setattr__(self, "_positions", {})
+
+    def _checkpoints(self, num_tokens: int, num_prompt: int) -> tuple[int, int]:
+        key = (num_tokens, num_prompt)
+        got = self._positions.get(key)
+        if got is None:
+            rule = self.checkpoint_rule
+            last_cache = mamba_checkpoint_position(num_tokens, self.block_size, self.drop_eagle,
+                                                   self.lookahead, rule)
+            tail = (mamba_checkpoint_position(num_prompt, self.hash_block_size, self.drop_eagle,
+                                              self.lookahead, rule)
+                    if self.partial_hits else 0)
+            if len(self._positions) > 100_000:
+                self._positions.clear()
+            got = self._positions[key] = (last_cache, tail)
+        return got
+
     def split(self, num_prompt: int, num_tokens: int, num_computed: int, junction: int,
               num_new: int, new_local: int, max_scheduled: int, long_prefill: int) -> int:
         start = num_computed + new_local
@@ -33,8 +52,7 @@ class SplitPolicy:
         if start >= prefill_end:
             return num_new
         bs = self.block_size
-        rule = self.checkpoint_rule
-        last_cache = mamba_checkpoint_position(num_tokens, bs, self.drop_eagle, self.lookahead, rule)
+        last_cache, tail = self._checkpoints(num_tokens, num_prompt)
         end = start + num_new
         if end < prefill_end:
             limit = max_scheduled
@@ -44,9 +62,6 @@ class SplitPolicy:
             if aligned > start or bs <= limit:
                 end = aligned
         next_boundary = (start // bs + 1) * bs
-        tail = (mamba_checkpoint_position(num_prompt, self.hash_block_size, self.drop_eagle,
-                                          self.lookahead, rule)
-                if self.partial_hits else 0)
         floored = start + (junction - start) // bs * bs
         junction_stop = (junction if self.shared_prefix_checkpoint and junction <= num_prompt
                          else floored)

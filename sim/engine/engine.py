@@ -138,16 +138,22 @@ class Engine:
         if any(s.kind == "swa" for s in coord.specs):
             return 1, 0  # the window slides inside a block: step it exactly
         margin = sched.alloc_margin
+        fast = sched.fast_decode
         grow = 1 << 62      # max advance A(k-1) keeping every allocation key
         fin = 1 << 62       # max advance A(k) with nobody finishing
         C0 = 0
         t = items[0].num_tokens
         for it in items:
-            if it.is_prefill or it.padded or it.num_tokens != t or it.req.num_output == 0:
+            if it.is_prefill or it.padded or it.num_tokens != t:
                 return 1, 0
             r = it.req
+            if r.num_output == 0:
+                return 1, 0
             comp = it.context
-            g = margin(r.cache, comp, t)
+            # positions advance in lockstep, so the margin left since the last
+            # allocation is its recorded limit minus the progress made
+            g = (r.fast_until - comp if fast and r.fast_n == t and comp <= r.fast_until
+                 else margin(r.cache, comp, t))
             if g < grow:
                 grow = g
             f = r.max_tokens - r.num_output - 1
@@ -162,19 +168,26 @@ class Engine:
         now = self.env.now
         total = 0
         k = 0
-        adv = sched.advance
+        s0 = sched.step_index
+        num, den = sched.acc_num, sched.acc_den
+        base = s0 * num // den
+        sums_time = self.sums_time
+        a_prev = 0                      # advance before step k: positions of step k
         while True:
-            a_prev = adv(k)             # advance before step k: positions of step k
             if k > 0 and a_prev > grow:
                 break
-            if adv(k + 1) > fin:
+            a_next = k + 1 + (s0 + k + 1) * num // den - base
+            if a_next > fin:
                 break
             C = C0 + n * a_prev
-            d = max(1, round(self.sums_time(n, T, C, t * C, TT) * 1e9))
+            d = round(sums_time(n, T, C, t * C, TT) * 1e9)
+            if d < 1:
+                d = 1
             if now + total + d >= horizon:
                 break
             total += d
             k += 1
+            a_prev = a_next
         if k <= 1:
             return 1, 0
         return k, total

@@ -212,8 +212,6 @@ class Scheduler:
                     lookup = kv.get_computed_blocks(c)
                     c.shared_prefix_boundary = lookup.junction
                     new_local = lookup.hit
-                    if r.hit_tokens < 0:
-                        attn_alone = self._attention_alone(c)
                 computed = c.num_computed_tokens + new_local
                 n = c.num_tokens - computed
                 padded = False
@@ -234,6 +232,9 @@ class Scheduler:
                     n = self._split(r, n, new_local, lpt)
                     if n == 0:
                         break
+                if lookup is not None and r.hit_tokens < 0:
+                    # (the cache is as the lookup saw it: nothing changed since)
+                    attn_alone = self._attention_alone(c)
                 ok = kv.allocate_slots(c, n, new_local,
                                        lookup.blocks if lookup is not None and lookup.hit else None,
                                        num_lookahead_tokens=self.num_lookahead,
@@ -341,7 +342,7 @@ class Scheduler:
             c.num_computed_tokens += a
             start = r.num_output
             r.num_output += a
-            c.append_tokens([(r.out_stream, start, a)])
+            c.append_run(r.out_stream, start, a)
         self.step_index += k
 
     # ------------------------------------------------------------------ update --
@@ -350,53 +351,66 @@ class Scheduler:
         finished = []
         kv = self.kv
         K = self.cfg.num_speculative_tokens
+        drafts = K > 0
+        unit = kv.hasher.unit
+        min_block = self.min_block
+        step_time = self.sched_time
+        if self.accept_list is not None:
+            al = self.accept_list
+            acc_step = al[min(step_time, len(al) - 1)]
+        else:
+            acc_step = self.accepted_at(self.step_index)
         for it in items:
             r = it.req
             c = r.cache
-            c.num_computed_tokens += it.num_tokens
+            comp = c.num_computed_tokens + it.num_tokens
             if it.is_prefill:
+                c.num_computed_tokens = comp
                 if r.recording and not r.first_prefill_done:
-                    r.chunk_ends.append(c.num_computed_tokens)
-                    r.chunk_end_steps.append(self.sched_time)
-                if c.num_computed_tokens < c.num_tokens:
+                    r.chunk_ends.append(comp)
+                    r.chunk_end_steps.append(step_time)
+                if comp < c.num_tokens:
                     r.has_drafts = False
                     continue  # non-final chunk: samples nothing
                 r.first_prefill_done = True
                 new_tokens = 1
             else:
+                spec = it.spec_tokens
                 if it.padded:
                     acc = 0   # padding drafts are never accepted
-                elif self.accept_list is not None:
-                    al = self.accept_list
-                    acc = min(al[min(self.sched_time, len(al) - 1)], it.spec_tokens)
+                    comp -= spec
+                    c.num_computed_tokens = comp
+                    if r.recording and not r.first_prefill_done:
+                        r.chunk_ends.append(comp)
+                        r.chunk_end_steps.append(step_time)
+                        r.first_prefill_done = True
                 else:
-                    acc = min(self.accepted_at(self.step_index), it.spec_tokens)
-                c.num_computed_tokens -= it.spec_tokens - acc
-                if it.padded and r.recording and not r.first_prefill_done:
-                    r.chunk_ends.append(c.num_computed_tokens)
-                    r.chunk_end_steps.append(self.sched_time)
-                    r.first_prefill_done = True
+                    acc = acc_step if acc_step < spec else spec
+                    comp -= spec - acc
+                    c.num_computed_tokens = comp
                 new_tokens = 1 + acc
-            new_tokens = min(new_tokens, r.max_tokens - r.num_output)
+            left = r.max_tokens - r.num_output
+            if new_tokens > left:
+                new_tokens = left
             if r.first_token_s < 0:
                 r.first_token_s = now
             start = r.num_output
-            r.num_output += new_tokens
-            c.append_tokens([(r.out_stream, start, new_tokens)])
-            if K > 0:
+            r.num_output = start + new_tokens
+            c.append_run(r.out_stream, start, new_tokens)
+            if drafts:
                 # with speculative decoding vLLM caches what accepted drafts completed
                 # right away (update_from_output), not at the next allocation; until
                 # another block of the smallest group completes the call changes nothing
-                mark = min(c.num_computed_tokens,
-                           len(c.block_hashes) * c.hasher.unit) // self.min_block
+                hashed = len(c.block_hashes) * unit
+                mark = (comp if comp < hashed else hashed) // min_block
                 if mark != r.cache_mark:
                     r.cache_mark = mark
-                    kv.cache_blocks(c, c.num_computed_tokens)
+                    kv.cache_blocks(c, comp)
             if r.num_output >= r.max_tokens:
                 r.finish_s = now
                 finished.append(r)
             else:
-                r.has_drafts = K > 0
+                r.has_drafts = drafts
         self.step_index += 1
         if finished:
             done = set(id(r) for r in finished)

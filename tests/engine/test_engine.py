@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import yaml
 
-from sim.run import REQUEST_COLUMNS, build_deployment, simulate, write_run
+from sim.run import REQUEST_COLUMNS, simulate, write_run
 from sim.scenario import load_scenario
 
 BASE = {
