@@ -61,12 +61,10 @@ def case_to_spec(data: dict) -> tuple[dict, list[str]]:
 def validate_case(data: dict) -> dict:
     mod = _diff_module()
     py = mod.default_oracle_python()
-    oracle_dir = Path(getattr(mod, "DEFAULT_ORACLE_DIR", ROOT / "../shared/vllm-oracle")).resolve()
-    if not py.exists():
-        raise ValidateUnavailable(f"vLLM oracle venv not found ({py}); build it with "
-                                  f"{oracle_dir}/setup.sh or set VLLM_ORACLE_PYTHON")
-    if not (oracle_dir / "oracle.py").is_file():
-        raise ValidateUnavailable(f"{oracle_dir}/oracle.py not found")
+    oracle_dir = mod.DEFAULT_ORACLE_DIR.resolve()
+    why = mod.oracle_unavailable("oracle", py, oracle_dir)
+    if why:
+        raise ValidateUnavailable(why)
     spec, ids = case_to_spec(data)
     from sim.cache.case import CaseError
 

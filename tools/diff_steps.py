@@ -54,12 +54,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import random
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -73,7 +70,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-DEFAULT_ORACLE_DIR = Path(os.environ.get("VLLM_ORACLE_DIR", REPO / ".." / "shared" / "vllm-oracle"))
+from tools.oracle_worker import (  # noqa: E402  (the worker, venv discovery: shared)
+    DEFAULT_ORACLE_DIR,
+    OraclePool,
+    default_oracle_python,
+    oracle_unavailable,
+)
+
 STREAM_STRIDE = 100_000
 BIG_POOL = 1024
 BIG_BUDGET = 8192
@@ -90,13 +93,6 @@ ORACLE_KEYS = {"groups": "layout", "block_size": "block", "mamba_block_size": "m
                "long_prefill_token_threshold": "long_prefill_token_threshold",
                "num_speculative_tokens": "num_speculative_tokens",
                "accepted_tokens": "accepted_tokens"}
-
-
-def default_oracle_python() -> Path:
-    env = os.environ.get("VLLM_ORACLE_PYTHON")
-    if env:
-        return Path(env)
-    return Path.home() / ".vllm-oracle" / "venv" / "bin" / "python"
 
 
 # ---------------------------------------------------------------------------- cases --
@@ -483,107 +479,6 @@ def _tracing_scheduler(base, trace: list):
             return fin
 
     return Tracing
-
-
-# -------------------------------------------------------------------- oracle side --
-WORKER = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
-out = sys.stdout
-sys.stdout = sys.stderr  # whatever imports print must not corrupt the protocol
-import sched_oracle
-out.write("READY " + json.dumps(sched_oracle.VLLM_VERSION) + "\n"); out.flush()
-for line in sys.stdin:
-    cases = json.loads(line)
-    out.write(json.dumps([sched_oracle.run_case(c) for c in cases], default=str) + "\n")
-    out.flush()
-"""
-
-
-class OracleWorker:
-    """``sched_oracle.run_case`` in a long-lived oracle-venv process (one ~9 s start-up)."""
-
-    def __init__(self, python: Path, oracle_dir: Path):
-        self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
-            [str(python), "-u", "-c", WORKER, str(oracle_dir)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=str(oracle_dir))
-        self.version: str | None = None
-
-    def wait_ready(self) -> None:
-        if self.version is not None:
-            return
-        line = self.proc.stdout.readline()
-        if not line.startswith("READY "):
-            raise RuntimeError(f"oracle worker did not start: {line!r}\n{self._log_tail()}")
-        self.version = json.loads(line[6:])
-
-    def _log_tail(self) -> str:
-        self.log.seek(0)
-        return self.log.read()[-3000:]
-
-    def run(self, cases: list[dict], batch: int = 16) -> list[dict]:
-        self.wait_ready()
-        out: list[dict] = []
-        for i in range(0, len(cases), batch):
-            self.proc.stdin.write(json.dumps(cases[i:i + batch]) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"oracle worker died\n{self._log_tail()}")
-            out.extend(json.loads(line))
-        return out
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-class OraclePool:
-    """Up to N workers; a list of cases is split between them and run in parallel."""
-
-    def __init__(self, python: Path, oracle_dir: Path, n: int = 2):
-        self.workers = [OracleWorker(python, oracle_dir) for _ in range(max(1, n))]
-
-    @property
-    def version(self) -> str | None:
-        return self.workers[0].version
-
-    def run(self, cases: list[dict]) -> list[dict]:
-        if len(cases) < 4 or len(self.workers) == 1:
-            return self.workers[0].run(cases)
-        n = len(self.workers)
-        parts = [cases[i::n] for i in range(n)]
-        res: list[Any] = [None] * n
-        errs: list[BaseException] = []
-
-        def go(j: int) -> None:
-            try:
-                res[j] = self.workers[j].run(parts[j])
-            except BaseException as e:  # noqa: BLE001
-                errs.append(e)
-
-        th = [threading.Thread(target=go, args=(j,)) for j in range(n)]
-        for t in th:
-            t.start()
-        for t in th:
-            t.join()
-        if errs:
-            raise errs[0]
-        out: list[dict] = [None] * len(cases)  # type: ignore[list-item]
-        for j in range(n):
-            out[j::n] = res[j]
-        return out
-
-    def close(self) -> None:
-        for w in self.workers:
-            w.close()
 
 
 # ---------------------------------------------------------------------- comparing --
@@ -995,9 +890,10 @@ def main(argv: list[str] | None = None) -> int:
         k, _, v = kv.partition("=")
         OURS_EXTRA[k] = yaml.safe_load(v)
 
-    py = args.oracle_python or default_oracle_python()
-    if not Path(py).exists():
-        print(f"skipped: no oracle python at {py} (build it with ../shared/vllm-oracle/setup.sh)")
+    py = Path(args.oracle_python or default_oracle_python())
+    why = oracle_unavailable("sched_oracle", py, args.oracle_dir)
+    if why:
+        print(f"skipped: {why}")
         return 0
     oracle_dir = args.oracle_dir.resolve()
     if args.replay:
@@ -1005,7 +901,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         specs = [gen_case(args.seed, i, args.profile)
                  for i in range(args.start, args.start + args.cases)]
-    pool = OraclePool(Path(py), oracle_dir, n=min(args.workers, max(1, len(specs) // 4)))
+    pool = OraclePool(Path(py), oracle_dir, "sched_oracle",
+                      n=min(args.workers, max(1, len(specs) // 4)))
     try:
         summ = run_diff(specs, pool, args.timeout)
         bad = summ["bad_cases"]

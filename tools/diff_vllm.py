@@ -39,11 +39,8 @@ import argparse
 import copy
 import json
 import math
-import os
 import random
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -56,16 +53,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-DEFAULT_ORACLE_DIR = Path(os.environ.get("VLLM_ORACLE_DIR", REPO / ".." / "shared" / "vllm-oracle"))
+from tools.oracle_worker import (  # noqa: E402  (the worker, venv discovery: shared)
+    DEFAULT_ORACLE_DIR,
+    OracleWorker,
+    default_oracle_python,
+    oracle_unavailable,
+)
+
 BIG_BUDGET = 1 << 20
 STREAM_STRIDE = 100_000  # token id = (stream index + 1) * STREAM_STRIDE + position
-
-
-def default_oracle_python() -> Path:
-    env = os.environ.get("VLLM_ORACLE_PYTHON")
-    if env:
-        return Path(env)
-    return Path.home() / ".vllm-oracle" / "venv" / "bin" / "python"
 
 
 # ---------------------------------------------------------------------------- cases --
@@ -375,58 +371,6 @@ def run_ours(spec: dict, override: dict | None = None) -> Ours:
         return Ours(case_error=str(e))
     except Exception:  # noqa: BLE001 - a crash of our model is itself a finding
         return Ours(crash=traceback.format_exc(limit=6))
-
-
-# --------------------------------------------------------------------- oracle side --
-WORKER = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
-out = sys.stdout
-sys.stdout = sys.stderr  # whatever imports print must not corrupt the protocol
-import oracle
-out.write("READY " + json.dumps(oracle.VLLM_VERSION) + "\n"); out.flush()
-for line in sys.stdin:
-    cases = json.loads(line)
-    out.write(json.dumps([oracle.run_case(c) for c in cases], default=str) + "\n"); out.flush()
-"""
-
-
-class OracleWorker:
-    """``oracle.run_case`` in a long-lived oracle-venv process (one start-up, ~8 s)."""
-
-    def __init__(self, python: Path, oracle_dir: Path):
-        self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
-            [str(python), "-u", "-c", WORKER, str(oracle_dir)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=str(oracle_dir))
-        line = self.proc.stdout.readline()
-        if not line.startswith("READY "):
-            raise RuntimeError(f"oracle worker did not start: {line!r}\n{self._log_tail()}")
-        self.version = json.loads(line[6:])
-
-    def _log_tail(self) -> str:
-        self.log.seek(0)
-        return self.log.read()[-3000:]
-
-    def run(self, cases: list[dict], batch: int = 200) -> list[dict]:
-        out: list[dict] = []
-        for i in range(0, len(cases), batch):
-            self.proc.stdin.write(json.dumps(cases[i:i + batch]) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"oracle worker died\n{self._log_tail()}")
-            out.extend(json.loads(line))
-        return out
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
 
 
 # ------------------------------------------------------------------------ comparing --
@@ -889,10 +833,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     py = args.oracle_python or default_oracle_python()
-    oracle_py = args.oracle_dir / "oracle.py"
-    if not py.exists() or not oracle_py.exists():
-        missing = py if not py.exists() else oracle_py
-        print(f"vLLM oracle not available ({missing} does not exist): skipped")
+    why = oracle_unavailable("oracle", py, args.oracle_dir)
+    if why:
+        print(f"skipped: {why}")
         return 0
 
     override: dict[str, Any] = {}

@@ -73,13 +73,10 @@ def test_generated_cases_run_on_our_side():
 # ---------------------------------------------------------------------- with oracle --
 @pytest.fixture(scope="module")
 def worker():
-    py = dv.default_oracle_python()
-    if not py.exists():
-        pytest.skip(f"vLLM oracle venv not found ({py}; set VLLM_ORACLE_PYTHON or run "
-                    f"../shared/vllm-oracle/setup.sh)")
-    if not (dv.DEFAULT_ORACLE_DIR / "oracle.py").exists():
-        pytest.skip(f"oracle.py not found in {dv.DEFAULT_ORACLE_DIR} (set VLLM_ORACLE_DIR)")
-    w = dv.OracleWorker(py, dv.DEFAULT_ORACLE_DIR.resolve())
+    why = dv.oracle_unavailable("oracle")
+    if why:
+        pytest.skip(why)
+    w = dv.OracleWorker(dv.default_oracle_python(), dv.DEFAULT_ORACLE_DIR.resolve())
     yield w
     w.close()
 

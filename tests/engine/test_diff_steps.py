@@ -109,15 +109,11 @@ def test_compare_maps_the_oracle_fields():
 
 
 # ------------------------------------------------------------------ with the oracle --
-def _oracle_python() -> Path | None:
-    py = ds.default_oracle_python()
-    return py if py.exists() else None
-
-
 def test_diff_against_the_step_oracle(capsys):
-    py = _oracle_python()
-    if py is None:
-        pytest.skip("no vLLM oracle venv ($HOME/.vllm-oracle/venv or VLLM_ORACLE_PYTHON)")
+    why = ds.oracle_unavailable("sched_oracle")
+    if why:
+        pytest.skip(why)
+    py = ds.default_oracle_python()
     rc = ds.main(["--seed", str(SEED), "--cases", str(N_CASES), "--oracle-python", str(py),
                   "--classify", "--show", "1", "--tables", "1"])
     out = capsys.readouterr().out

@@ -1,0 +1,1 @@
+"""Developer tools (differential testers, golden generators); not installed with the package."""
