@@ -168,7 +168,12 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-PROFILES = ("default", "stress", "tiny")
+PROFILES = ("default", "stress", "tiny", "groups")
+# "groups": runs of several identical groups (one manager serves a run; see sim/cache/managers.py)
+MULTI_MEMBER_LAYOUTS = (["full", "mamba", "mamba", "mamba"], ["full", "full", "mamba", "mamba"],
+                        ["full", "swa:W", "swa:W", "mamba"], ["mamba", "mamba", "full"],
+                        ["full", "mamba", "full", "mamba", "mamba"],
+                        ["full"] + ["mamba"] * 6)
 
 
 def gen_config(rng: random.Random, profile: str = "default") -> dict:
@@ -176,14 +181,17 @@ def gen_config(rng: random.Random, profile: str = "default") -> dict:
     (eviction) most of the time, further multi-group layouts, block sizes that are not powers
     of two, Mamba blocks that are not a multiple of the attention block, lookahead without
     EAGLE and lookahead above the scheduler block.  ``tiny``: the stress mix with blocks of
-    2-6 tokens, prompts of a few blocks and pools of a few dozen blocks, many requests."""
-    stress = profile in ("stress", "tiny")
+    2-6 tokens, prompts of a few blocks and pools of a few dozen blocks, many requests.
+    ``groups``: the stress mix on layouts with runs of several identical groups."""
+    stress = profile in ("stress", "tiny", "groups")
     r = rng.random()
     if profile == "tiny":
         block = rng.choice([2, 2, 3, 4, 4, 6])
     else:
         block = rng.choice([2, 4, 8, 16, 32, 64] + ([6, 12, 24, 48] if stress else []))
-    if profile == "stress" and rng.random() < 0.4:
+    if profile == "groups":
+        layout = list(rng.choice(MULTI_MEMBER_LAYOUTS))
+    elif profile == "stress" and rng.random() < 0.4:
         layout = rng.choice([["full", "swa:W"], ["swa:W", "mamba"], ["mamba", "mamba"],
                              ["full", "full", "mamba"], ["mamba", "swa:W", "full"],
                              ["mamba", "full", "mamba"]])
@@ -299,7 +307,7 @@ def gen_requests(rng: random.Random, cfg: dict, profile: str = "default") -> lis
     sys_len = pick_len(rng, sched, h, max_units)
     priv = 0 if rng.random() < 0.15 else pick_len(rng, sched, h, max_units / 2)
     reqs: list[list[Segment]] = [normalise([("S", 0, sys_len), ("P", 0, priv)])]
-    counts = {"default": [1, 1, 2, 2, 3, 4], "stress": [2, 3, 4, 5, 6],
+    counts = {"default": [1, 1, 2, 2, 3, 4], "stress": [2, 3, 4, 5, 6], "groups": [2, 3, 4, 5, 6],
               "tiny": [2, 3, 4, 5, 6, 7, 8]}[profile]
     for _ in range(rng.choice(counts)):
         kind = rng.choices(["shared", "replay", "prefix", "extend", "multiturn", "fresh", "splice"],
@@ -825,8 +833,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="summary only (mismatching cases still go to --keep)")
     ap.add_argument("--profile", choices=PROFILES, default="default",
                     help="case mix: default (the brief's), stress (small pools, more "
-                         "requests, further layouts and sizes) or tiny (stress with 2-6 token "
-                         "blocks and short prompts)")
+                         "requests, further layouts and sizes), tiny (stress with 2-6 token "
+                         "blocks and short prompts) or groups (stress with runs of several "
+                         "identical groups, e.g. Nemotron-H's one attention + six Mamba)")
     ap.add_argument("--ours-config", action="append", default=[], metavar="KEY=YAML",
                     help="override a config key on OUR side only (mutation check: the run "
                          "must then report mismatches), e.g. prompt_checkpoint=seed")
