@@ -158,21 +158,20 @@ class BlockPool:
             self.insert_key(key, dst, num_tokens)
 
     # -- caching ---------------------------------------------------------------
-    def cache_full_blocks(self, hashes: list[int], blocks: list[Block], num_cached: int,
-                          num_full: int, block_size: int, group_id: int,
-                          mask: list[bool] | None) -> None:
-        """Key ``blocks[num_cached:num_full]`` by the hash at each block's end."""
+    def cache_full_blocks(self, hashes: list[int], blocks: list[Block], indices,
+                          block_size: int, group_id: int) -> None:
+        """Key ``blocks[i]`` for each ``i`` in ``indices`` by the hash at the block's end."""
         scale = block_size // self.hash_block_size
-        for i in range(num_cached, num_full):
+        gid = group_id
+        for i in indices:
             blk = blocks[i]
-            if blk.is_null or (mask is not None and not mask[i - num_cached]):
+            if blk.is_null:
                 continue
-            key = make_key(hashes[(i + 1) * scale - 1], group_id)
-            num_tokens = (i + 1) * block_size
+            key = (hashes[(i + 1) * scale - 1] << GROUP_BITS) | gid
             if blk.key is not None:
                 # partial -> full promotion of the same block drops its old keys
                 self.remove_keys(blk)
-            self.insert_key(key, blk, num_tokens)
+            self.insert_key(key, blk, (i + 1) * block_size)
 
     def cache_partial_block(self, hashes: list[int], block: Block, num_tokens: int,
                             group_id: int) -> int | None:

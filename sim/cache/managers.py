@@ -351,9 +351,14 @@ class SingleTypeManager:
                 if self.use_eagle:
                     boundaries.append(req.shared_prefix_boundary - self.block_size)
         mask = self.reachable_mask(num_cached, num_full, retention, boundaries)
-        cache = self.pool.cache_full_blocks
-        for blocks, g in zip(self.tables[rid], self.group_ids):
-            cache(req.block_hashes, blocks, num_cached, num_full, self.block_size, g, mask)
+        if mask is None:
+            indices = range(num_cached, num_full)
+        else:   # (decided once for every member)
+            indices = [i for i, keep in enumerate(mask, num_cached) if keep]
+        if indices:
+            cache = self.pool.cache_full_blocks
+            for blocks, g in zip(self.tables[rid], self.group_ids):
+                cache(req.block_hashes, blocks, indices, self.block_size, g)
         self.num_cached[rid] = num_full
 
     # freeing -----------------------------------------------------------------
