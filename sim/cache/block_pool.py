@@ -228,24 +228,41 @@ class BlockPool:
 
     def free_blocks(self, ordered) -> None:
         """Release one reference of each block; order = eviction priority."""
-        first: list[Block] | None = None
+        self.free_blocks_each((ordered,))
+
+    def free_blocks_each(self, lists) -> None:
+        """``free_blocks(l)`` for each ``l`` in turn, in one call.
+
+        Each call appends its hashed blocks to the back (in order) and moves its
+        unhashed ones to the front (keeping their order, ahead of earlier calls'
+        ones).  Back appends and front moves never meet, so all back appends can
+        go first and the front moves follow call by call: the queue ends up as
+        after the separate calls.
+        """
         q = self.free_queue
-        for b in ordered:
-            if b.is_null:
-                continue
-            b.ref_cnt -= 1
-            if b.ref_cnt == 0:
-                if b.key is None:
-                    if first is None:
-                        first = []
-                    first.append(b)
-                    self.occupied[b.kind] -= 1
-                else:
-                    q[b.block_id] = b
-        # (hashed blocks were appended in order above: nothing else touches the
-        # queue in between, so appending as we go equals appending at the end)
-        if first is not None:
+        occ = self.occupied
+        fronts = None
+        for ordered in lists:
+            first = None
+            for b in ordered:
+                if b.is_null:
+                    continue
+                b.ref_cnt -= 1
+                if b.ref_cnt == 0:
+                    if b.key is None:
+                        if first is None:
+                            first = []
+                        first.append(b)
+                        occ[b.kind] -= 1
+                    else:
+                        q[b.block_id] = b
+            if first is not None:
+                if fronts is None:
+                    fronts = []
+                fronts.append(first)
+        if fronts is not None:
             move = q.move_to_end
-            for b in reversed(first):
-                q[b.block_id] = b
-                move(b.block_id, False)
+            for first in fronts:
+                for b in reversed(first):
+                    q[b.block_id] = b
+                    move(b.block_id, False)

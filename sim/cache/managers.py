@@ -376,10 +376,7 @@ class SingleTypeManager:
         i = 0
         while i < len(b0) and b0[i].is_null:
             i += 1
-        free = self.pool.free_blocks
-        for blocks in t:
-            tail = blocks[i:] if i else blocks
-            free(tail[::-1])
+        self.pool.free_blocks_each([(blocks[i:] if i else blocks)[::-1] for blocks in t])
 
     def _remove_range(self, rid: str, first: int, last: int) -> None:
         t = self.tables.get(rid)
@@ -387,6 +384,7 @@ class SingleTypeManager:
             return
         last = min(last, len(t[0]))
         null = self.pool.null_block
+        lists = []
         for blocks in t:
             freed = []
             for i in range(last - 1, first - 1, -1):
@@ -394,8 +392,8 @@ class SingleTypeManager:
                     break
                 freed.append(blocks[i])
                 blocks[i] = null
-            if freed:
-                self.pool.free_blocks(freed)
+            lists.append(freed)
+        self.pool.free_blocks_each(lists)
 
     def remove_skipped_blocks(self, rid: str, processed: int) -> None:
         skipped = self.num_skipped_tokens(processed)
@@ -531,7 +529,7 @@ class MambaManager(SingleTypeManager):
         if first >= last and not drop_last:
             return
         null = self.pool.null_block
-        free = self.pool.free_blocks
+        lists = []   # the frees in the order one manager per group would make them
         for blocks in t:
             if first < last:
                 freed = []
@@ -540,11 +538,11 @@ class MambaManager(SingleTypeManager):
                     if not b.is_null:
                         freed.append(b)
                         blocks[i] = null
-                if freed:
-                    free(freed)
+                lists.append(freed)
             if drop_last and not blocks[ls].is_null:
-                free([blocks[ls]])
+                lists.append((blocks[ls],))
                 blocks[ls] = null
+        self.pool.free_blocks_each(lists)
         if first < last:
             self.retired[rid] = last
 
