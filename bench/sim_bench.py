@@ -4,6 +4,7 @@
     python bench/sim_bench.py million       # 1,000,000 synthetic requests, peak RSS
     python bench/sim_bench.py athena
     python bench/sim_bench.py mooncake --repeat 3   # best of three (noisy machines)
+    python bench/sim_bench.py mooncake --requests 3000 --profile 20   # where the time goes
 
 Prints simulated requests per wall second, the ratio to the 5,000/s target and to the
 reference simulators measured on this machine class (Vidur ~670 req/s, Marconi's cache-only
@@ -47,9 +48,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1,
                     help="run N times in one process and report the best wall time (the "
                          "machines share cores: single runs vary by +-20%%)")
+    ap.add_argument("--profile", type=int, metavar="N", default=0,
+                    help="after the timed runs, run once more under cProfile and print the N "
+                         "functions with the most own time and the Python call count per "
+                         "request (a noise-free measure of interpreter work)")
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
+    if args.profile < 0:
+        ap.error("--profile must be >= 0")
     if args.which == "mooncake":
         over = {"workload.limit": args.requests} if args.requests else None
         sc = load_scenario(ROOT / "scenarios" / "mooncake-conversation.yaml", over)
@@ -90,6 +97,17 @@ def main() -> None:
     for name, ref in REFERENCES.items():
         print(f"  vs {name} ~{ref:,.0f} req/s: {rate / ref:.2f}x")
     print(f"  peak RSS {rss:.2f} GiB")
+    if args.profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.runcall(simulate, sc)
+        st = pstats.Stats(prof)
+        print(f"profile: {st.total_calls:,} function calls (builtins included), "
+              f"{st.total_calls / s['requests']:,.0f} "
+              f"per request (cProfile slows the run; compare calls, not seconds)")
+        st.sort_stats("tottime").print_stats(args.profile)
 
 
 if __name__ == "__main__":
