@@ -8,6 +8,14 @@ Usage::
                                [--keep DIR] [--shrink] [--classify] [--show N] [--tables N]
                                [--assume NAME ...] [--ignore FIELD ...]
     python tools/diff_steps.py --replay DIR/NAME.oracle.json ... [--shrink]   # kept cases again
+    python tools/diff_steps.py --mooncake ../shared/traces/mooncake_fast25/conversation_trace.jsonl \
+        --cases 300 --start 2000 [--num-blocks 300] [--junction-flag] [--step-ms 30]
+
+``--mooncake TRACE`` compares one case instead: ``--cases`` real requests from ``--start`` on
+the ``scenarios/mooncake-conversation.yaml`` cache layout (Nemotron-H-8B's 1 attention + 6 Mamba
+groups, 1,088-token blocks, hash unit 64, EAGLE k=3 lookahead hashes, retention 0), arrivals
+from the timestamps at ``--step-ms`` per step, a pool of ``--num-blocks`` shared by the groups
+(small pools preempt), prompts of up to 126k tokens (``max_model_len`` is raised past them).
 
 Each random case (seeded, reproducible: case *i* of seed *s* depends only on ``(s, i)``) is a
 hybrid cache layout (``[full, mamba]`` mostly, also ``[full, mamba, mamba]`` and
@@ -92,7 +100,7 @@ ORACLE_KEYS = {"groups": "layout", "block_size": "block", "mamba_block_size": "m
                "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
                "long_prefill_token_threshold": "long_prefill_token_threshold",
                "num_speculative_tokens": "num_speculative_tokens",
-               "accepted_tokens": "accepted_tokens"}
+               "accepted_tokens": "accepted_tokens", "max_model_len": "max_model_len"}
 
 
 # ---------------------------------------------------------------------------- cases --
@@ -241,6 +249,46 @@ def gen_case(seed: int, idx: int, profile: str = "default") -> dict:
     return {"name": f"{'e' if edge else 's'}{seed}_c{idx}", "config": cfg, "requests": reqs}
 
 
+def mooncake_case(path: Path, n: int, start: int = 0, step_ms: float = 30.0,
+                  num_blocks: int = 400, accepted: int = 2, junction_flag: bool = False) -> dict:
+    """Requests ``start .. start + n`` of a Mooncake trace as one step case, on the
+    ``scenarios/mooncake-conversation.yaml`` cache layout: Nemotron-H-8B's one attention and
+    six Mamba groups, 1,088-token blocks, hash unit 64, EAGLE k=3 with lookahead hashes
+    (``accepted`` drafts kept per step), retention 0, budget 8,192, 256 sequences.  Prompts
+    are the trace's hash-id segments exactly as ``sim run`` reads them; a request arrives at
+    step ``floor((timestamp - first timestamp) / step_ms)``; ``num_blocks`` (shared by the
+    seven groups) is small enough to force evictions and preemptions; ``max_model_len`` is
+    raised above the longest request (the trace holds prompts of up to 126k tokens).
+    ``junction_flag`` turns on the shared-prefix (junction) checkpoint."""
+    from workloads.traces import MooncakeConfig
+
+    reqs: list[dict] = []
+    t0 = None
+    for i, tr in enumerate(MooncakeConfig(str(path), limit=start + n).requests()):
+        if i < start:
+            continue
+        ms = tr.arrival_s * 1000.0
+        t0 = ms if t0 is None else t0
+        reqs.append({"id": tr.request_id, "segments": [list(seg) for seg in tr.segments],
+                     "arrival": int((ms - t0) // step_ms), "max_tokens": tr.output_tokens,
+                     "kind": "trace"})
+    cfg = {"groups": ["full"] + ["mamba"] * 6, "block_size": 1088, "hash_block_size": 64,
+           "eagle": True, "eagle_lookahead_hashes": True, "num_speculative_tokens": 3,
+           "accepted_tokens": accepted, "prefix_cache_retention_interval": 0,
+           "max_num_batched_tokens": 8192, "max_num_seqs": 256, "num_blocks": num_blocks}
+    if junction_flag:
+        cfg["shared_prefix_checkpoint"] = True
+    # vLLM's API server rejects prompts longer than max_model_len; the step oracle adds
+    # requests behind it, so keep every request inside the model length
+    longest = max(sum(sg[2] for sg in q["segments"]) + q["max_tokens"] for q in reqs)
+    cfg["max_model_len"] = max(65536, -(-(longest + 64) // 4096) * 4096)
+    last = max(q["arrival"] for q in reqs)
+    work = sum(sum(sg[2] for sg in q["segments"]) // 4096 + q["max_tokens"] for q in reqs)
+    return {"name": f"mooncake_{start}_{start + n}" + ("_flag" if junction_flag else ""),
+            "config": cfg, "requests": reqs,
+            "max_steps": last + work + 1000}
+
+
 # ------------------------------------------------------------------------- tokens --
 def stream_numbers(spec: dict) -> dict[str, int]:
     nums: dict[str, int] = {}
@@ -293,7 +341,7 @@ def to_oracle(spec: dict) -> dict:
     nums = stream_numbers(spec)
     case = {ORACLE_KEYS[k]: v for k, v in spec["config"].items()}
     case["id"] = spec["name"]
-    case["max_steps"] = MAX_STEPS
+    case["max_steps"] = spec.get("max_steps", MAX_STEPS)
     case["requests"] = [{"id": q["id"], "tokens": {"ids": token_ids(spec, q, nums)},
                          "arrival": q["arrival"], "max_tokens": q["max_tokens"]}
                         for q in spec["requests"]]
@@ -860,6 +908,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", choices=["default", "edge"], default="default",
                     help="case distribution (edge: spec decode, small budgets/pools, "
                          "near-full replays)")
+    ap.add_argument("--mooncake", type=Path, default=None, metavar="TRACE",
+                    help="instead of random cases: one case from a Mooncake trace (e.g. "
+                         "../shared/traces/mooncake_fast25/conversation_trace.jsonl) on the "
+                         "mooncake-conversation cache layout (7 groups); --cases = requests, "
+                         "--start = first request")
+    ap.add_argument("--step-ms", type=float, default=30.0,
+                    help="with --mooncake: trace milliseconds per scheduler step")
+    ap.add_argument("--num-blocks", type=int, default=400,
+                    help="with --mooncake: pool size shared by the 7 groups")
+    ap.add_argument("--junction-flag", action="store_true",
+                    help="with --mooncake: enable the shared-prefix (junction) checkpoint")
     ap.add_argument("--oracle-python", type=Path, default=None)
     ap.add_argument("--oracle-dir", type=Path, default=DEFAULT_ORACLE_DIR)
     ap.add_argument("--workers", type=int, default=2, help="oracle processes in parallel")
@@ -898,6 +957,9 @@ def main(argv: list[str] | None = None) -> int:
     oracle_dir = args.oracle_dir.resolve()
     if args.replay:
         specs = [json.loads(p.read_text())["spec"] for p in args.replay]
+    elif args.mooncake:
+        specs = [mooncake_case(args.mooncake, args.cases, args.start, args.step_ms,
+                               args.num_blocks, junction_flag=args.junction_flag)]
     else:
         specs = [gen_case(args.seed, i, args.profile)
                  for i in range(args.start, args.start + args.cases)]

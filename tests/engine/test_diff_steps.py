@@ -28,6 +28,8 @@ ds = _load_tool()
 
 SEED = 20250101
 N_CASES = 25
+MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_fast25" / \
+    "conversation_trace.jsonl"
 
 
 # ------------------------------------------------------------------ no oracle needed --
@@ -108,7 +110,39 @@ def test_compare_maps_the_oracle_fields():
     assert {m[0] for m in mm} == {"chunk_ends@replay", "chunk_end_steps@replay"}
 
 
+def test_mooncake_case_is_the_trace_on_the_seven_group_layout():
+    if not MOONCAKE.is_file():
+        pytest.skip(f"{MOONCAKE} not found")
+    spec = ds.mooncake_case(MOONCAKE, 40, start=2000, num_blocks=300)
+    cfg = spec["config"]
+    assert cfg["groups"] == ["full"] + ["mamba"] * 6 and cfg["block_size"] == 1088
+    assert [q["id"] for q in spec["requests"]] == [f"r{i:07d}" for i in range(2000, 2040)]
+    assert spec["requests"][0]["arrival"] == 0
+    longest = max(sum(sg[2] for sg in q["segments"]) + q["max_tokens"]
+                  for q in spec["requests"])
+    assert cfg["max_model_len"] > longest
+    ours = ds.run_ours(spec, timeout=120)
+    res = ours["results"]
+    assert len(res) == 40 and all(r["finish_step"] is not None for r in res)
+    # the small pool makes the scheduler preempt (recompute) some requests
+    assert sum(r["preemptions"] for r in res) > 0
+
+
 # ------------------------------------------------------------------ with the oracle --
+def test_mooncake_slice_matches_the_step_oracle(capsys):
+    """A real trace slice (long prompts, seven groups, a pool small enough to preempt)."""
+    why = ds.oracle_unavailable("sched_oracle")
+    if why:
+        pytest.skip(why)
+    if not MOONCAKE.is_file():
+        pytest.skip(f"{MOONCAKE} not found")
+    rc = ds.main(["--mooncake", str(MOONCAKE), "--cases", "60", "--start", "2000",
+                  "--num-blocks", "300", "--show", "1", "--tables", "0", "--timeout", "120"])
+    out = capsys.readouterr().out
+    assert "compared 1 cases, 60 requests" in out
+    assert rc == 0, out[:12000]
+
+
 def test_diff_against_the_step_oracle(capsys):
     why = ds.oracle_unavailable("sched_oracle")
     if why:
