@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from sim.cache.config import CacheConfig, ConfigError
+from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig, ConfigError
 from sim.cache.kv_manager import KVCacheManager
 
 
@@ -70,7 +70,8 @@ class CachePolicy(Protocol):
     name: str
 
     def build(self, cache: CacheSection, groups: tuple[str, ...], block_size: int,
-              num_blocks: int, spec: SpecDecode) -> KVCacheManager: ...
+              num_blocks: int, spec: SpecDecode,
+              max_model_len: int | None = None) -> KVCacheManager: ...
 
 
 class VllmPolicy:
@@ -79,7 +80,8 @@ class VllmPolicy:
     name = "vllm"
 
     def cache_config(self, cache: CacheSection, groups: tuple[str, ...], block_size: int,
-                     num_blocks: int, spec: SpecDecode) -> CacheConfig:
+                     num_blocks: int, spec: SpecDecode,
+                     max_model_len: int | None = None) -> CacheConfig:
         lookahead = spec.num_prefill_lookahead
         if cache.disable_lookahead_block_hashes or cache.kv_connector:
             lookahead = 0
@@ -92,15 +94,18 @@ class VllmPolicy:
                 prefix_cache_retention_interval=cache.prefix_cache_retention_interval,
                 num_hash_lookahead_tokens=lookahead,
                 num_prefill_lookahead=spec.num_prefill_lookahead, eagle_groups="attention",
-                mamba_num_speculative_blocks=spec.num_speculative_tokens if spec.uses_eagle else 0)
+                mamba_num_speculative_blocks=spec.num_speculative_tokens if spec.uses_eagle else 0,
+                max_model_len=max_model_len if max_model_len is not None else NO_LENGTH_LIMIT)
         except ConfigError as e:
             field = {"hash_block_size": "prefix_match_unit",
                      "shared_prefix_checkpoint": "enable_mamba_shared_prefix_checkpoint"
                      }.get(e.field_name, e.field_name)
             raise ConfigError("cache." + field, str(e).split(": ", 1)[1]) from None
 
-    def build(self, cache, groups, block_size, num_blocks, spec) -> KVCacheManager:
-        return KVCacheManager(self.cache_config(cache, groups, block_size, num_blocks, spec))
+    def build(self, cache, groups, block_size, num_blocks, spec,
+              max_model_len: int | None = None) -> KVCacheManager:
+        return KVCacheManager(self.cache_config(cache, groups, block_size, num_blocks, spec,
+                                                max_model_len))
 
 
 POLICIES: dict[str, CachePolicy] = {"vllm": VllmPolicy()}

@@ -73,7 +73,8 @@ def build_deployment(sc: Scenario) -> Deployment:
         block_bytes = budget.block_bytes
     groups = tuple(["full"] * layout.num_attention_groups + ["mamba"] * layout.num_mamba_groups)
     policy = get_policy(sc.cache.policy)
-    kv = policy.build(sc.cache, groups, layout.block_size, num_blocks, spec.spec_decode())
+    kv = policy.build(sc.cache, groups, layout.block_size, num_blocks, spec.spec_decode(),
+                      max_model_len=sc.scheduler.max_model_len)
     cost = cost_model(sc, layout, gpu)
     return Deployment(layout, groups, num_blocks, block_bytes, budget, cost, kv)
 
@@ -265,6 +266,7 @@ def summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids) -> dict:
         "hash_block_size": dep.kv.coordinator.hash_block_size,
         "num_gpu_blocks": dep.num_blocks,
         "requests": n,
+        "rejected_requests": len(eng.rejected),   # prompt >= scheduler.max_model_len
         "prompt_tokens": prompt,
         "hit_tokens": hit,
         "token_hit_rate": hit / prompt if prompt else 0.0,

@@ -234,6 +234,11 @@ def scenario_from_mapping(data, path: Path) -> Scenario:
     _int("scheduler.", "max_num_batched_tokens", sched.max_num_batched_tokens, 1)
     _int("scheduler.", "max_num_seqs", sched.max_num_seqs, 1)
     _int("scheduler.", "long_prefill_token_threshold", sched.long_prefill_token_threshold, 0)
+    _int("scheduler.", "max_model_len", sched.max_model_len, 2, allow_none=True)
+    if sched.max_model_len is not None and sched.long_prefill_token_threshold > sched.max_model_len:
+        raise ConfigError("scheduler.long_prefill_token_threshold",
+                          f"{sched.long_prefill_token_threshold} cannot be greater than "
+                          f"max_model_len {sched.max_model_len} (vLLM rejects this)")
     if sched.max_num_batched_tokens < sched.max_num_seqs:
         raise ConfigError("scheduler.max_num_batched_tokens",
                           f"{sched.max_num_batched_tokens} is smaller than max_num_seqs "

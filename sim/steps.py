@@ -73,12 +73,15 @@ def parse_steps(data):
             raise CaseError(f"config.accepted_tokens: a list of integers in [0, {K}]")
     elif isinstance(acc, bool) or not isinstance(acc, (int, float)) or not 0 <= acc <= K:
         raise CaseError(f"config.accepted_tokens: must be in [0, num_speculative_tokens={K}]")
+    lpt = _int("long_prefill_token_threshold", sched_keys.get("long_prefill_token_threshold", 0), 0)
+    if lpt > cfg.max_model_len:
+        raise CaseError(f"config.long_prefill_token_threshold: {lpt} cannot be greater than "
+                        f"max_model_len {cfg.max_model_len} (vLLM rejects this)")
     sc = SchedulerConfig(
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
-        long_prefill_token_threshold=_int("long_prefill_token_threshold",
-                                          sched_keys.get("long_prefill_token_threshold", 0), 0),
-        num_speculative_tokens=K)
+        long_prefill_token_threshold=lpt,
+        num_speculative_tokens=K, max_model_len=cfg.max_model_len)
     reqs_in = data.get("requests")
     if not isinstance(reqs_in, list) or not reqs_in:
         raise CaseError("requests: expected a non-empty list")
@@ -132,11 +135,16 @@ def run_steps_data(data, source: str = "<steps>") -> list[dict]:
     eng = Engine(sched, lambda items: UNIT_S, lambda *a: UNIT_S, make, lambda r: None,
                  jump=not isinstance(acc, list))
     eng.run(_Trace(rid, arrival * UNIT_S, [], mt) for rid, runs, arrival, mt in traces)
+    rejected = {id(r) for r in eng.rejected}
     out = []
     for rid in file_order:
         r = reqs.get(rid)
         if r is None:
             out.append({"id": rid, "error": "never arrived"})
+            continue
+        if id(r) in rejected:
+            out.append({"id": rid, "error": f"prompt of {r.cache.num_prompt_tokens} tokens >= "
+                                            f"max_model_len {cfg.max_model_len} (vLLM rejects it)"})
             continue
         out.append({
             "id": rid,

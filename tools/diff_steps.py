@@ -130,6 +130,10 @@ def gen_case(seed: int, idx: int, profile: str = "default") -> dict:
     """Case ``idx`` of ``seed``.  ``profile="edge"`` leans on the corners: speculative
     decoding almost always, small budgets and pools, replays whose prompt is one token past
     a hash boundary (a hit of all but one token), tight ``max_num_seqs``."""
+    if profile == "length":
+        return _length_case(seed, idx)
+    if profile == "budget":
+        return _budget_case(seed, idx)
     edge = profile == "edge"
     rng = random.Random(f"diff_steps:{seed}:{idx}" + (":edge" if edge else ""))
     block = rng.choice([16, 32, 64])
@@ -247,6 +251,50 @@ def gen_case(seed: int, idx: int, profile: str = "default") -> dict:
     need += 2
     cfg["num_blocks"] = max(rng.randint(10, 40), need) if small_pool else max(BIG_POOL, need)
     return {"name": f"{'e' if edge else 's'}{seed}_c{idx}", "config": cfg, "requests": reqs}
+
+
+def _length_case(seed: int, idx: int) -> dict:
+    """``profile="length"``: an edge case whose ``max_model_len`` sits a few tokens above
+    its longest prompt, so outputs stop at the length cap and speculative steps near it are
+    cut short (drafts dropped).  Prompts of ``max_model_len`` tokens or more are left out:
+    vLLM's API server rejects them before the scheduler sees them."""
+    spec = gen_case(seed, idx, "edge")
+    rng = random.Random(f"diff_steps:{seed}:{idx}:length")
+    longest = max(sum(sg[2] for sg in q["segments"]) for q in spec["requests"])
+    mml = longest + rng.randint(2, 24)
+    spec["config"]["max_model_len"] = mml
+    lpt = spec["config"].get("long_prefill_token_threshold", 0)
+    if lpt > mml and rng.random() < 0.8:   # (the rest: both sides must reject the config)
+        spec["config"]["long_prefill_token_threshold"] = rng.randint(8, mml)
+    for q in spec["requests"]:
+        q["max_tokens"] = rng.randint(1, 60)      # often past the cap
+    spec["name"] = spec["name"].replace("e", "l", 1)
+    return spec
+
+
+def _budget_case(seed: int, idx: int) -> dict:
+    """``profile="budget"``: several requests decoding at once with K = 1-3 drafts under a
+    token budget smaller than their decode steps, so some decode steps are cut short and
+    verify fewer drafts than were proposed."""
+    rng = random.Random(f"diff_steps:{seed}:{idx}:budget")
+    K = rng.randint(1, 3)
+    n = rng.randint(2, 5)
+    cfg: dict[str, Any] = {"groups": ["full", "mamba"], "block_size": 16,
+                           "hash_block_size": rng.choice([4, 8, 16]),
+                           "num_speculative_tokens": K, "accepted_tokens": rng.randint(0, K),
+                           "max_num_batched_tokens": rng.randint(n, n * (1 + K) - 1),
+                           "max_num_seqs": n, "num_blocks": 200}
+    if rng.random() < 0.6:
+        cfg["eagle"] = True
+        if rng.random() < 0.5:
+            cfg["eagle_lookahead_hashes"] = True
+    if rng.random() < 0.3:
+        cfg["max_model_len"] = 64 + rng.randint(0, 40)
+    reqs = [{"id": f"r{i}", "segments": [[f"s{i % 2}", 0, rng.randint(1, 12)],
+                                          [f"p_r{i}", 0, rng.randint(1, 8)]],
+             "arrival": rng.randint(0, 3), "max_tokens": rng.randint(4, 40), "kind": "fresh"}
+            for i in range(n)]
+    return {"name": f"b{seed}_c{idx}", "config": cfg, "requests": reqs}
 
 
 def mooncake_case(path: Path, n: int, start: int = 0, step_ms: float = 30.0,
@@ -874,7 +922,9 @@ def shrink(spec: dict, fld: str, pool: OraclePool, max_rounds: int = 300) -> dic
 
 # --------------------------------------------------------------------------- main --
 def run_diff(specs: list[dict], pool: OraclePool, timeout: float = 20.0,
-             progress: bool = False) -> dict:
+             progress: bool = False, compared: list | None = None) -> dict:
+    """Run ``specs`` on both sides; ``compared`` (a list) collects (spec, oracle answer) of
+    every case both sides ran."""
     t0 = time.time()
     answers = pool.run([to_oracle(s) for s in specs])
     t1 = time.time()
@@ -890,6 +940,8 @@ def run_diff(specs: list[dict], pool: OraclePool, timeout: float = 20.0,
             continue
         summ["cases"] += 1
         summ["requests"] += len(spec["requests"])
+        if compared is not None:
+            compared.append((spec, ans))
         if mm:
             summ["bad_cases"].append((spec, ours, ans, mm))
             for f in {m[0] for m in mm}:
@@ -905,9 +957,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cases", type=int, default=100)
     ap.add_argument("--start", type=int, default=0, help="first case index")
-    ap.add_argument("--profile", choices=["default", "edge"], default="default",
+    ap.add_argument("--profile", choices=["default", "edge", "length", "budget"],
+                    default="default",
                     help="case distribution (edge: spec decode, small budgets/pools, "
-                         "near-full replays)")
+                         "near-full replays; length: edge cases with max_model_len a few "
+                         "tokens above the longest prompt; budget: concurrent speculative "
+                         "decodes under a budget that cuts some of them short)")
+    ap.add_argument("--write-golden", type=Path, default=None, metavar="DIR",
+                    help="write every compared case as a step case whose expect block is "
+                         "the oracle's answer (golden files for tests/golden_steps)")
     ap.add_argument("--mooncake", type=Path, default=None, metavar="TRACE",
                     help="instead of random cases: one case from a Mooncake trace (e.g. "
                          "../shared/traces/mooncake_fast25/conversation_trace.jsonl) on the "
@@ -966,7 +1024,14 @@ def main(argv: list[str] | None = None) -> int:
     pool = OraclePool(Path(py), oracle_dir, "sched_oracle",
                       n=min(args.workers, max(1, len(specs) // 4)))
     try:
-        summ = run_diff(specs, pool, args.timeout)
+        compared: list = [] if args.write_golden else None
+        summ = run_diff(specs, pool, args.timeout, compared=compared)
+        if args.write_golden:
+            args.write_golden.mkdir(parents=True, exist_ok=True)
+            for spec, ans in compared:
+                (args.write_golden / f"oracle_{spec['name']}.yaml").write_text(
+                    "# Written by tools/diff_steps.py --write-golden: expect = vLLM 0.33.0's "
+                    "real Scheduler (sched_oracle.py).\n" + ours_yaml(spec, ans))
         bad = summ["bad_cases"]
         what = (f"{len(specs)} replayed case(s)" if args.replay else
                 f"seed {args.seed}, profile {args.profile}, "

@@ -28,6 +28,10 @@ ALIASES = {
 }
 
 
+# max_model_len of a deployment that sets no limit (sim run without scheduler.max_model_len)
+NO_LENGTH_LIMIT = 1 << 62
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """The KV-cache manager as vLLM's unit tests build it.
@@ -60,7 +64,7 @@ class CacheConfig:
     # tokens scheduled but not yet settled (max_concurrent_batches x budget): sizes the
     # sliding-window admission cap; None = no cap (the manager-level oracle has none)
     max_in_flight_tokens: int | None = None
-    max_model_len: int = 65536
+    max_model_len: int = 65536             # NO_LENGTH_LIMIT: none (sim run's default)
     # derived (filled by __post_init__)
     scheduler_block_size: int = field(default=0, init=False)
 

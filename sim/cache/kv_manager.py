@@ -118,15 +118,17 @@ class KVCacheManager:
         if num_new_tokens == 0 and num_new_computed == 0:
             raise ValueError("num_new_tokens must be greater than 0")
         ncb = new_computed if new_computed is not None else self.empty
+        mml = self.cfg.max_model_len
         num_local = req.num_computed_tokens + num_new_computed
-        total = num_local
+        total = num_local if num_local < mml else mml
         num_main = total + num_new_tokens
-        need_slot = num_main + num_lookahead_tokens
+        # no slot past max_model_len (the drafter's lookahead slots stop there too)
+        need_slot = min(num_main + num_lookahead_tokens, mml)
         rid = req.request_id
         if full_sequence_must_fit:
             # vLLM's admission gate (scheduler_reserve_full_isl, on by default):
             # the whole sequence so far must fit, not just this chunk.
-            full = req.num_tokens
+            full = min(req.num_tokens, mml)
             if c.blocks_to_allocate(rid, full, ncb, total, num_local, full,
                                     admission=True) > c.pool.num_free():
                 return False

@@ -42,6 +42,7 @@ class Engine:
         self.done_events: dict[str, simpy.Event] = {}
         self.steps = 0
         self.finished = 0
+        self.rejected: list[SimRequest] = []   # refused on arrival (see Scheduler.add)
 
     def step_time(self, items) -> int:
         """Step duration in integer nanoseconds (at least 1)."""
@@ -63,9 +64,13 @@ class Engine:
             heapq.heappop(self.pending_followups)
         r = self.make_request(trace, index)
         r.arrival_s = env.now
+        if not self.sched.add(r):
+            # rejected on arrival (prompt too long for max_model_len): never scheduled;
+            # a follow-up turn still comes after its think time
+            self.rejected.append(r)
+            return
         r.done_event = env.event()
         self.done_events[trace.request_id] = r.done_event
-        self.sched.add(r)
         self._wake()
         yield r.done_event
         self.done_events.pop(trace.request_id, None)
@@ -139,17 +144,23 @@ class Engine:
             return 1, 0  # the window slides inside a block: step it exactly
         margin = sched.alloc_margin
         fast = sched.fast_decode
+        K = sched.cfg.num_speculative_tokens
+        mml = sched.max_model_len
         grow = 1 << 62      # max advance A(k-1) keeping every allocation key
         fin = 1 << 62       # max advance A(k) with nobody finishing
+        pos = 1 << 62       # max advance A(k-1) keeping positions below max_model_len
         C0 = 0
         t = items[0].num_tokens
         for it in items:
-            if it.is_prefill or it.padded or it.num_tokens != t:
+            # (every item verifies all K drafts: the acceptance pattern applies unclipped)
+            if it.is_prefill or it.padded or it.num_tokens != t or it.spec_tokens != K:
                 return 1, 0
             r = it.req
             if r.num_output == 0:
                 return 1, 0
             comp = it.context
+            if mml is not None and mml - 1 - t - comp < pos:
+                pos = mml - 1 - t - comp
             # positions advance in lockstep, so the margin left since the last
             # allocation is its recorded limit minus the progress made
             g = (r.fast_until - comp if fast and r.fast_n == t and comp <= r.fast_until
@@ -173,6 +184,8 @@ class Engine:
         base = s0 * num // den
         sums_time = self.sums_time
         a_prev = 0                      # advance before step k: positions of step k
+        if pos < grow:
+            grow = pos
         while True:
             if k > 0 and a_prev > grow:
                 break

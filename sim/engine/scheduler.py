@@ -27,6 +27,10 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     long_prefill_token_threshold: int = 0
     num_speculative_tokens: int = 0
+    # vLLM's max_model_len: prompts of this length or more are rejected (as the API server
+    # does), outputs stop there, and positions of running requests stay below it.  None:
+    # no limit (a server started with a large --max-model-len).
+    max_model_len: int | None = None
 
 
 @dataclass(slots=True)
@@ -117,10 +121,22 @@ class Scheduler:
         self.running: list[SimRequest] = []
         self.waiting: deque[SimRequest] = deque()
         self.preemptions = 0
+        self.max_model_len = cfg.max_model_len
 
     # ----------------------------------------------------------------- helpers --
-    def add(self, req: SimRequest) -> None:
+    def add(self, req: SimRequest) -> bool:
+        """Queue an arriving request; False when vLLM's input checks reject it (a prompt
+        of ``max_model_len`` tokens or more: no room for one output token)."""
+        mml = self.max_model_len
+        if mml is not None:
+            prompt = req.cache.num_prompt_tokens
+            if prompt >= mml:
+                return False
+            # generation stops once prompt + outputs reach max_model_len (check_stop)
+            if req.max_tokens > mml - prompt:
+                req.max_tokens = mml - prompt
         self.waiting.append(req)
+        return True
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
@@ -147,18 +163,25 @@ class Scheduler:
         aligned = self.aligned
         fast = self.fast_decode
         prefill_scheduled = False
+        mml = self.max_model_len
         while i < len(running) and budget > 0:
             r = running[i]
             c = r.cache
             comp = c.num_computed_tokens
             decode = r.num_output > 0 and comp >= c.num_tokens - 1
             if decode:
-                sk = K if r.has_drafts else 0
-                n = c.num_tokens + sk - comp
+                nt = c.num_tokens
+                n = nt + (K if r.has_drafts else 0) - comp
                 if 0 < lpt < n:
                     n = lpt
                 if n > budget:
                     n = budget
+                if mml is not None and n > mml - comp - 1:
+                    n = mml - comp - 1   # positions stay below max_model_len
+                # drafts scheduled: what the caps left of them after the tokens to verify
+                sk = comp + n - nt
+                if sk < 0:
+                    sk = 0
                 # (the align split never cuts a decode step: it starts past the prompt)
                 if fast and n == r.fast_n and comp <= r.fast_until:
                     # positions stay inside the blocks of the last allocation:
@@ -174,6 +197,8 @@ class Scheduler:
                     n = lpt
                 if n > budget:
                     n = budget
+                if mml is not None and n > mml - comp - 1:
+                    n = mml - comp - 1
                 if aligned:
                     n = self._split(r, n, 0, lpt)
             if n <= 0:
@@ -217,7 +242,7 @@ class Scheduler:
                 padded = False
                 if (K > 0 and n == 1 and not prefill_scheduled
                         and (out or computed > 0)
-                        and computed + 1 + K + 1 <= kv.cfg.max_model_len):
+                        and (mml is None or computed + 1 + K + 1 <= mml)):
                     # vLLM pads a new request with one token left to 1 + K (drafts
                     # that are never accepted) to keep the decode batch uniform,
                     # and would rather not schedule it than schedule it unpadded

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from sim.run import REQUEST_COLUMNS, simulate, write_run
@@ -159,3 +160,38 @@ def test_same_seed_same_bytes(tmp_path):
         summary.pop("wall_s"), summary.pop("sim_requests_per_s")
         outs.append(((d / "requests.csv").read_bytes(), summary))
     assert outs[0] == outs[1]
+
+
+def test_max_model_len_rejects_long_prompts_and_caps_outputs(tmp_path):
+    # vLLM's input checks refuse a prompt of max_model_len tokens or more (no room for one
+    # output token); generation stops when prompt + outputs reach max_model_len.
+    reqs = [{"id": "fits", "arrival_s": 0.0, "prompt": "A:900", "output_tokens": 50},
+            {"id": "capped", "arrival_s": 0.1, "prompt": "B:990", "output_tokens": 50},
+            {"id": "equal", "arrival_s": 0.2, "prompt": "C:1000", "output_tokens": 5},
+            {"id": "longer", "arrival_s": 0.3, "prompt": "D:1500", "output_tokens": 5}]
+    spec = {"method": "eagle", "num_speculative_tokens": 3, "mean_accepted_tokens": 2.0}
+    sc = load_scenario(scenario(tmp_path, reqs, scheduler={"max_model_len": 1000},
+                                speculative=spec))
+    dep, rows, s = simulate(sc)
+    got = by_id(rows)
+    assert sorted(got) == ["capped", "fits"]
+    assert s["rejected_requests"] == 2 and s["requests"] == 2
+    assert got["fits"]["output_tokens"] == 50
+    assert got["capped"]["output_tokens"] == 10          # 1000 - 990
+    # jumps stop before positions reach max_model_len: stepping agrees
+    slow = simulate(sc, jump=False, fast_decode=False)
+    assert rows == slow[1]
+    # unset: no limit
+    free = simulate(load_scenario(scenario(tmp_path, reqs, speculative=spec)))
+    assert free[2]["rejected_requests"] == 0
+    assert by_id(free[1])["longer"]["output_tokens"] == 5
+
+
+def test_max_model_len_is_validated(tmp_path):
+    from sim.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match="scheduler.max_model_len: must be an integer >= 2"):
+        load_scenario(scenario(tmp_path, [], scheduler={"max_model_len": 1}))
+    with pytest.raises(ScenarioError, match="long_prefill_token_threshold: 600 cannot be"):
+        load_scenario(scenario(tmp_path, [], scheduler={"max_model_len": 512,
+                                                         "long_prefill_token_threshold": 600}))
