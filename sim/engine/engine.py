@@ -53,7 +53,7 @@ class Engine:
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed()
 
-    def _request(self, trace, index: int, prev_done: simpy.Event | None):
+    def _request(self, trace, index: int, prev_done: simpy.Event | None, done: simpy.Event):
         env = self.env
         if prev_done is not None:
             yield prev_done
@@ -64,15 +64,15 @@ class Engine:
             heapq.heappop(self.pending_followups)
         r = self.make_request(trace, index)
         r.arrival_s = env.now
+        r.done_event = done
         if not self.sched.add(r):
             # rejected on arrival (prompt too long for max_model_len): never scheduled;
             # a follow-up turn still comes after its think time
             self.rejected.append(r)
-            return
-        r.done_event = env.event()
-        self.done_events[trace.request_id] = r.done_event
-        self._wake()
-        yield r.done_event
+            done.succeed()
+        else:
+            self._wake()
+            yield done
         self.done_events.pop(trace.request_id, None)
 
     def _feeder(self, traces: Iterator):
@@ -88,7 +88,10 @@ class Engine:
             prev = self.done_events.get(trace.after) if trace.after else None
             if trace.after and prev is None:
                 prev = env.event().succeed()  # previous turn already finished
-            env.process(self._request(trace, index, prev))
+            # registered now, not when the request's process first runs: the next record
+            # may be this request's follow-up, which must wait for it to finish
+            done = self.done_events[trace.request_id] = env.event()
+            env.process(self._request(trace, index, prev, done))
             index += 1
             nxt = next(traces, None)
         self.next_arrival = float("inf")

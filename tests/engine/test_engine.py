@@ -195,3 +195,30 @@ def test_max_model_len_is_validated(tmp_path):
     with pytest.raises(ScenarioError, match="long_prefill_token_threshold: 600 cannot be"):
         load_scenario(scenario(tmp_path, [], scheduler={"max_model_len": 512,
                                                          "long_prefill_token_threshold": 600}))
+
+
+def test_a_follow_up_turn_arrives_its_think_time_after_the_previous_turn_finishes(tmp_path):
+    # closed loop: the follow-up record comes right after its first turn in the trace,
+    # before that turn has even started; it must still wait for it to finish
+    reqs = [{"id": "a", "arrival_s": 0.25, "prompt": "S:2000", "output_tokens": 300,
+             "session": "s"},
+            {"id": "b", "prompt": "S:2000 U:50", "output_tokens": 10, "session": "s",
+             "after": "a", "think_s": 0.5},
+            {"id": "c", "arrival_s": 0.3, "prompt": "X:500", "output_tokens": 5}]
+    dep, rows, s = simulate(load_scenario(scenario(tmp_path, reqs)))
+    got = by_id(rows)
+    a_done = got["a"]["arrival_s"] + got["a"]["e2e_s"]
+    assert a_done > 0.25 + 0.5          # (so arriving 0.5 s after a's arrival would be early)
+    assert got["b"]["arrival_s"] == pytest.approx(a_done + 0.5, abs=2e-9)
+
+
+def test_a_follow_up_of_a_rejected_turn_still_arrives(tmp_path):
+    reqs = [{"id": "a", "arrival_s": 0.0, "prompt": "S:3000", "output_tokens": 5,
+             "session": "s"},
+            {"id": "b", "prompt": "T:100", "output_tokens": 5, "session": "s",
+             "after": "a", "think_s": 1.5}]
+    dep, rows, s = simulate(load_scenario(scenario(tmp_path, reqs,
+                                                   scheduler={"max_model_len": 2048})))
+    assert s["rejected_requests"] == 1
+    assert [r[1] for r in rows] == ["b"]
+    assert by_id(rows)["b"]["arrival_s"] == pytest.approx(1.5, abs=2e-9)
