@@ -416,6 +416,10 @@ class Scheduler:
                 new_tokens = 1 + acc
             left = r.max_tokens - r.num_output
             if new_tokens > left:
+                # vLLM trims the tokens past the stop and uncounts them: num_computed
+                # stays one below num_tokens (what update-time caching then sees)
+                comp -= new_tokens - left
+                c.num_computed_tokens = comp
                 new_tokens = left
             if r.first_token_s < 0:
                 r.first_token_s = now
