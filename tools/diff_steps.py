@@ -52,8 +52,8 @@ mismatch on the same field remains.  Exit status 1 on any mismatch, 0 otherwise;
 ``skipped`` line when the oracle venv is absent.
 
 Known mismatch classes can be looked past, to find the next one: ``--assume NAME`` (see
-``ASSUMPTIONS``: a config key added on our side, a field label ignored, or a runtime patch of
-our scheduler for that run only -- ``sim`` itself is never changed) and ``--ignore FIELD``.
+``ASSUMPTIONS``: a config key added on our side or a field label ignored -- ``sim`` itself is
+never changed) and ``--ignore FIELD``.
 ``--classify`` labels every mismatching case with the known classes that account for it
 (reruns only our side, so it is cheap).  A plain run assumes nothing.
 """
@@ -418,10 +418,6 @@ def run_ours(spec: dict, timeout: float = 20.0, literal: bool = True,
     data = to_ours(spec, literal)
     orig = steps_mod.Scheduler
     cls = orig
-    if ASSUME & {"ngram-lookahead", "swa-fast-decode", "cow-release", "spec-cache",
-                 "swa-admission-cap"}:
-        cls = _patched_scheduler(cls, no_lookahead="ngram-lookahead" in ASSUME
-                                 and not spec["config"].get("eagle"))
     if trace is not None:
         cls = _tracing_scheduler(cls, trace)
     steps_mod.Scheduler = cls
@@ -442,112 +438,6 @@ def run_ours(spec: dict, timeout: float = 20.0, literal: bool = True,
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
         steps_mod.Scheduler = orig
-
-
-def _patched_scheduler(base, no_lookahead: bool):
-    """Our scheduler with the ``--assume`` patches (exploration only)."""
-    class Patched(base):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            if no_lookahead:
-                self.num_lookahead = 0
-            if "swa-fast-decode" in ASSUME:
-                self.fast_decode = False
-            if "swa-admission-cap" in ASSUME:
-                _cap_swa_admission(self.kv, self.cfg.max_num_batched_tokens)
-
-        def schedule(self, now):
-            items = super().schedule(now)
-            if "cow-release" in ASSUME:
-                self.kv.release_cow_copies()
-            return items
-
-        def update_from_output(self, items, now):
-            if "spec-cache" not in ASSUME or not self.cfg.num_speculative_tokens:
-                return super().update_from_output(items, now)
-            return _update_spec_cache(self, items, now)
-
-    return Patched
-
-
-def _cap_swa_admission(kv, budget: int) -> None:
-    """Replace the admission gate of ``kv.allocate_slots`` (this instance only) by one that
-    caps sliding-window groups as vLLM's ``apply_admission_cap`` does."""
-    from sim.cache.managers import SlidingWindowManager
-    from sim.cache.rules import cdiv
-
-    orig = kv.allocate_slots
-    c = kv.coordinator
-
-    def allocate_slots(req, num_new_tokens, num_new_computed=0, new_computed=None,
-                       num_lookahead_tokens=0, full_sequence_must_fit=False):
-        if full_sequence_must_fit:
-            ncb = new_computed if new_computed is not None else kv.empty
-            local = req.num_computed_tokens + num_new_computed
-            full = req.num_tokens
-            need = 0
-            for m in c.managers:
-                n = full
-                if isinstance(m, SlidingWindowManager):
-                    # vLLM: cdiv(window - 1 + max_in_flight_tokens, block) + 1, where
-                    # max_in_flight_tokens = max_concurrent_batches (2: the oracle's config
-                    # resolves async_scheduling on) x max_num_batched_tokens
-                    cap = cdiv(m.spec.window - 1 + 2 * budget, m.block_size) + 1
-                    n = min(n, cap * m.block_size)
-                need += m.blocks_to_allocate(req.request_id, n, ncb, local, local, n)
-            if need > c.pool.num_free():
-                return False
-        return orig(req, num_new_tokens, num_new_computed, new_computed,
-                    num_lookahead_tokens=num_lookahead_tokens)
-
-    kv.allocate_slots = allocate_slots
-
-
-def _update_spec_cache(self, items, now):
-    """Our ``Scheduler.update_from_output`` plus vLLM's post-output ``cache_blocks``: every
-    request that sampled appends its tokens (also in its last step) and caches up to its
-    verified computed tokens before a finished request is freed."""
-    finished = []
-    kv = self.kv
-    for it in items:
-        r = it.req
-        c = r.cache
-        c.num_computed_tokens += it.num_tokens
-        if it.is_prefill:
-            if not r.first_prefill_done:
-                r.chunk_ends.append(c.num_computed_tokens)
-                r.chunk_end_steps.append(self.sched_time)
-            if c.num_computed_tokens < c.num_tokens:
-                continue
-            r.first_prefill_done = True
-            new_tokens = 1
-        else:
-            if self.accept_list is not None:
-                al = self.accept_list
-                acc = min(al[min(self.sched_time, len(al) - 1)], it.spec_tokens)
-            else:
-                acc = min(self.accepted_at(self.step_index), it.spec_tokens)
-            c.num_computed_tokens -= it.spec_tokens - acc
-            new_tokens = 1 + acc
-        new_tokens = min(new_tokens, r.max_tokens - r.num_output)
-        if r.first_token_s < 0:
-            r.first_token_s = now
-        start = r.num_output
-        r.num_output += new_tokens
-        c.append_tokens([(r.out_stream, start, new_tokens)])
-        kv.coordinator.cache_blocks(c, min(c.num_computed_tokens, c.num_tokens))
-        if r.num_output >= r.max_tokens:
-            r.finish_s = now
-            finished.append(r)
-    self.step_index += 1
-    if finished:
-        done = set(id(r) for r in finished)
-        self.running = [r for r in self.running if id(r) not in done]
-        for r in finished:
-            r.mamba_states_written += kv.states_written(r.cache)
-            kv.free(r.cache)
-    kv.release_cow_copies()
-    return finished
 
 
 def _tracing_scheduler(base, trace: list):
@@ -632,20 +522,6 @@ ASSUMPTIONS = {
                    "(vLLM's MambaSpec holds one state block per draft token)",
     "replay-chunks": "ignore chunk_ends@replay / chunk_end_steps@replay (our chunk list goes on "
                      "through the re-prefill after a preemption inside the first prefill)",
-    "ngram-lookahead": "without EAGLE our scheduler reserves no drafter lookahead slots "
-                       "(vLLM's num_lookahead_tokens is 0 for ngram); patches our scheduler "
-                       "for the run, so a printed YAML does not reproduce this part",
-    "swa-fast-decode": "our scheduler runs without its decode fast path (which skips "
-                       "allocate_slots, and with it the sliding-window block release); patch",
-    "cow-release": "copy-on-write retained blocks are released at the end of schedule(), as "
-                   "vLLM does, not at the end of update_from_output; patch",
-    "swa-admission-cap": "the full-sequence admission gate caps each sliding-window group at "
-                         "cdiv(window - 1 + 2 x max_num_batched_tokens, block) + 1 blocks "
-                         "(vLLM's max_admission_blocks_per_request; 2 = max_concurrent_batches "
-                         "with async scheduling on, as the oracle's config resolves); patch",
-    "spec-cache": "with speculative decoding, update_from_output caches the blocks completed by "
-                  "the step's verified tokens (vLLM's cache_blocks after "
-                  "_update_request_with_output); patch",
 }
 ASSUME: set[str] = set()
 
@@ -664,8 +540,8 @@ def assume(names) -> None:
 def _padded_admissions(ans: dict) -> list[str]:
     """Requests the oracle admitted with placeholder drafts: vLLM pads a newly scheduled
     request with one token left (a hit of all but one token) to ``1 + K`` tokens when no
-    running request is prefilling this step (``pad_spec_decode`` in ``Scheduler.schedule``).
-    Our scheduler has no such rule and there is no ``--assume`` patch for it."""
+    running request is prefilling this step (``pad_spec_decode`` in ``Scheduler.schedule``);
+    named in the label of a case nothing else explains."""
     first = {r["id"]: r.get("first_scheduled_step") for r in ans.get("requests") or []}
     out = []
     for st in ans.get("steps") or []:
