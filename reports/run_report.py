@@ -112,6 +112,13 @@ def read_rows(folder: Path) -> list[tuple]:
     return rows
 
 
+def _rejected(s: dict) -> str:
+    """Requests refused on arrival (scheduler.max_model_len), when there were any; run
+    folders written before the field existed have none."""
+    n = s.get("rejected_requests", 0)
+    return f" served, {n:,} rejected (prompt >= max_model_len)" if n else ""
+
+
 def write_report(folder: Path) -> None:
     """Rebuild report.md and its figures from a run folder (requests.csv,
     summary.json, run.json)."""
@@ -143,7 +150,7 @@ def write_report(folder: Path) -> None:
         "",
         "| metric | value |",
         "|---|---|",
-        f"| requests | {s['requests']:,} |",
+        f"| requests | {s['requests']:,}{_rejected(s)} |",
         f"| token hit rate | {s['token_hit_rate']:.2%} ({s['hit_tokens']:,} of {s['prompt_tokens']:,}) |",
         f"| request hit rate | {s['request_hit_rate']:.2%} |",
         f"| lost to reconciliation | {s['lost_token_rate']:.2%} of prompt tokens ({s['lost_tokens']:,}) |",

@@ -222,3 +222,13 @@ def test_a_follow_up_of_a_rejected_turn_still_arrives(tmp_path):
     assert s["rejected_requests"] == 1
     assert [r[1] for r in rows] == ["b"]
     assert by_id(rows)["b"]["arrival_s"] == pytest.approx(1.5, abs=2e-9)
+
+
+def test_the_report_says_how_many_requests_were_rejected(tmp_path):
+    reqs = [{"id": "a", "arrival_s": 0.0, "prompt": "S:3000", "output_tokens": 5},
+            {"id": "b", "arrival_s": 0.1, "prompt": "T:100", "output_tokens": 5}]
+    sc = load_scenario(scenario(tmp_path, reqs, scheduler={"max_model_len": 2048}))
+    dep, rows, s = simulate(sc)
+    out = write_run(tmp_path / "run", sc, dep, rows, s)
+    assert "| requests | 1 served, 1 rejected (prompt >= max_model_len) |" in \
+        (out / "report.md").read_text()
