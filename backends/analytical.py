@@ -64,6 +64,7 @@ class CostModel:
         TC = sum t*c, TT = sum t*(t+1).  Pure-decode jumps call this directly
         with the same integers, so a jump and single steps agree bit for bit."""
         if self.per_token_s is not None:
+            assert self.per_item_s is not None and self.per_pair_s is not None
             if NC is None:  # a pure-decode jump: every item has T / n tokens
                 NC = n * -(-(T // n) // self.chunk_tokens) if self.chunk_tokens else 0
             return (n * self.per_item_s + T * self.per_token_s

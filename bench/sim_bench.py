@@ -8,7 +8,8 @@
 
 Prints simulated requests per wall second, the ratio to the 5,000/s target and to the
 reference simulators measured on this machine class (Vidur ~670 req/s, Marconi's cache-only
-replay 1-2 k req/s), and the process's peak RSS.
+replay 1-2 k req/s), the process's peak RSS and which build ran (the mypyc-compiled hot
+path, or the source with ``HCS_NATIVE=0``: see sim/native.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sim import native  # noqa: E402
 from sim.run import simulate  # noqa: E402
 from sim.scenario import load_scenario  # noqa: E402
 
@@ -97,7 +99,11 @@ def main() -> None:
     for name, ref in REFERENCES.items():
         print(f"  vs {name} ~{ref:,.0f} req/s: {rate / ref:.2f}x")
     print(f"  peak RSS {rss:.2f} GiB")
+    print(f"  build: {native.describe()}")
     if args.profile:
+        if native.mode() == "compiled":
+            print("profile: cProfile cannot see inside the compiled modules; run with "
+                  "HCS_NATIVE=0 to profile the source")
         import cProfile
         import pstats
 

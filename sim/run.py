@@ -146,10 +146,10 @@ class Recorder:
         c = r.cache
         ns = 1e-9  # engine times are integer nanoseconds
         self.rows.append((
-            r.index, c.request_id, session or "", r.arrival_s * ns, c.num_prompt_tokens,
+            r.index, c.request_id, session or "", r.arrival_ns * ns, c.num_prompt_tokens,
             r.hit_tokens, r.attention_hit_tokens, max(r.attention_hit_tokens - r.hit_tokens, 0),
-            r.junction, r.recomputed_tokens, (r.first_scheduled_s - r.arrival_s) * ns,
-            (r.first_token_s - r.arrival_s) * ns, (r.finish_s - r.arrival_s) * ns,
+            r.junction, r.recomputed_tokens, (r.first_scheduled_ns - r.arrival_ns) * ns,
+            (r.first_token_ns - r.arrival_ns) * ns, (r.finish_ns - r.arrival_ns) * ns,
             r.num_output, r.preemptions, r.mamba_states_written))
 
 
@@ -185,8 +185,7 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
         for s, off, n in trace.segments:
             sid = stream_ids.get(s)
             runs.append((sid if sid is not None else streams.id(s), off, n))
-        r = SimRequest(kv.make_request(trace.request_id, runs), trace.arrival_s,
-                       trace.output_tokens, index)
+        r = SimRequest(kv.make_request(trace.request_id, runs), trace.output_tokens, index)
         r.out_stream = streams.id(f"out/{trace.request_id}")
         sessions[index] = trace.session
         return r

@@ -127,7 +127,7 @@ def run_steps_data(data, source: str = "<steps>") -> list[dict]:
 
     def make(trace, index):
         _, runs, _, mt = by_id[trace.request_id]
-        r = SimRequest(kv.make_request(trace.request_id, runs), trace.arrival_s, mt, index)
+        r = SimRequest(kv.make_request(trace.request_id, runs), mt, index)
         r.out_stream = streams.id(f"out/{trace.request_id}")
         reqs[trace.request_id] = r
         return r
@@ -148,14 +148,14 @@ def run_steps_data(data, source: str = "<steps>") -> list[dict]:
             continue
         out.append({
             "id": rid,
-            "arrival_step": r.arrival_s,
-            "first_scheduled_step": r.first_scheduled_s,
+            "arrival_step": r.arrival_ns,
+            "first_scheduled_step": r.first_scheduled_ns,
             "hit": r.hit_tokens,
             "junction": r.junction,
             "chunk_ends": list(r.chunk_ends),
             "chunk_end_steps": list(r.chunk_end_steps),
-            "first_token_step": r.first_token_s - 1,
-            "finish_step": r.finish_s - 1,
+            "first_token_step": r.first_token_ns - 1,
+            "finish_step": r.finish_ns - 1,
             "preemptions": r.preemptions,
             "output_tokens": r.num_output,
         })

@@ -17,6 +17,7 @@ rules are kept precisely:
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Sequence
 
 GROUP_BITS = 5  # up to 32 KV-cache groups
 
@@ -88,7 +89,7 @@ class BlockPool:
             v = cached.get(base | gid)
             if v is None:
                 return None
-            out.append(v if v.__class__ is Block else next(iter(v.values())))
+            out.append(v if isinstance(v, Block) else next(iter(v.values())))
         return out
 
     def contains(self, key: int, block_id: int) -> bool:
@@ -158,7 +159,7 @@ class BlockPool:
             self.insert_key(key, dst, num_tokens)
 
     # -- caching ---------------------------------------------------------------
-    def cache_full_blocks(self, hashes: list[int], blocks: list[Block], indices,
+    def cache_full_blocks(self, hashes: list[int], blocks: list[Block], indices: Sequence[int],
                           block_size: int, group_id: int) -> None:
         """Key ``blocks[i]`` for each ``i`` in ``indices`` by the hash at the block's end."""
         scale = block_size // self.hash_block_size
@@ -217,7 +218,7 @@ class BlockPool:
             return 0
         return self.peak[self.kind_of_group[group_ids[0]]]
 
-    def touch(self, blocks) -> None:
+    def touch(self, blocks: list[Block]) -> None:
         q = self.free_queue
         for b in blocks:
             if b.is_null:
@@ -226,11 +227,11 @@ class BlockPool:
                 del q[b.block_id]
             b.ref_cnt += 1
 
-    def free_blocks(self, ordered) -> None:
+    def free_blocks(self, ordered: list[Block]) -> None:
         """Release one reference of each block; order = eviction priority."""
-        self.free_blocks_each((ordered,))
+        self.free_blocks_each([ordered])
 
-    def free_blocks_each(self, lists) -> None:
+    def free_blocks_each(self, lists: list[list[Block]]) -> None:
         """``free_blocks(l)`` for each ``l`` in turn, in one call.
 
         Each call appends its hashed blocks to the back (in order) and moves its
@@ -241,9 +242,9 @@ class BlockPool:
         """
         q = self.free_queue
         occ = self.occupied
-        fronts = None
+        fronts: list[list[Block]] | None = None
         for ordered in lists:
-            first = None
+            first: list[Block] | None = None
             for b in ordered:
                 if b.is_null:
                     continue
@@ -262,7 +263,7 @@ class BlockPool:
                 fronts.append(first)
         if fronts is not None:
             move = q.move_to_end
-            for first in fronts:
-                for b in reversed(first):
+            for front in fronts:
+                for b in reversed(front):
                     q[b.block_id] = b
                     move(b.block_id, False)

@@ -9,6 +9,8 @@ directly (``UnitaryKVCacheCoordinator``).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sim.cache.block_pool import Block, BlockPool
 from sim.cache.managers import (
     FullAttentionManager,
@@ -18,6 +20,9 @@ from sim.cache.managers import (
     SlidingWindowManager,
 )
 from sim.cache.rules import cdiv, eagle_proof_margin, replay_boundaries
+
+if TYPE_CHECKING:
+    from sim.cache.request import CacheRequest
 
 MANAGER_BY_KIND: dict[str, type[SingleTypeManager]] = {
     "full": FullAttentionManager,
@@ -29,7 +34,8 @@ MANAGER_BY_KIND: dict[str, type[SingleTypeManager]] = {
 class SpecGroup:
     __slots__ = ("spec", "group_ids", "cls", "use_eagle")
 
-    def __init__(self, spec: GroupSpec, group_ids: list[int], cls, use_eagle: bool):
+    def __init__(self, spec: GroupSpec, group_ids: list[int], cls: type[SingleTypeManager],
+                 use_eagle: bool):
         self.spec, self.group_ids, self.cls, self.use_eagle = spec, group_ids, cls, use_eagle
 
 
@@ -121,7 +127,8 @@ class Coordinator:
         self._cacheable = [(m, m.use_eagle) for m in self.managers]
 
     # ---------------------------------------------------------------- lookup --
-    def _find(self, g: SpecGroup, hashes, max_length, drop_eagle):
+    def _find(self, g: SpecGroup, hashes: list[int], max_length: int,
+              drop_eagle: bool) -> tuple[list[list[Block]], int]:
         m = self.manager_of[g.group_ids[0]]
         return m.find(hashes, max_length, g.group_ids, drop_eagle, self.align)
 
@@ -176,9 +183,9 @@ class Coordinator:
                 continue
             nb = cdiv(hit_length, self.manager_of[g.group_ids[0]].block_size)
             for gid in g.group_ids:
-                b = blocks_by_group[gid]
-                if b is not None:
-                    del b[nb:]
+                got = blocks_by_group[gid]
+                if got is not None:
+                    del got[nb:]
                     len_by_group[gid] = hit_length
         return ([b if b is not None else [] for b in blocks_by_group], hit_length,
                 longest - hit_length)
@@ -213,19 +220,20 @@ class Coordinator:
             return min(fin, fin_aligned + block_size)
         return aligned
 
-    def replay(self, req) -> tuple[int, ...]:
+    def replay(self, req: CacheRequest) -> tuple[int, ...]:
         return replay_boundaries(req.num_prompt_tokens, self.scheduler_block_size,
                                  bool(self.drop_eagle_group_ids))
 
-    def cache_blocks(self, req, num_computed: int) -> None:
+    def cache_blocks(self, req: CacheRequest, num_computed: int) -> None:
         ret = self.retention
         replay = self.replay
         for m, eagle in self._cacheable:
             m.cache_blocks(req, self.num_cacheable_tokens(num_computed, eagle, m.block_size),
                            ret, replay)
 
-    def blocks_to_allocate(self, rid, num_tokens, new_computed, total_computed, num_local,
-                           num_tokens_main, admission: bool = False) -> int:
+    def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[list[Block]],
+                           total_computed: int, num_local: int, num_tokens_main: int,
+                           admission: bool = False) -> int:
         """Blocks every group needs; ``new_computed`` is indexed by group id."""
         n = 0
         for m in self.managers:

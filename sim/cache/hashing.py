@@ -42,7 +42,7 @@ def canonical_runs(runs: list[Run]) -> list[Run]:
     runs are made maximal before hashing.
     """
     out: list[Run] = []
-    ps = pst = pn = None
+    ps = pst = pn = -1          # (no run yet: stream ids are >= 0)
     for r in runs:
         s, st, n = r
         if n <= 0:

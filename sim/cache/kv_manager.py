@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from sim.cache.block_pool import Block
 from sim.cache.config import CacheConfig
 from sim.cache.coordinator import Coordinator
-from sim.cache.hashing import PrefixHasher
+from sim.cache.hashing import PrefixHasher, Run
 from sim.cache.managers import MambaManager
 from sim.cache.request import CacheRequest
+from sim.cache.split import SplitPolicy
 
 
 @dataclass
@@ -31,8 +32,10 @@ class KVCacheManager:
     def __init__(self, cfg: CacheConfig):
         self.cfg = cfg
         self.use_eagle = cfg.eagle_drop
+        hash_block_size = cfg.hash_block_size
+        assert hash_block_size is not None   # resolved when the config was validated
         self.coordinator = Coordinator(
-            cfg.group_specs(), cfg.num_blocks, cfg.scheduler_block_size, cfg.hash_block_size,
+            cfg.group_specs(), cfg.num_blocks, cfg.scheduler_block_size, hash_block_size,
             use_eagle=cfg.eagle_drop, retention=cfg.prefix_cache_retention_interval,
             lookahead=cfg.num_hash_lookahead_tokens,
             prefill_lookahead=cfg.prefill_lookahead,
@@ -54,16 +57,16 @@ class KVCacheManager:
                     n = min(m.spec.window - 1 + max(0, cfg.prefill_lookahead - 1)
                             + cfg.max_in_flight_tokens, cfg.max_model_len)
                     m.admission_cap = -(-n // m.block_size) + 1
-        self.last_copies: list[tuple[str, object, object]] = []
+        self.last_copies: list[tuple[str, Block, Block]] = []
         self.pool = c.pool
-        self.hasher = PrefixHasher(cfg.hash_block_size, cfg.num_hash_lookahead_tokens)
+        self.hasher = PrefixHasher(hash_block_size, cfg.num_hash_lookahead_tokens)
         self.empty: list[list[Block]] = [[] for _ in c.specs]   # "no hit", per group
 
     @property
     def partial_hits(self) -> bool:
         return self.coordinator.partial_hits
 
-    def make_request(self, rid: str, runs, report_mode: str | None = None) -> CacheRequest:
+    def make_request(self, rid: str, runs: list[Run], report_mode: str | None = None) -> CacheRequest:
         return CacheRequest(rid, runs, self.hasher, report_mode)
 
     # ------------------------------------------------------------------ lookup --
@@ -77,7 +80,8 @@ class KVCacheManager:
         junction = hit + uncached if uncached else 0
         return Lookup(blocks, hit, junction, events)
 
-    def _emit_cached_block_events(self, req: CacheRequest, blocks) -> list[dict]:
+    def _emit_cached_block_events(self, req: CacheRequest,
+                                  blocks: list[list[Block]]) -> list[dict]:
         """vLLM publishes one key per *position* of each group's hit list.
 
         For Mamba the list is ``[null, ..., state]``, so this publishes keys of
@@ -157,8 +161,8 @@ class KVCacheManager:
         """Drop the refs retained for this step's copy-on-write copies (vLLM frees them
         at the end of ``schedule()``); the copies themselves are kept in
         ``last_copies`` for a compute backend to perform before the forward."""
-        copies = []
-        retained = []
+        copies: list[tuple[str, Block, Block]] = []
+        retained: list[Block] = []
         for m in self.coordinator.managers:
             if not m.has_pending_cow:
                 continue
@@ -196,10 +200,8 @@ class KVCacheManager:
         get = self.pool.get_cached_block
         return [(i + 1) * h for i, hv in enumerate(req.block_hashes) if get(hv, [gid])]
 
-    def split_policy(self):
+    def split_policy(self) -> SplitPolicy:
         """The scheduler's align-mode split, configured as this manager."""
-        from sim.cache.split import SplitPolicy
-
         c = self.coordinator
         partial = (c.partial_hits and any(s.kind == "mamba" for s in c.specs)
                    and c.hash_block_size < c.scheduler_block_size)

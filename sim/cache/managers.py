@@ -22,9 +22,13 @@ Behaviour that decides hit lengths, in one place:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
 from sim.cache.rules import cdiv, mamba_checkpoint_position
+
+if TYPE_CHECKING:
+    from sim.cache.request import CacheRequest
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ def find_full(pool: BlockPool, hashes: list[int], max_length: int, group_ids: li
             v = cached.get((hashes[(j + 1) * scale - 1] << GROUP_BITS) | g0)
             if v is None:
                 break
-            c0.append(v if v.__class__ is Block else next(iter(v.values())))
+            c0.append(v if isinstance(v, Block) else next(iter(v.values())))
     else:
         for j in range(min(max_length // block_size, n_view)):
             got = get(hashes[(j + 1) * scale - 1], group_ids)
@@ -224,7 +228,8 @@ class SingleTypeManager:
         self.pending_cow: list[list[tuple[Block, Block]]] = [[] for _ in self.group_ids]
         self.has_pending_cow = False
 
-    def find(self, hashes, max_length, group_ids, drop_eagle, align):
+    def find(self, hashes: list[int], max_length: int, group_ids: list[int], drop_eagle: bool,
+             align: int) -> tuple[list[list[Block]], int]:
         raise NotImplementedError
 
     def table(self, rid: str) -> list[Block]:
@@ -334,7 +339,8 @@ class SingleTypeManager:
                        boundaries: list[int]) -> list[bool] | None:
         return None
 
-    def cache_blocks(self, req, num_tokens: int, retention: int | None, replay) -> None:
+    def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,
+                     replay: Callable[[CacheRequest], Iterable[int]]) -> None:
         """Cache the full blocks ``num_tokens`` completed.  ``replay`` is a
         callable giving the replay boundaries (computed only when needed)."""
         rid = req.request_id
@@ -352,7 +358,7 @@ class SingleTypeManager:
                     boundaries.append(req.shared_prefix_boundary - self.block_size)
         mask = self.reachable_mask(num_cached, num_full, retention, boundaries)
         if mask is None:
-            indices = range(num_cached, num_full)
+            indices: Sequence[int] = range(num_cached, num_full)
         else:   # (decided once for every member)
             indices = [i for i, keep in enumerate(mask, num_cached) if keep]
         if indices:
@@ -384,9 +390,9 @@ class SingleTypeManager:
             return
         last = min(last, len(t[0]))
         null = self.pool.null_block
-        lists = []
+        lists: list[list[Block]] = []
         for blocks in t:
-            freed = []
+            freed: list[Block] = []
             for i in range(last - 1, first - 1, -1):
                 if blocks[i] is null:
                     break
@@ -411,11 +417,13 @@ class SingleTypeManager:
 class FullAttentionManager(SingleTypeManager):
     fine_lookup = True
 
-    def find(self, hashes, max_length, group_ids, drop_eagle, align):
+    def find(self, hashes: list[int], max_length: int, group_ids: list[int], drop_eagle: bool,
+             align: int) -> tuple[list[list[Block]], int]:
         return find_full(self.pool, hashes, max_length, group_ids, self.block_size,
                          drop_eagle, align)
 
-    def cache_blocks(self, req, num_tokens, retention, replay) -> None:
+    def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,
+                     replay: Callable[[CacheRequest], Iterable[int]]) -> None:
         super().cache_blocks(req, num_tokens, retention, replay)
         h = self.pool.hash_block_size
         if self.block_size == h:
@@ -433,14 +441,16 @@ class FullAttentionManager(SingleTypeManager):
 
 
 class SlidingWindowManager(SingleTypeManager):
-    def find(self, hashes, max_length, group_ids, drop_eagle, align):
+    def find(self, hashes: list[int], max_length: int, group_ids: list[int], drop_eagle: bool,
+             align: int) -> tuple[list[list[Block]], int]:
         return find_swa(self.pool, hashes, max_length, group_ids, self.block_size,
                         self.spec.window, drop_eagle, align)
 
     def num_skipped_tokens(self, num_computed: int) -> int:
         return max(0, num_computed - self.spec.window + 1)
 
-    def reachable_mask(self, start, end, retention, boundaries):
+    def reachable_mask(self, start: int, end: int, retention: int | None,
+                       boundaries: list[int]) -> list[bool] | None:
         align = self.align
         bs = self.block_size
         if align % bs != 0:
@@ -487,13 +497,15 @@ class MambaManager(SingleTypeManager):
         self.states_written: dict[str, int] = {}   # states this request registered (per group)
         self._checkpoints: dict[int, int] = {}     # prompt length -> checkpoint position
 
-    def find(self, hashes, max_length, group_ids, drop_eagle, align):
+    def find(self, hashes: list[int], max_length: int, group_ids: list[int], drop_eagle: bool,
+             align: int) -> tuple[list[list[Block]], int]:
         return find_mamba(self.pool, hashes, max_length, group_ids, self.block_size, align)
 
     def num_skipped_tokens(self, num_computed: int) -> int:
         return num_computed - 1
 
-    def reachable_mask(self, start, end, retention, boundaries):
+    def reachable_mask(self, start: int, end: int, retention: int | None,
+                       boundaries: list[int]) -> list[bool] | None:
         if retention is None:
             return None
         bs = self.block_size
@@ -512,7 +524,7 @@ class MambaManager(SingleTypeManager):
                 mask[blk - start] = True
         return mask
 
-    def remove_skipped_blocks(self, rid, processed):
+    def remove_skipped_blocks(self, rid: str, processed: int) -> None:
         """Free the states below the running one: the skipped range (nulls
         skipped, tail first) and the previous running state, member by member."""
         t = self.tables.get(rid)
@@ -524,15 +536,16 @@ class MambaManager(SingleTypeManager):
         if skipped > 0:
             first = self.retired.get(rid, 0)
             last = min(skipped // self.block_size, n_blocks)
-        ls = self.last_state_idx.get(rid)
-        drop_last = ls is not None and ls < -(-processed // self.block_size) - 1
+        last_state = self.last_state_idx.get(rid)
+        drop_last = last_state is not None and last_state < -(-processed // self.block_size) - 1
+        ls = last_state if last_state is not None else 0
         if first >= last and not drop_last:
             return
         null = self.pool.null_block
-        lists = []   # the frees in the order one manager per group would make them
+        lists: list[list[Block]] = []   # the frees in the order one manager per group makes
         for blocks in t:
             if first < last:
-                freed = []
+                freed: list[Block] = []
                 for i in range(last - 1, first - 1, -1):
                     b = blocks[i]
                     if not b.is_null:
@@ -540,14 +553,15 @@ class MambaManager(SingleTypeManager):
                         blocks[i] = null
                 lists.append(freed)
             if drop_last and not blocks[ls].is_null:
-                lists.append((blocks[ls],))
+                lists.append([blocks[ls]])
                 blocks[ls] = null
         self.pool.free_blocks_each(lists)
         if first < last:
             self.retired[rid] = last
 
-    def blocks_to_allocate(self, rid, num_tokens, new_computed, total_computed, num_local,
-                           num_tokens_main, admission: bool = False):
+    def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[list[Block]],
+                           total_computed: int, num_local: int, num_tokens_main: int,
+                           admission: bool = False) -> int:
         cts = self.cached_this_step
         if cts:
             for g in self.group_ids:
@@ -571,7 +585,7 @@ class MambaManager(SingleTypeManager):
             new = min(new, cap)
         return new * self.width + self._evictable(new_computed)
 
-    def allocate_new(self, rid, num_tokens, num_tokens_main):
+    def allocate_new(self, rid: str, num_tokens: int, num_tokens_main: int) -> None:
         t = self.tables.get(rid) or self._new_table(rid)
         b0 = t[0]
         nspec = self.num_spec_blocks
@@ -629,14 +643,15 @@ class MambaManager(SingleTypeManager):
         self.allocated.add(rid)
         self.partial_hit.pop(rid, None)
 
-    def _forget(self, rid):
+    def _forget(self, rid: str) -> list[list[Block]] | None:
         self.allocated.discard(rid)
         self.last_state_idx.pop(rid, None)
         self.retired.pop(rid, None)
         self.states_written.pop(rid, None)
         return super()._forget(rid)
 
-    def cache_blocks(self, req, num_tokens, retention, replay) -> None:
+    def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,
+                     replay: Callable[[CacheRequest], Iterable[int]]) -> None:
         rid = req.request_id
         before = self.num_cached.get(rid, 0)
         super().cache_blocks(req, num_tokens, retention, replay)
@@ -659,7 +674,7 @@ class MambaManager(SingleTypeManager):
         if self.cached_this_step:
             self.cached_this_step.clear()
 
-    def _cache_partial_tail(self, req, num_tokens: int) -> int:
+    def _cache_partial_tail(self, req: CacheRequest, num_tokens: int) -> int:
         """Register the prompt checkpoint (or junction) state inside a block;
         returns the states the first member registered (0 or 1)."""
         h = self.pool.hash_block_size

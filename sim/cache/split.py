@@ -11,7 +11,7 @@ block-floored without it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sim.cache.rules import mamba_checkpoint_position
 
@@ -25,10 +25,9 @@ class SplitPolicy:
     lookahead: int             # num_hash_lookahead_tokens
     shared_prefix_checkpoint: bool
     checkpoint_rule: str = "v0.33"
-
-    def __post_init__(self) -> None:
-        # (num_tokens, num_prompt) -> (last cacheable block position, prompt tail)
-        object.__setattr__(self, "_positions", {})
+    # (num_tokens, num_prompt) -> (last cacheable block position, prompt tail), memoized
+    _positions: dict[tuple[int, int], tuple[int, int]] = field(
+        default_factory=dict, init=False, compare=False, repr=False)
 
     def _checkpoints(self, num_tokens: int, num_prompt: int) -> tuple[int, int]:
         key = (num_tokens, num_prompt)

@@ -15,17 +15,29 @@ associative); outputs convert back to seconds.
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Generator, Iterable, Iterator, Protocol
 
 import simpy
 
 from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
 
+Process = Generator[simpy.Event, Any, None]
+NEVER = 1 << 62   # "no such time" on the integer-ns clock (146 years)
+
+
+class Arrival(Protocol):
+    """What the engine reads of a workload record (``workloads.base.TraceRequest``)."""
+
+    request_id: str
+    arrival_s: float
+    after: str | None
+    think_s: float
+
 
 class Engine:
     def __init__(self, scheduler: Scheduler, step_time: Callable[[list[ScheduledItem]], float],
                  sums_time: Callable[[int, int, int, int, int], float] | None,
-                 make_request: Callable[[object, int], SimRequest],
+                 make_request: Callable[[Any, int], SimRequest],
                  on_finish: Callable[[SimRequest], None], jump: bool = True,
                  progress: Callable[[int], None] | None = None):
         self.env = simpy.Environment()
@@ -37,14 +49,14 @@ class Engine:
         self.jump = jump
         self.progress = progress
         self.wake: simpy.Event | None = None
-        self.next_arrival = float("inf")
-        self.pending_followups: list[float] = []   # heap of known follow-up arrival times
+        self.next_arrival = NEVER   # time of the next known arrival (ns)
+        self.pending_followups: list[int] = []   # heap of known follow-up arrival times (ns)
         self.done_events: dict[str, simpy.Event] = {}
         self.steps = 0
         self.finished = 0
         self.rejected: list[SimRequest] = []   # refused on arrival (see Scheduler.add)
 
-    def step_time(self, items) -> int:
+    def step_time(self, items: list[ScheduledItem]) -> int:
         """Step duration in integer nanoseconds (at least 1)."""
         return max(1, round(self._step_time_s(items) * 1e9))
 
@@ -53,17 +65,18 @@ class Engine:
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed()
 
-    def _request(self, trace, index: int, prev_done: simpy.Event | None, done: simpy.Event):
+    def _request(self, trace: Arrival, index: int, prev_done: simpy.Event | None,
+                 done: simpy.Event) -> Process:
         env = self.env
         if prev_done is not None:
             yield prev_done
             think = round(trace.think_s * 1e9)
-            t = env.now + think
+            t = int(env.now) + think   # (the clock is integer ns throughout)
             heapq.heappush(self.pending_followups, t)
             yield env.timeout(think)
             heapq.heappop(self.pending_followups)
         r = self.make_request(trace, index)
-        r.arrival_s = env.now
+        r.arrival_ns = int(env.now)   # (always an int: every delay is integer ns)
         r.done_event = done
         if not self.sched.add(r):
             # rejected on arrival (prompt too long for max_model_len): never scheduled;
@@ -75,7 +88,7 @@ class Engine:
             yield done
         self.done_events.pop(trace.request_id, None)
 
-    def _feeder(self, traces: Iterator):
+    def _feeder(self, traces: Iterator[Arrival]) -> Process:
         env = self.env
         index = 0
         nxt = next(traces, None)
@@ -94,10 +107,10 @@ class Engine:
             env.process(self._request(trace, index, prev, done))
             index += 1
             nxt = next(traces, None)
-        self.next_arrival = float("inf")
+        self.next_arrival = NEVER
 
     # ------------------------------------------------------------------ engine --
-    def _loop(self):
+    def _loop(self) -> Process:
         env = self.env
         sched = self.sched
         while True:
@@ -105,7 +118,7 @@ class Engine:
                 self.wake = env.event()
                 yield self.wake
                 self.wake = None
-            items = sched.schedule(env.now)
+            items = sched.schedule(int(env.now))
             if not items:
                 # Nothing fits this step (e.g. waiting on a state cached this
                 # step): let time pass one step's overhead and retry.
@@ -120,7 +133,7 @@ class Engine:
             else:
                 yield env.timeout(self.step_time(items))
                 self.steps += 1
-                for r in sched.update_from_output(items, env.now):
+                for r in sched.update_from_output(items, int(env.now)):
                     self.finished += 1
                     self.on_finish(r)
                     r.done_event.succeed()
@@ -178,7 +191,7 @@ class Engine:
         T = n * t
         TT = n * t * (t + 1)
         horizon = min(self.next_arrival,
-                      self.pending_followups[0] if self.pending_followups else float("inf"))
+                      self.pending_followups[0] if self.pending_followups else NEVER)
         now = self.env.now
         total = 0
         k = 0
@@ -212,7 +225,7 @@ class Engine:
         self.sched.jump_decode(items, k)
         self.steps += k
 
-    def run(self, traces: Iterable) -> None:
+    def run(self, traces: Iterable[Arrival]) -> None:
         self.env.process(self._feeder(iter(traces)))
         self.env.process(self._loop())
         self.env.run()

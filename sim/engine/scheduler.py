@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.request import CacheRequest
@@ -38,23 +39,24 @@ class SimRequest:
     """A request inside the engine: cache view plus serving progress."""
 
     cache: CacheRequest
-    arrival_s: float
     max_tokens: int
     index: int                         # arrival order (tie-break, output order)
+    # engine clock (integer ns; one per step in `sim steps`), -1 until it happens
+    arrival_ns: int = -1
     num_output: int = 0
     hit_tokens: int = -1               # prefix hit at first admission
     attention_hit_tokens: int = 0      # full attention alone
     junction: int = 0
-    first_scheduled_s: float = -1.0
-    first_token_s: float = -1.0
-    finish_s: float = -1.0
+    first_scheduled_ns: int = -1
+    first_token_ns: int = -1
+    finish_ns: int = -1
     preemptions: int = 0
     recomputed_tokens: int = 0
     mamba_states_written: int = 0
     chunk_ends: list[int] = field(default_factory=list)
     chunk_end_steps: list[int] = field(default_factory=list)   # step index of each chunk end
     first_prefill_done: bool = False
-    done_event: object = None
+    done_event: Any = None             # the engine's simpy.Event signalling the finish
 
     @property
     def rid(self) -> str:
@@ -67,7 +69,7 @@ class SimRequest:
     out_stream: int = 0                # stream id of this request's output tokens
     fast_n: int = -1                   # decode fast path: tokens per step at the last allocation
     fast_until: int = -1               # ... and the computed count up to which it stays valid
-    item: "ScheduledItem" = None       # reused per step (a request is scheduled once per step)
+    item: "ScheduledItem | None" = None      # reused per step (a request is scheduled once per step)
     has_drafts: bool = False           # drafter proposed K tokens after its last sampling step
     is_prefill_chunk: bool = False     # its last scheduled step left prompt tokens uncomputed
     recording: bool = True             # first prefill's chunk ends (stops at a preemption)
@@ -272,7 +274,7 @@ class Scheduler:
                     r.hit_tokens = new_local
                     r.junction = lookup.junction if lookup else 0
                     r.attention_hit_tokens = attn_alone
-                    r.first_scheduled_s = now
+                    r.first_scheduled_ns = now
                 c.num_computed_tokens += new_local
                 self._emit(out, r, n, c.num_computed_tokens, not padded, K if padded else 0,
                            new_local, padded)
@@ -371,7 +373,7 @@ class Scheduler:
         self.step_index += k
 
     # ------------------------------------------------------------------ update --
-    def update_from_output(self, items: list[ScheduledItem], now: float) -> list[SimRequest]:
+    def update_from_output(self, items: list[ScheduledItem], now: int) -> list[SimRequest]:
         """Advance every scheduled request; returns the requests that finished."""
         finished = []
         kv = self.kv
@@ -421,8 +423,8 @@ class Scheduler:
                 comp -= new_tokens - left
                 c.num_computed_tokens = comp
                 new_tokens = left
-            if r.first_token_s < 0:
-                r.first_token_s = now
+            if r.first_token_ns < 0:
+                r.first_token_ns = now
             start = r.num_output
             r.num_output = start + new_tokens
             c.append_run(r.out_stream, start, new_tokens)
@@ -436,7 +438,7 @@ class Scheduler:
                     r.cache_mark = mark
                     kv.cache_blocks(c, comp)
             if r.num_output >= r.max_tokens:
-                r.finish_s = now
+                r.finish_ns = now
                 finished.append(r)
             else:
                 r.has_drafts = drafts
