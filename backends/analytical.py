@@ -18,6 +18,10 @@ carries measured coefficients of the torch backend on one device:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sim.engine.scheduler import ScheduledItem
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class CostModel:
     per_chunk_s: float = 0.0          # per started SSD chunk of ``chunk_tokens`` new tokens
     chunk_tokens: int = 0
 
-    def step_time(self, items) -> float:
+    def step_time(self, items: list[ScheduledItem]) -> float:
         if not items:
             return self.overhead_s
         T = C = TC = TT = NC = 0

@@ -10,16 +10,18 @@ rules are kept precisely:
 * requests free their blocks tail first, so within one request the end of
   the chain is evicted first;
 * allocation pops from the front and drops every hash the block carried;
+* the free queue is, as in vLLM, a doubly linked list threaded through the
+  blocks themselves (``prev_free``/``next_free``), between two sentinels:
+  every operation is a few pointer updates, with no hashing or allocation;
 * a block may carry several keys (a partial-prefix key beside its full-block
   key); one key may map to several blocks, and a lookup returns the block that
   was inserted first.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Sequence
+from typing import Final
 
-GROUP_BITS = 5  # up to 32 KV-cache groups
+GROUP_BITS: Final = 5  # up to 32 KV-cache groups
 
 
 def make_key(block_hash: int, group_id: int) -> int:
@@ -30,7 +32,8 @@ def make_key(block_hash: int, group_id: int) -> int:
 class Block:
     """One physical block. ``key`` is its primary hash key (or None)."""
 
-    __slots__ = ("block_id", "ref_cnt", "key", "key_tokens", "is_null", "kind")
+    __slots__ = ("block_id", "ref_cnt", "key", "key_tokens", "is_null", "kind",
+                 "prev_free", "next_free")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
@@ -39,6 +42,10 @@ class Block:
         self.key_tokens: int | None = None
         self.is_null = False
         self.kind = 0  # memory-accounting kind of the group that last allocated it
+        # free-queue neighbours (meaningful only while the block is in the queue;
+        # the block itself otherwise, so the fields are never None)
+        self.prev_free: Block = self
+        self.next_free: Block = self
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"Block({self.block_id}, ref={self.ref_cnt}, tokens={self.key_tokens})"
@@ -54,10 +61,15 @@ class BlockPool:
         self.hash_block_size = hash_block_size
         self.lookahead = lookahead
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_queue: OrderedDict[int, Block] = OrderedDict(
-            (b.block_id, b) for b in self.blocks
-        )
-        self.null_block = self.free_queue.popitem(last=False)[1]
+        # the free queue: head <-> ... <-> tail, front = next of head
+        self.head = Block(-1)
+        self.tail = Block(-2)
+        self.head.next_free = self.tail
+        self.tail.prev_free = self.head
+        self.num_free_blocks = 0
+        for b in self.blocks:
+            self._push_back(b)
+        self.null_block = self._pop_front()
         self.null_block.is_null = True
         # key -> Block, or dict[block_id, Block] when several blocks share a key
         self.cached: dict[int, Block | dict[int, Block]] = {}
@@ -159,7 +171,7 @@ class BlockPool:
             self.insert_key(key, dst, num_tokens)
 
     # -- caching ---------------------------------------------------------------
-    def cache_full_blocks(self, hashes: list[int], blocks: list[Block], indices: Sequence[int],
+    def cache_full_blocks(self, hashes: list[int], blocks: list[Block], indices: list[int],
                           block_size: int, group_id: int) -> None:
         """Key ``blocks[i]`` for each ``i`` in ``indices`` by the hash at the block's end."""
         scale = block_size // self.hash_block_size
@@ -188,19 +200,62 @@ class BlockPool:
         self.insert_key(key, block, units * self.hash_block_size)
         return key
 
+    # -- the free queue ----------------------------------------------------------
+    def _push_back(self, b: Block) -> None:
+        t = self.tail
+        p = t.prev_free
+        p.next_free = b
+        b.prev_free = p
+        b.next_free = t
+        t.prev_free = b
+        self.num_free_blocks += 1
+
+    def _push_front(self, b: Block) -> None:
+        h = self.head
+        n = h.next_free
+        h.next_free = b
+        b.prev_free = h
+        b.next_free = n
+        n.prev_free = b
+        self.num_free_blocks += 1
+
+    def _unlink(self, b: Block) -> None:
+        p = b.prev_free
+        n = b.next_free
+        p.next_free = n
+        n.prev_free = p
+        b.prev_free = b
+        b.next_free = b
+        self.num_free_blocks -= 1
+
+    def _pop_front(self) -> Block:
+        b = self.head.next_free
+        if b is self.tail:
+            raise ValueError("the free queue is empty")
+        self._unlink(b)
+        return b
+
+    def free_block_ids(self) -> list[int]:
+        """The free queue, front (next to be reused) to back."""
+        out = []
+        b = self.head.next_free
+        while b is not self.tail:
+            out.append(b.block_id)
+            b = b.next_free
+        return out
+
     # -- allocation and freeing -----------------------------------------------
     def num_free(self) -> int:
-        return len(self.free_queue)
+        return self.num_free_blocks
 
     def get_new_blocks(self, n: int, group_id: int = 0) -> list[Block]:
-        if n > len(self.free_queue):
+        if n > self.num_free_blocks:
             raise ValueError(f"Cannot get {n} free blocks from the pool")
         out = []
-        pop = self.free_queue.popitem
         occ = self.occupied
         kind = self.kind_of_group[group_id] if self.kind_of_group else 0
         for _ in range(n):
-            b = pop(False)[1]
+            b = self._pop_front()
             if b.key is not None:
                 self.evicted_keys += len(self.remove_keys(b))
                 occ[b.kind] -= 1
@@ -219,12 +274,11 @@ class BlockPool:
         return self.peak[self.kind_of_group[group_ids[0]]]
 
     def touch(self, blocks: list[Block]) -> None:
-        q = self.free_queue
         for b in blocks:
             if b.is_null:
                 continue
             if b.ref_cnt == 0:
-                del q[b.block_id]
+                self._unlink(b)
             b.ref_cnt += 1
 
     def free_blocks(self, ordered: list[Block]) -> None:
@@ -240,7 +294,6 @@ class BlockPool:
         go first and the front moves follow call by call: the queue ends up as
         after the separate calls.
         """
-        q = self.free_queue
         occ = self.occupied
         fronts: list[list[Block]] | None = None
         for ordered in lists:
@@ -256,14 +309,12 @@ class BlockPool:
                         first.append(b)
                         occ[b.kind] -= 1
                     else:
-                        q[b.block_id] = b
+                        self._push_back(b)
             if first is not None:
                 if fronts is None:
                     fronts = []
                 fronts.append(first)
         if fronts is not None:
-            move = q.move_to_end
             for front in fronts:
                 for b in reversed(front):
-                    q[b.block_id] = b
-                    move(b.block_id, False)
+                    self._push_front(b)

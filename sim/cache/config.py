@@ -29,7 +29,7 @@ ALIASES = {
 
 
 # max_model_len of a deployment that sets no limit (sim run without scheduler.max_model_len)
-NO_LENGTH_LIMIT = 1 << 62
+NO_LENGTH_LIMIT = (1 << 62) - 1   # (the largest machine-size int of the compiled build)
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,21 @@ those tokens exist, i.e. hash *i* fingerprints ``[0, (i + 1) * h + L)``.
 We never materialise token lists.  A prompt is a list of *runs*
 ``(stream, start, length)``: token ``p`` of stream ``s`` is a distinct token
 for every ``(s, p)``; literal token ids live in stream ``LITERAL`` at their own
-value.  The key of a unit is CPython's hash of the tuple ``(parent, stream,
-start, length)`` (several runs: the flattened runs after a marker) — the
-xxHash-style tuple hash over integers, which is not salted, so keys are equal
-across processes and runs (PYTHONHASHSEED only salts str/bytes).  Parents
-enter modulo 2**61 - 1, so a key has ~61 bits: the chance that two different
-prefixes collide over a million-request trace (~1e8 units) is ~2e-3 for *some*
-pair of units anywhere, and a collision only matters if both prefixes are
-looked up against each other.  It is ~30x cheaper than a 64-bit blake2b digest
-(bench/hash_bench.py), which is what makes hashing every prompt affordable.
+value.  The key of a unit chains its parent's key with ``(stream, start,
+length)`` (a unit spanning several runs: a marker, then every run) through
+``unit_key``: a 57-bit state in two lanes modulo the primes ``P1 < 2**29`` and
+``P2 < 2**28``.  Every input is absorbed into both lanes by affine steps that
+cross-feed the lanes, then each lane is cubed (a permutation, as ``P % 3 == 2``),
+so for fixed inputs the step is a bijection of the state: two different prefixes
+never merge afterwards, and they coincide only if one step happens to map them
+to the same state (~1 in 2**57).  Over a million-request trace (~1e8 units, a
+pool of ~1e5 cached blocks, ~2e8 probes) the chance of even one false hit is
+~1e-4.  Why not a digest or CPython's tuple hash: every value stays below 2**62,
+so the compiled build (sim/native.py) computes a key in machine integers with
+no allocation, and ``key << GROUP_BITS | group`` still fits; that made hashing
+~8x cheaper than the tuple hash, itself ~30x cheaper than a blake2b digest
+(bench/hash_bench.py).  Keys are plain integers: equal across processes, runs
+and builds.
 
 Speed: a unit that lies inside one run is keyed by ``(parent, stream, start,
 length)``, and consecutive such units are memoised as *chains*: the hashes of
@@ -26,13 +32,51 @@ starts with it copies that list slice instead of rehashing (bench/hash_bench.py)
 """
 from __future__ import annotations
 
-LITERAL = -1          # stream id of literal token ids (position = token id)
-ROOT = 0              # parent hash of the first unit
+from typing import Final
+
+LITERAL: Final = -1          # stream id of literal token ids (position = token id)
+ROOT: Final = 0              # parent hash of the first unit
 
 Run = tuple[int, int, int]  # (stream id, start position in stream, length)
 
-MULTI = -7            # marker that starts the key of a unit spanning several runs
-CHAIN_MIN_UNITS = 16  # runs holding fewer units are hashed directly, not memoised
+MULTI: Final = -7            # marker that starts the key of a unit spanning several runs
+
+# unit_key's lanes: primes just below 2**29 and 2**28 with P % 3 == 2, and bases
+P1: Final = 536_870_909      # 2**29 - 3
+P2: Final = 268_435_367      # 2**28 - 89
+B1: Final = 208_919_972
+B2: Final = 223_891_578
+KEY_SPACE: Final = P1 * P2   # keys lie in [0, KEY_SPACE), below 2**57
+
+
+def unit_key(parent: int, stream: int, start: int, length: int) -> int:
+    """The key of a unit of ``length`` tokens of ``stream`` from ``start``, after
+    the prefix keyed ``parent`` (see the module docstring)."""
+    a = parent // P2
+    b = parent - a * P2
+    a = (a * B1 + b + stream) % P1
+    b = (b * B2 + a + stream) % P2
+    a = (a * B1 + b + start) % P1
+    b = (b * B2 + a + start) % P2
+    a = (a * B1 + b + length) % P1
+    b = (b * B2 + a + length) % P2
+    a = a * a % P1 * a % P1
+    b = b * b % P2 * b % P2
+    return a * P2 + b
+
+
+def unit_key_multi(parent: int, values: list[int]) -> int:
+    """The key of a unit spanning several runs: ``values`` = MULTI, then
+    ``stream, start, length`` of each piece."""
+    a = parent // P2
+    b = parent - a * P2
+    for x in values:
+        a = (a * B1 + b + x) % P1
+        b = (b * B2 + a + x) % P2
+    a = a * a % P1 * a % P1
+    b = b * b % P2 * b % P2
+    return a * P2 + b
+CHAIN_MIN_UNITS: Final = 16  # runs holding fewer units are hashed directly, not memoised
 
 
 def canonical_runs(runs: list[Run]) -> list[Run]:
@@ -42,7 +86,7 @@ def canonical_runs(runs: list[Run]) -> list[Run]:
     runs are made maximal before hashing.
     """
     out: list[Run] = []
-    ps = pst = pn = -1          # (no run yet: stream ids are >= 0)
+    ps = pst = pn = -1          # (no run yet: pst + pn = -2 is no run's start)
     for r in runs:
         s, st, n = r
         if n <= 0:
@@ -95,14 +139,14 @@ class PrefixHasher:
     # -- single units -------------------------------------------------------
     @staticmethod
     def unit_hash_single(parent: int, stream: int, start: int, length: int) -> int:
-        return hash((parent, stream, start, length))
+        return unit_key(parent, stream, start, length)
 
     @staticmethod
     def unit_hash_multi(parent: int, runs: list[Run]) -> int:
-        flat = [parent, MULTI]
+        flat = [MULTI]
         for r in runs:
             flat.extend(r)
-        return hash(tuple(flat))
+        return unit_key_multi(parent, flat)
 
     # -- whole sequences ----------------------------------------------------
     def hashes(self, runs: list[Run], start_hashes: list[int] | None = None,
@@ -133,7 +177,6 @@ class PrefixHasher:
         while ri < len(runs) and off >= runs[ri][2]:
             off -= runs[ri][2]
             ri += 1
-        append = out.append
         last_ri = len(runs) - 1
         while k < n_units:
             need = h + la if k == 0 else h
@@ -151,13 +194,14 @@ class PrefixHasher:
                     p = parent
                     c = cnt
                     if need != h:
-                        p = hash((p, s, q, need))
-                        append(p)
+                        p = unit_key(p, s, q, need)
+                        out.append(p)
                         q += need
                         c -= 1
-                    for q in range(q, q + c * h, h):
-                        p = hash((p, s, q, h))
-                        append(p)
+                    for _ in range(c):   # (a constant-step loop: compiled to a C loop)
+                        p = unit_key(p, s, q, h)
+                        out.append(p)
+                        q += h
                     parent = p
                 k += cnt
                 off += need + (cnt - 1) * h
@@ -171,13 +215,13 @@ class PrefixHasher:
                 s2, st2, n2 = runs[ri + 1]
                 if n2 > rem or (n2 == rem and ri + 1 == last_ri):
                     # the common case: it ends inside the next run
-                    parent = hash((parent, MULTI, s, st + off, avail, s2, st2, rem))
-                    append(parent)
+                    parent = unit_key_multi(parent, [MULTI, s, st + off, avail, s2, st2, rem])
+                    out.append(parent)
                     k += 1
                     ri += 1
                     off = rem
                     continue
-            flat = [parent, MULTI, s, st + off, avail]
+            flat = [MULTI, s, st + off, avail]
             while True:
                 ri += 1
                 s, st, n = runs[ri]
@@ -190,8 +234,8 @@ class PrefixHasher:
                     break
                 flat += (s, st, n)
                 rem -= n
-            parent = hash(tuple(flat))
-            append(parent)
+            parent = unit_key_multi(parent, flat)
+            out.append(parent)
             k += 1
         return out
 
@@ -221,7 +265,7 @@ class PrefixHasher:
             need = h + la if k == 0 else h
             s, st, n = runs[ri]
             if n - off >= need:
-                parent = hash((parent, s, st + off, need))
+                parent = unit_key(parent, s, st + off, need)
                 off += need
             else:
                 pieces, ri, off = _take(runs, ri, off, need)
@@ -251,13 +295,14 @@ class PrefixHasher:
                 p = parent
                 pos = start
                 ln = first_len
-            append = chain.append
             if ln != h:   # the first unit of a sequence also covers the lookahead
-                p = hash((p, stream, pos, ln))
-                append(p)
+                p = unit_key(p, stream, pos, ln)
+                chain.append(p)
                 pos += ln
-            for pos in range(pos, start + first_len + (cnt - 1) * h, h):
-                p = hash((p, stream, pos, h))
-                append(p)
+            end = start + first_len + (cnt - 1) * h
+            while pos < end:
+                p = unit_key(p, stream, pos, h)
+                chain.append(p)
+                pos += h
             self._chain_units += cnt
         return chain

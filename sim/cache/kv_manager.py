@@ -197,8 +197,7 @@ class KVCacheManager:
     def cached_positions(self, req: CacheRequest, gid: int) -> list[int]:
         """Positions on the hash grid where group ``gid`` holds this prefix."""
         h = self.coordinator.hash_block_size
-        get = self.pool.get_cached_block
-        return [(i + 1) * h for i, hv in enumerate(req.block_hashes) if get(hv, [gid])]
+        return [(i + 1) * h for i, hv in enumerate(req.block_hashes) if self.pool.get_cached_block(hv, [gid])]
 
     def split_policy(self) -> SplitPolicy:
         """The scheduler's align-mode split, configured as this manager."""

@@ -22,7 +22,7 @@ Behaviour that decides hit lengths, in one place:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
 from sim.cache.rules import cdiv, mamba_checkpoint_position
@@ -54,7 +54,6 @@ def find_full(pool: BlockPool, hashes: list[int], max_length: int, group_ids: li
     scale = block_size // h
     computed: list[list[Block]] = [[] for _ in group_ids]
     n_view = len(hashes) // scale
-    get = pool.get_cached_block
     cached = pool.cached
     g0 = group_ids[0]
     if len(group_ids) == 1:
@@ -67,7 +66,7 @@ def find_full(pool: BlockPool, hashes: list[int], max_length: int, group_ids: li
             c0.append(v if isinstance(v, Block) else next(iter(v.values())))
     else:
         for j in range(min(max_length // block_size, n_view)):
-            got = get(hashes[(j + 1) * scale - 1], group_ids)
+            got = pool.get_cached_block(hashes[(j + 1) * scale - 1], group_ids)
             if not got:
                 break
             for c, b in zip(computed, got):
@@ -80,7 +79,7 @@ def find_full(pool: BlockPool, hashes: list[int], max_length: int, group_ids: li
         for fi in range(hi - 1, first - 1, -1):
             if ((hashes[fi] << GROUP_BITS) | g0) not in cached:
                 continue
-            got = get(hashes[fi], group_ids)
+            got = pool.get_cached_block(hashes[fi], group_ids)
             if not got:
                 continue
             for c, b in zip(computed, got):
@@ -111,13 +110,12 @@ def find_swa(pool: BlockPool, hashes: list[int], max_length: int, group_ids: lis
     computed: list[list[Block]] = [[null] * max_blocks for _ in group_ids]
     run = 0
     found = False
-    get = pool.get_cached_block
     for i in range(max_blocks - 1, -1, -1):
         # vLLM indexes the block-size view; past its end it raises IndexError
         idx = (i + 1) * scale - 1
         if idx >= len(hashes):
             raise IndexError("list index out of range")
-        got = get(hashes[idx], group_ids)
+        got = pool.get_cached_block(hashes[idx], group_ids)
         if got:
             if run == 0 and block_size != align:
                 post = i if drop_eagle else i + 1
@@ -153,7 +151,6 @@ def find_mamba(pool: BlockPool, hashes: list[int], max_length: int, group_ids: l
     h = pool.hash_block_size
     computed: list[list[Block]] = [[] for _ in group_ids]
     null = pool.null_block
-    get = pool.get_cached_block
     cached = pool.cached
     g0 = group_ids[0]
     if align < block_size and block_size % align == 0:
@@ -162,7 +159,7 @@ def find_mamba(pool: BlockPool, hashes: list[int], max_length: int, group_ids: l
             # cheap membership probe on the first group before the full lookup
             if ((hashes[fi] << GROUP_BITS) | g0) not in cached:
                 continue
-            got = get(hashes[fi], group_ids)
+            got = pool.get_cached_block(hashes[fi], group_ids)
             if got:
                 k = fi // sf
                 for c, b in zip(computed, got):
@@ -177,7 +174,7 @@ def find_mamba(pool: BlockPool, hashes: list[int], max_length: int, group_ids: l
             raise IndexError("list index out of range")
         if ((hashes[idx] << GROUP_BITS) | g0) not in cached:
             continue
-        got = get(hashes[idx], group_ids)
+        got = pool.get_cached_block(hashes[idx], group_ids)
         if got:
             if block_size != align and (i + 1) * block_size % align != 0:
                 continue
@@ -282,13 +279,12 @@ class SingleTypeManager:
         t = self._new_table(rid)
         skipped = self.num_skipped_tokens(num_local) // self.block_size
         null = self.pool.null_block
-        touch = self.pool.touch
         hit = 0
         for blocks, g in zip(t, self.group_ids):
             nc = new_computed[g]
             if skipped > 0:
                 nc = nc[skipped:]
-            touch(nc)
+            self.pool.touch(nc)
             if skipped > 0:
                 blocks.extend([null] * skipped)
             blocks.extend(nc)
@@ -358,13 +354,12 @@ class SingleTypeManager:
                     boundaries.append(req.shared_prefix_boundary - self.block_size)
         mask = self.reachable_mask(num_cached, num_full, retention, boundaries)
         if mask is None:
-            indices: Sequence[int] = range(num_cached, num_full)
+            indices = [i for i in range(num_cached, num_full)]
         else:   # (decided once for every member)
             indices = [i for i, keep in enumerate(mask, num_cached) if keep]
         if indices:
-            cache = self.pool.cache_full_blocks
             for blocks, g in zip(self.tables[rid], self.group_ids):
-                cache(req.block_hashes, blocks, indices, self.block_size, g)
+                self.pool.cache_full_blocks(req.block_hashes, blocks, indices, self.block_size, g)
         self.num_cached[rid] = num_full
 
     # freeing -----------------------------------------------------------------

@@ -15,14 +15,15 @@ associative); outputs convert back to seconds.
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable, Generator, Iterable, Iterator, Protocol
+from typing import Any, Callable, Final, Generator, Iterable, Iterator, Protocol
 
 import simpy
 
 from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
 
 Process = Generator[simpy.Event, Any, None]
-NEVER = 1 << 62   # "no such time" on the integer-ns clock (146 years)
+NEVER: Final = (1 << 62) - 1   # "no such time" on the integer-ns clock (146 years; the
+                               # largest machine-size int of the compiled build)
 
 
 class Arrival(Protocol):
@@ -158,13 +159,12 @@ class Engine:
         coord = sched.kv.coordinator
         if any(s.kind == "swa" for s in coord.specs):
             return 1, 0  # the window slides inside a block: step it exactly
-        margin = sched.alloc_margin
         fast = sched.fast_decode
         K = sched.cfg.num_speculative_tokens
         mml = sched.max_model_len
-        grow = 1 << 62      # max advance A(k-1) keeping every allocation key
-        fin = 1 << 62       # max advance A(k) with nobody finishing
-        pos = 1 << 62       # max advance A(k-1) keeping positions below max_model_len
+        grow = NEVER        # max advance A(k-1) keeping every allocation key
+        fin = NEVER         # max advance A(k) with nobody finishing
+        pos = NEVER         # max advance A(k-1) keeping positions below max_model_len
         C0 = 0
         t = items[0].num_tokens
         for it in items:
@@ -180,7 +180,7 @@ class Engine:
             # positions advance in lockstep, so the margin left since the last
             # allocation is its recorded limit minus the progress made
             g = (r.fast_until - comp if fast and r.fast_n == t and comp <= r.fast_until
-                 else margin(r.cache, comp, t))
+                 else sched.alloc_margin(r.cache, comp, t))
             if g < grow:
                 grow = g
             f = r.max_tokens - r.num_output - 1

@@ -45,3 +45,46 @@ def test_extend_equals_recompute_and_memo_is_invisible():
             runs = canonical_runs(runs + [(s, st, rng.randint(1, 40))])
             grow.extend(runs, hashes)
             assert hashes == fresh.hashes(runs)
+
+
+def test_keys_fit_machine_integers_with_the_group_bits():
+    """Every key lies in [0, KEY_SPACE) and a pool key (key << GROUP_BITS | group)
+    stays below 2**62, the compiled build's machine-integer range."""
+    from sim.cache.block_pool import GROUP_BITS
+    from sim.cache.hashing import KEY_SPACE, MULTI, unit_key, unit_key_multi
+
+    assert (KEY_SPACE << GROUP_BITS) <= 2**62
+    rng = random.Random(11)
+    p = 0
+    for _ in range(20_000):
+        s, q, n = rng.choice([LITERAL, 0, 1, 10**6, 2**40]), rng.randrange(2**45), rng.randint(1, 4096)
+        p = unit_key(p, s, q, n) if rng.random() < 0.9 else unit_key_multi(p, [MULTI, s, q, n, 3, 0, 1])
+        assert 0 <= p < KEY_SPACE
+
+
+def test_a_step_is_a_bijection_of_the_state():
+    """For fixed unit contents two different parents never give the same key, so two
+    different prefixes stay different however long the shared continuation."""
+    from sim.cache.hashing import KEY_SPACE, unit_key
+
+    rng = random.Random(3)
+    parents = {rng.randrange(KEY_SPACE) for _ in range(100_000)} | set(range(1000))
+    for s, q, n in [(1, 0, 64), (LITERAL, 50_000, 1), (7, 123_456, 4096)]:
+        assert len({unit_key(p, s, q, n) for p in parents}) == len(parents)
+
+
+def test_no_collisions_among_structured_units():
+    """Chains over many streams and prompts that differ in one token: every
+    distinct prefix gets a distinct key (625,250 of them)."""
+    h = PrefixHasher(1, memo_limit=0)
+    keys: set[int] = set()
+    total = 0
+    for stream in range(500):                      # 500 streams x 1,000 one-token units
+        ks = h.hashes([(stream, 0, 1000)])
+        keys.update(ks)
+        total += len(ks)
+    for i in range(500):                           # 500 prompts differing in token i
+        ks = h.hashes([(1, 0, i), (LITERAL, 7, 1), (1, i + 1, 499 - i)])
+        keys.update(ks[i:])                        # (units before i are stream 1's)
+        total += len(ks) - i
+    assert total == len(keys) == 500_000 + sum(500 - i for i in range(500))

@@ -1,0 +1,63 @@
+"""The free queue's order rules (vLLM 0.33.0 BlockPool / FreeKVCacheBlockQueue):
+allocation pops the front; a freed block with a key goes to the back, one
+without a key to the front; a hit on a free block takes it out of the queue."""
+from __future__ import annotations
+
+import pytest
+
+from sim.cache.block_pool import BlockPool
+
+
+def _ids(blocks):
+    return [b.block_id for b in blocks]
+
+
+def test_fresh_pool_hands_out_blocks_in_id_order_after_the_null_block():
+    pool = BlockPool(6, 4)
+    assert pool.null_block.block_id == 0 and pool.null_block.is_null
+    assert pool.free_block_ids() == [1, 2, 3, 4, 5] and pool.num_free() == 5
+    assert _ids(pool.get_new_blocks(2)) == [1, 2]
+    assert pool.free_block_ids() == [3, 4, 5] and pool.num_free() == 3
+
+
+def test_keyed_blocks_go_to_the_back_unkeyed_to_the_front_in_order():
+    pool = BlockPool(8, 4)
+    a, b, c, d = pool.get_new_blocks(4)            # 1 2 3 4; queue 5 6 7
+    pool.cache_full_blocks([11, 22], [a, b], [0, 1], 4, 0)   # a, b carry keys
+    pool.free_blocks([d, c, b, a])                 # tail first, as a request frees
+    # keyed b, a to the back in that order; unkeyed d, c to the front, keeping order
+    assert pool.free_block_ids() == [4, 3, 5, 6, 7, 2, 1]
+    assert pool.num_free() == 7
+
+
+def test_free_blocks_each_equals_separate_calls():
+    def run(together: bool) -> list[int]:
+        pool = BlockPool(10, 4)
+        bl = pool.get_new_blocks(6)
+        pool.cache_full_blocks([10, 20, 30, 40, 50, 60], bl, [0, 2, 4], 4, 0)
+        lists = [[bl[1], bl[0]], [bl[3], bl[2]], [bl[5], bl[4]]]
+        if together:
+            pool.free_blocks_each(lists)
+        else:
+            for lst in lists:
+                pool.free_blocks(lst)
+        return pool.free_block_ids()
+    assert run(True) == run(False) == [6, 4, 2, 7, 8, 9, 1, 3, 5]
+
+
+def test_a_hit_takes_a_free_block_out_of_the_queue_and_eviction_drops_keys():
+    pool = BlockPool(4, 4)
+    a, b, c = pool.get_new_blocks(3)
+    pool.cache_full_blocks([7], [a], [0], 4, 0)
+    pool.free_blocks([a])
+    assert pool.free_block_ids() == [1]
+    assert pool.get_cached_block(7, [0]) == [a]
+    pool.touch([a])                                # a hit re-references it
+    assert pool.free_block_ids() == [] and a.ref_cnt == 1
+    pool.free_blocks([a, b, c])                    # b, c unkeyed: front; a keyed: back
+    assert pool.free_block_ids() == [2, 3, 1]
+    got = pool.get_new_blocks(3)                   # reusing a evicts its key
+    assert _ids(got) == [2, 3, 1] and pool.get_cached_block(7, [0]) is None
+    assert pool.evicted_keys == 1
+    with pytest.raises(ValueError, match="Cannot get 1 free blocks"):
+        pool.get_new_blocks(1)
