@@ -178,13 +178,8 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     mamba_gids = [i for i, g in enumerate(dep.groups) if g == "mamba"]
     attn_gids = [i for i, g in enumerate(dep.groups) if g == "full"]
 
-    stream_ids = streams.ids
-
     def make(trace, index: int) -> SimRequest:
-        runs = []
-        for s, off, n in trace.segments:
-            sid = stream_ids.get(s)
-            runs.append((sid if sid is not None else streams.id(s), off, n))
+        runs = streams.runs_of(trace.segments)
         r = SimRequest(kv.make_request(trace.request_id, runs), trace.output_tokens, index)
         r.out_stream = streams.id(f"out/{trace.request_id}")
         sessions[index] = trace.session

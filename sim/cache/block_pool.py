@@ -254,10 +254,20 @@ class BlockPool:
         out = []
         occ = self.occupied
         kind = self.kind_of_group[group_id] if self.kind_of_group else 0
+        cached = self.cached
         for _ in range(n):
             b = self._pop_front()
-            if b.key is not None:
-                self.evicted_keys += len(self.remove_keys(b))
+            key = b.key
+            if key is not None:
+                if cached.get(key) is b and (not self.extra_keys
+                                             or self.extra_keys.get(b.block_id) is None):
+                    # the common eviction: one key, mapped to this block alone
+                    del cached[key]
+                    b.key = None
+                    b.key_tokens = None
+                    self.evicted_keys += 1
+                else:
+                    self.evicted_keys += len(self.remove_keys(b))
                 occ[b.kind] -= 1
             b.ref_cnt += 1
             b.kind = kind

@@ -91,6 +91,7 @@ class Coordinator:
             for mm in self.mamba_managers:
                 mm.drop_eagle_checkpoint = True
         self.retention = retention
+        self._replay_memo: dict[int, tuple[int, ...]] = {}
         self.unitary = len(specs) == 1
         if self.unitary:
             self.partial_hits = False
@@ -221,12 +222,20 @@ class Coordinator:
         return aligned
 
     def replay(self, req: CacheRequest) -> tuple[int, ...]:
-        return replay_boundaries(req.num_prompt_tokens, self.scheduler_block_size,
-                                 bool(self.drop_eagle_group_ids))
+        """The replay boundaries of ``req``'s prompt (memoised by prompt length)."""
+        n = req.num_prompt_tokens
+        got = self._replay_memo.get(n)
+        if got is None:
+            if len(self._replay_memo) > 100_000:
+                self._replay_memo.clear()
+            got = self._replay_memo[n] = replay_boundaries(
+                n, self.scheduler_block_size, bool(self.drop_eagle_group_ids))
+        return got
 
     def cache_blocks(self, req: CacheRequest, num_computed: int) -> None:
         ret = self.retention
-        replay = self.replay
+        # only sparse retention reads the replay boundaries
+        replay = self.replay(req) if ret is not None else ()
         for m, eagle in self._cacheable:
             m.cache_blocks(req, self.num_cacheable_tokens(num_computed, eagle, m.block_size),
                            ret, replay)

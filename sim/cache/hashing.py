@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from mypy_extensions import i64
+
 LITERAL: Final = -1          # stream id of literal token ids (position = token id)
 ROOT: Final = 0              # parent hash of the first unit
 
@@ -51,9 +53,13 @@ KEY_SPACE: Final = P1 * P2   # keys lie in [0, KEY_SPACE), below 2**57
 
 def unit_key(parent: int, stream: int, start: int, length: int) -> int:
     """The key of a unit of ``length`` tokens of ``stream`` from ``start``, after
-    the prefix keyed ``parent`` (see the module docstring)."""
-    a = parent // P2
-    b = parent - a * P2
+    the prefix keyed ``parent`` (see the module docstring).
+
+    ``i64``: 64-bit machine integers in the compiled build, plain ints in the
+    source; no intermediate value reaches 2**62, so both compute the same."""
+    p: i64 = parent
+    a: i64 = p // P2
+    b: i64 = p - a * P2
     a = (a * B1 + b + stream) % P1
     b = (b * B2 + a + stream) % P2
     a = (a * B1 + b + start) % P1
@@ -68,14 +74,18 @@ def unit_key(parent: int, stream: int, start: int, length: int) -> int:
 def unit_key_multi(parent: int, values: list[int]) -> int:
     """The key of a unit spanning several runs: ``values`` = MULTI, then
     ``stream, start, length`` of each piece."""
-    a = parent // P2
-    b = parent - a * P2
+    p: i64 = parent
+    a: i64 = p // P2
+    b: i64 = p - a * P2
+    x: i64
     for x in values:
         a = (a * B1 + b + x) % P1
         b = (b * B2 + a + x) % P2
     a = a * a % P1 * a % P1
     b = b * b % P2 * b % P2
     return a * P2 + b
+
+
 CHAIN_MIN_UNITS: Final = 16  # runs holding fewer units are hashed directly, not memoised
 
 
@@ -87,15 +97,14 @@ def canonical_runs(runs: list[Run]) -> list[Run]:
     """
     out: list[Run] = []
     ps = pst = pn = -1          # (no run yet: pst + pn = -2 is no run's start)
-    for r in runs:
-        s, st, n = r
+    for s, st, n in runs:
         if n <= 0:
             continue
         if ps == s and pst + pn == st:
             pn += n
             out[-1] = (s, pst, pn)
             continue
-        out.append(r if r.__class__ is tuple else (s, st, n))
+        out.append((s, st, n))
         ps, pst, pn = s, st, n
     return out
 
@@ -160,7 +169,9 @@ class PrefixHasher:
         """
         if not canonical:
             runs = canonical_runs(runs)
-        total = sum(r[2] for r in runs)
+        total = 0
+        for r in runs:
+            total += r[2]
         h, la = self.unit, self.lookahead
         out: list[int] = list(start_hashes) if start_hashes else []
         # boundary (exclusive end) of unit i is (i + 1) * h + la

@@ -28,6 +28,20 @@ class Lookup:
     events: list[dict] | None = None
 
 
+def _any_hit(new_computed: list[list[Block]]) -> bool:
+    for blocks in new_computed:
+        if blocks:
+            return True
+    return False
+
+
+def _any_cached(c: Coordinator, rid: str) -> bool:
+    for m in c.managers:
+        if rid in m.num_cached:
+            return True
+    return False
+
+
 class KVCacheManager:
     def __init__(self, cfg: CacheConfig):
         self.cfg = cfg
@@ -141,8 +155,7 @@ class KVCacheManager:
         need = c.blocks_to_allocate(rid, need_slot, ncb, total, num_local, num_main)
         if need > c.pool.num_free():
             return False
-        if (new_computed is not None and any(new_computed)
-                and not any(rid in m.num_cached for m in c.managers)):
+        if new_computed is not None and _any_hit(new_computed) and not _any_cached(c, rid):
             for m in c.managers:
                 m.add_local_computed(rid, ncb, num_local)
         for m in c.managers:

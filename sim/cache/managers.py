@@ -22,7 +22,7 @@ Behaviour that decides hit lengths, in one place:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
 from sim.cache.rules import cdiv, mamba_checkpoint_position
@@ -75,7 +75,7 @@ def find_full(pool: BlockPool, hashes: list[int], max_length: int, group_ids: li
     if fine:
         sf = block_size // align
         first = len(computed[0]) * sf
-        hi = min(first + sf - 1, max_length // align, len(hashes))
+        hi = min(min(first + sf - 1, max_length // align), len(hashes))
         for fi in range(hi - 1, first - 1, -1):
             if ((hashes[fi] << GROUP_BITS) | g0) not in cached:
                 continue
@@ -336,9 +336,9 @@ class SingleTypeManager:
         return None
 
     def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,
-                     replay: Callable[[CacheRequest], Iterable[int]]) -> None:
-        """Cache the full blocks ``num_tokens`` completed.  ``replay`` is a
-        callable giving the replay boundaries (computed only when needed)."""
+                     replay: tuple[int, ...]) -> None:
+        """Cache the full blocks ``num_tokens`` completed.  ``replay``: the prompt's
+        replay boundaries (read only with sparse retention)."""
         rid = req.request_id
         num_cached = self.num_cached.get(rid, 0)
         hashed = len(req.block_hashes) * self.pool.hash_block_size
@@ -347,7 +347,7 @@ class SingleTypeManager:
             return
         boundaries: list[int] = []
         if retention is not None:   # (only sparse retention reads the boundaries)
-            boundaries.extend(replay(req))
+            boundaries.extend(replay)
             if req.shared_prefix_boundary:
                 boundaries.append(req.shared_prefix_boundary)
                 if self.use_eagle:
@@ -418,7 +418,7 @@ class FullAttentionManager(SingleTypeManager):
                          drop_eagle, align)
 
     def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,
-                     replay: Callable[[CacheRequest], Iterable[int]]) -> None:
+                     replay: tuple[int, ...]) -> None:
         super().cache_blocks(req, num_tokens, retention, replay)
         h = self.pool.hash_block_size
         if self.block_size == h:
@@ -646,7 +646,7 @@ class MambaManager(SingleTypeManager):
         return super()._forget(rid)
 
     def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,
-                     replay: Callable[[CacheRequest], Iterable[int]]) -> None:
+                     replay: tuple[int, ...]) -> None:
         rid = req.request_id
         before = self.num_cached.get(rid, 0)
         super().cache_blocks(req, num_tokens, retention, replay)

@@ -22,6 +22,17 @@ class StreamRegistry:
             sid = self.ids[name] = len(self.ids) + 1
         return sid
 
+    def runs_of(self, segments: list[tuple[str, int, int]]) -> list[Run]:
+        """The runs of a prompt given as ``(stream name, offset, length)`` segments."""
+        ids = self.ids
+        out: list[Run] = []
+        for name, off, n in segments:
+            sid = ids.get(name)
+            if sid is None:
+                sid = ids[name] = len(ids) + 1
+            out.append((sid, off, n))
+        return out
+
 
 def parse_prompt(spec, streams: StreamRegistry) -> list[Run]:
     """Runs of a prompt given as ``"NAME:LEN ..."`` (``NAME@OFF:LEN`` starts at
@@ -47,3 +58,36 @@ def parse_prompt(spec, streams: StreamRegistry) -> list[Run]:
             raise ValueError(f"segment {part!r} has no tokens")
         runs.append((streams.id(name), off, length))
     return runs
+
+
+def hash_id_segments(ids: object, n_in: int, block: int, names: dict[int, str],
+                     rid: str) -> list[tuple[str, int, int]] | None:
+    """The segments of a prompt of ``n_in`` tokens over ``block``-token hash ids
+    (a Mooncake trace record, read by ``workloads.traces``; here to be compiled):
+    ``("mc/<id>", 0, block)`` per id, the last one cut to ``n_in``, and a private
+    ``("mcu/<rid>", 0, rest)`` when the ids cover fewer than ``n_in`` tokens.
+    ``names`` keeps one string per hash id (later records reuse it and its cached
+    hash).  None when ``ids`` is not a list of integers >= 0 (bools and floats
+    included: JSON integers decode as int exactly)."""
+    if not isinstance(ids, list):
+        return None
+    for h in ids:
+        if type(h) is not int or h < 0:
+            return None
+    full = n_in // block
+    part = n_in - full * block
+    take = full + 1 if part else full
+    segs: list[tuple[str, int, int]] = []
+    covered = 0
+    for i, h in enumerate(ids):
+        if i >= take:
+            break
+        name = names.get(h)
+        if name is None:
+            name = names[h] = f"mc/{h}"
+        n = part if i == full else block
+        segs.append((name, 0, n))
+        covered += n
+    if covered < n_in:
+        segs.append((f"mcu/{rid}", 0, n_in - covered))
+    return segs

@@ -20,8 +20,11 @@ class CacheRequest:
     def __init__(self, request_id: str, runs: list[Run], hasher: PrefixHasher,
                  report_mode: str | None = None):
         self.request_id = request_id
-        self.runs = canonical_runs(list(runs))
-        self.num_prompt_tokens = sum(r[2] for r in self.runs)
+        self.runs = canonical_runs(runs)   # (a new list: appends never touch the caller's)
+        total = 0
+        for r in self.runs:
+            total += r[2]
+        self.num_prompt_tokens = total
         self.num_tokens = self.num_prompt_tokens
         self.hasher = hasher
         self.block_hashes = hasher.hashes(self.runs, canonical=True)

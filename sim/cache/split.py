@@ -64,11 +64,14 @@ class SplitPolicy:
         floored = start + (junction - start) // bs * bs
         junction_stop = (junction if self.shared_prefix_checkpoint and junction <= num_prompt
                          else floored)
-        stops = (
-            next_boundary if start % bs else 0,
-            last_cache,
-            tail if last_cache < tail < num_prompt else 0,
-            junction_stop if start < junction < end else 0,
-        )
-        end = min((s for s in stops if start < s < end), default=end)
-        return max(end - start, 0)
+        # the first mandatory stop strictly inside (start, end), if any
+        stop = end
+        if start % bs and start < next_boundary < stop:
+            stop = next_boundary
+        if start < last_cache < stop:
+            stop = last_cache
+        if last_cache < tail < num_prompt and start < tail < stop:
+            stop = tail
+        if start < junction < end and start < junction_stop < stop:
+            stop = junction_stop
+        return max(stop - start, 0)

@@ -141,8 +141,11 @@ class Engine:
                     if self.progress is not None:
                         self.progress(self.finished)
             # Requests arriving at this very instant join before the next
-            # schedule(), as vLLM adds new requests before each step.
-            yield env.timeout(0)
+            # schedule(), as vLLM adds new requests before each step: let every
+            # event already queued for this instant run first (when there is
+            # none, yielding would resume this loop at once: skip it).
+            if env.peek() <= env.now:
+                yield env.timeout(0)
 
     def _jump_steps(self, items: list[ScheduledItem]) -> tuple[int, int]:
         """How many identical pure-decode steps can run as one jump, and their
@@ -156,8 +159,7 @@ class Engine:
         sched = self.sched
         if self.sums_time is None or sched.waiting or len(items) != len(sched.running):
             return 1, 0
-        coord = sched.kv.coordinator
-        if any(s.kind == "swa" for s in coord.specs):
+        if sched.has_swa:
             return 1, 0  # the window slides inside a block: step it exactly
         fast = sched.fast_decode
         K = sched.cfg.num_speculative_tokens

@@ -116,8 +116,9 @@ class Scheduler:
         self.num_lookahead = cfg.num_speculative_tokens if eagle_family else 0
         # the fast path reasons about block boundaries only; a sliding window also
         # frees blocks as it slides, so step those exactly
-        self.fast_decode = fast_decode and not any(
-            sp.kind == "swa" for sp in kv.coordinator.specs)
+        self.has_swa = any(sp.kind == "swa" for sp in kv.coordinator.specs)
+        self.fast_decode = fast_decode and not self.has_swa
+        self.has_full = any(sp.kind == "full" for sp in kv.coordinator.specs)
         # smallest group block: allocation only changes when a position crosses one
         self.min_block = min(m.block_size for m in kv.coordinator.managers)
         self.running: list[SimRequest] = []
@@ -310,16 +311,32 @@ class Scheduler:
         slot = main + self.num_lookahead
         nt = c.num_tokens
         lh = c.hasher.lookahead
-        return min(-(-slot // b) * b - slot, -(-main // b) * b - main,
-                   b - 1 - (comp - 1) % b, -(-comp // b) * b - comp,
-                   b - 1 - nt % b, b - 1 - (nt - lh) % b)
+        # (the least of six margins, compared one by one: no tuple, no boxing)
+        m = -(-slot // b) * b - slot
+        x = -(-main // b) * b - main
+        if x < m:
+            m = x
+        x = b - 1 - (comp - 1) % b
+        if x < m:
+            m = x
+        x = -(-comp // b) * b - comp
+        if x < m:
+            m = x
+        x = b - 1 - nt % b
+        if x < m:
+            m = x
+        x = b - 1 - (nt - lh) % b
+        return x if x < m else m
 
     def _attention_alone(self, c: CacheRequest) -> int:
-        specs = self.kv.coordinator.specs
-        if not any(s.kind == "full" for s in specs):
+        if not self.has_full:
             return 0
         per = self.kv.per_group_hits(c, kinds=("full",))
-        return max(p for p, s in zip(per, specs) if s.kind == "full")
+        best = 0
+        for gid, spec in enumerate(self.kv.coordinator.specs):
+            if spec.kind == "full" and per[gid] > best:
+                best = per[gid]
+        return best
 
     def _preempt(self, r: SimRequest, out: list[ScheduledItem]) -> None:
         """Recompute preemption: free everything, back to the front of waiting."""
