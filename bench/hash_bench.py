@@ -47,7 +47,8 @@ def main() -> None:
           f"(private units only would be {private // unit + 1} of {len(cold)})")
 
     cfg = CacheConfig(groups=("full", "mamba"), block_size=4416, hash_block_size=unit,
-                      eagle=True, num_blocks=400, prefix_cache_retention_interval=0)
+                      eagle=True, num_blocks=400, prefix_cache_retention_interval=0,
+                      max_model_len=1 << 20)   # (the default 65,536 would reject the prompt)
     mgr = KVCacheManager(cfg)
     sched = CaseSchedule("scheduler", 0, 8192)
     t0 = time.perf_counter()

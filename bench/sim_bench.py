@@ -5,6 +5,7 @@
     python bench/sim_bench.py athena
     python bench/sim_bench.py mooncake --repeat 3   # best of three (noisy machines)
     python bench/sim_bench.py mooncake --requests 3000 --profile 20   # where the time goes
+    python bench/sim_bench.py mooncake --requests 2000 --instructions  # load-independent cost
 
 Prints simulated requests per wall second, the ratio to the 5,000/s target and to the
 reference simulators measured on this machine class (Vidur ~670 req/s, Marconi's cache-only
@@ -14,8 +15,12 @@ path, or the source with ``HCS_NATIVE=0``: see sim/native.py).
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import resource
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,7 +59,15 @@ def main() -> None:
                     help="after the timed runs, run once more under cProfile and print the N "
                          "functions with the most own time and the Python call count per "
                          "request (a noise-free measure of interpreter work)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="instead of timing: count the CPU instructions per simulated request "
+                         "with valgrind (callgrind), as (run of N requests - run of 1) / N; "
+                         "the same on a busy or an idle machine, so changes can be compared")
+    ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)  # one silent run
     args = ap.parse_args()
+    if args.instructions:
+        instructions(args.which, args.requests or 2000)
+        return
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
     if args.profile < 0:
@@ -79,6 +92,9 @@ def main() -> None:
             print(f"  {n:,} requests, {dt:,.0f} s, {n / dt:,.0f} req/s, peak RSS {rss:.2f} GiB",
                   flush=True)
 
+    if args.bare:
+        simulate(sc)
+        return
     walls = []
     for rep in range(args.repeat):
         t0 = time.perf_counter()
@@ -114,6 +130,28 @@ def main() -> None:
               f"{st.total_calls / s['requests']:,.0f} "
               f"per request (cProfile slows the run; compare calls, not seconds)")
         st.sort_stats("tottime").print_stats(args.profile)
+
+
+def instructions(which: str, n: int) -> None:
+    """Instructions per simulated request, counted by callgrind (startup cancels out)."""
+    if shutil.which("valgrind") is None:
+        sys.exit("--instructions needs valgrind (Debian package valgrind)")
+
+    def count(requests: int) -> int:
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+               str(Path(__file__).resolve()), which, "--requests", str(requests), "--bare"]
+        res = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+        m = re.search(r"Collected : (\d+)", res.stderr)
+        if res.returncode != 0 or m is None:
+            sys.exit(f"valgrind run failed:\n{res.stderr[-2000:]}")
+        return int(m.group(1))
+
+    t0 = time.perf_counter()
+    full, base = count(n), count(1)
+    per = (full - base) / n
+    print(f"scenario {which}: {n:,} requests, {per / 1e3:,.0f} k instructions per simulated "
+          f"request (callgrind; {time.perf_counter() - t0:,.0f} s)")
+    print(f"  build: {native.describe()}")
 
 
 if __name__ == "__main__":

@@ -142,4 +142,7 @@ def describe() -> str:
     if os.environ.get(ENV, "auto").strip().lower() == "0":
         return f"{m} ({ENV}=0)"
     usable, why = build_state()
-    return f"{m} ({why}{'' if usable else '; running the source'})"
+    if m == "compiled":
+        return f"compiled ({why})" if usable else \
+            "compiled (its sources changed after this process loaded it)"
+    return f"source ({why})" if not usable else f"source ({why}, but loaded as source)"

@@ -156,6 +156,12 @@ def run_case_data(data, source: str = "<case>") -> list[dict]:
     results = []
     for rid, runs, report_mode in reqs:
         req = mgr.make_request(rid, runs, report_mode)
+        if req.num_prompt_tokens >= cfg.max_model_len:
+            # vLLM's API rejects such a prompt before the cache ever sees it
+            results.append(_error_result(
+                rid, runs, "PromptTooLong", f"prompt of {req.num_prompt_tokens} tokens >= "
+                f"max_model_len {cfg.max_model_len} (vLLM rejects it)"))
+            continue
         res = {"id": rid, "prompt_tokens": req.num_prompt_tokens, "hit": None,
                "per_group": None, "junction": None, "chunk_ends": [], "mamba_states": [],
                "error": None, "events": None if cfg.report_mode is None else []}

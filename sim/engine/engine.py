@@ -194,7 +194,7 @@ class Engine:
         TT = n * t * (t + 1)
         horizon = min(self.next_arrival,
                       self.pending_followups[0] if self.pending_followups else NEVER)
-        now = self.env.now
+        now = int(self.env.now)
         total = 0
         k = 0
         s0 = sched.step_index
