@@ -201,23 +201,19 @@ class BlockPool:
         return key
 
     # -- the free queue ----------------------------------------------------------
-    def _push_back(self, b: Block) -> None:
-        t = self.tail
-        p = t.prev_free
-        p.next_free = b
-        b.prev_free = p
-        b.next_free = t
-        t.prev_free = b
+    def _insert(self, b: Block, before: Block, after: Block) -> None:
+        """Link ``b`` between the adjacent ``before`` and ``after``."""
+        before.next_free = b
+        b.prev_free = before
+        b.next_free = after
+        after.prev_free = b
         self.num_free_blocks += 1
 
+    def _push_back(self, b: Block) -> None:
+        self._insert(b, self.tail.prev_free, self.tail)
+
     def _push_front(self, b: Block) -> None:
-        h = self.head
-        n = h.next_free
-        h.next_free = b
-        b.prev_free = h
-        b.next_free = n
-        n.prev_free = b
-        self.num_free_blocks += 1
+        self._insert(b, self.head, self.head.next_free)
 
     def _unlink(self, b: Block) -> None:
         p = b.prev_free
