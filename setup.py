@@ -24,7 +24,15 @@ manifest = ROOT / "sim" / native["MANIFEST"]
 
 ext_modules = []
 if os.environ.get("HCS_PURE", "") not in ("", "0"):
+    # a pure install: drop the manifest and any extension an earlier build left
+    # beside the sources (sim/native.py would distrust them anyway)
     manifest.unlink(missing_ok=True)
+    for m in native["NATIVE_MODULES"]:
+        src = native["source_path"](m, ROOT)
+        for ext in src.parent.glob(src.stem + ".*.so"):
+            ext.unlink()
+    for shared in ROOT.glob("*__mypyc.*.so"):
+        shared.unlink()
 else:
     from mypyc.build import mypycify
 
