@@ -17,6 +17,7 @@ import runpy
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 native = runpy.run_path(str(ROOT / "sim" / "native.py"))
@@ -40,10 +41,35 @@ else:
 
     sources = [str(native["source_path"](m, ROOT).relative_to(ROOT))
                for m in native["NATIVE_MODULES"]]
+    # the hashes of the sources mypyc just read; recorded only once the extensions
+    # exist (a failed build must leave no manifest: old extensions stay distrusted)
+    compiled_hashes = native["source_hashes"](ROOT)
+    compiler = f"mypyc {mypy.version.__version__}"
+    manifest.unlink(missing_ok=True)
     ext_modules = mypycify(sources, opt_level="3")
-    manifest.write_text(json.dumps({
-        "compiler": f"mypyc {mypy.version.__version__}",
-        "modules": native["source_hashes"](ROOT),
-    }, indent=1, sort_keys=True) + "\n")
 
-setup(ext_modules=ext_modules)
+
+class BuildExt(build_ext):
+    """build_ext that records the manifest after a successful compile, and whose
+    compiler failure says how to install without compiling."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as e:  # CompileError, a missing compiler or Python headers
+            raise SystemExit(
+                f"error: compiling the hot path with mypyc failed ({type(e).__name__}: {e}). "
+                f"It needs a C compiler and the Python headers; or install the pure-Python "
+                f"build (same results, ~3x slower): HCS_PURE=1 pip install ...") from e
+        if not ext_modules:
+            return
+        text = json.dumps({"compiler": compiler, "modules": compiled_hashes},
+                          indent=1, sort_keys=True) + "\n"
+        manifest.write_text(text)                 # beside the sources (editable installs)
+        if not self.inplace:                      # and into the wheel being built
+            built = Path(self.build_lib) / "sim" / native["MANIFEST"]
+            built.parent.mkdir(parents=True, exist_ok=True)
+            built.write_text(text)
+
+
+setup(ext_modules=ext_modules, cmdclass={"build_ext": BuildExt})
