@@ -15,7 +15,6 @@ path, or the source with ``HCS_NATIVE=0``: see sim/native.py).
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import resource
 import shutil
@@ -140,7 +139,7 @@ def instructions(which: str, n: int) -> None:
     def count(requests: int) -> int:
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
                str(Path(__file__).resolve()), which, "--requests", str(requests), "--bare"]
-        res = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+        res = subprocess.run(cmd, capture_output=True, text=True)
         m = re.search(r"Collected : (\d+)", res.stderr)
         if res.returncode != 0 or m is None:
             sys.exit(f"valgrind run failed:\n{res.stderr[-2000:]}")

@@ -65,10 +65,14 @@ def source_hashes(root: Path = _ROOT) -> dict[str, str]:
             for m in NATIVE_MODULES}
 
 
-def has_extension(module: str, root: Path = _ROOT) -> bool:
-    """Whether a compiled extension of ``module`` lies beside its source."""
+def extensions(module: str, root: Path = _ROOT) -> list[Path]:
+    """Compiled extensions of ``module`` lying beside its source."""
     src = source_path(module, root)
-    return any(src.parent.glob(src.stem + ".*.so")) or any(src.parent.glob(src.stem + ".*.pyd"))
+    return [*src.parent.glob(src.stem + ".*.so"), *src.parent.glob(src.stem + ".*.pyd")]
+
+
+def has_extension(module: str, root: Path = _ROOT) -> bool:
+    return bool(extensions(module, root))
 
 
 def build_state(root: Path = _ROOT) -> tuple[bool, str]:

@@ -15,7 +15,6 @@ from sim.cache.prompt import hash_id_segments
 from workloads.base import Fields, TraceRequest, WorkloadError, is_int, is_number, show
 
 WHERE = "workload"
-INF = float("inf")
 
 
 def request_id(index: int) -> str:
@@ -88,48 +87,40 @@ class MooncakeConfig:
         index = 0
         spath = str(path)
         names: dict[int, str] = {}   # one string per hash id (see hash_id_segments)
-        loads = json.loads
         with open(path, encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, 1):
                 if self.limit is not None and index >= self.limit:
                     return
                 if not line.strip():
                     continue
+                where = f"{spath}:{lineno}"
                 try:
-                    rec = loads(line)
+                    rec = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise WorkloadError(f"{spath}:{lineno}: invalid JSON ({e.msg} at column "
-                                        f"{e.colno})") from None
-                if rec.__class__ is not dict:
-                    raise WorkloadError(f"{spath}:{lineno}: expected a JSON object, got {show(rec)}")
-                try:
-                    ts = rec["timestamp"]
-                    n_in = rec["input_length"]
-                    n_out = rec["output_length"]
-                    ids = rec["hash_ids"]
-                except KeyError as e:
-                    raise WorkloadError(f"{spath}:{lineno}: missing field {e.args[0]!r}") from None
-                # (JSON numbers decode as int or float exactly: the common case is
-                # checked by class first, the general rule only when it fails)
-                if not ((ts.__class__ is int or ts.__class__ is float) and 0 <= ts < INF
-                        or is_number(ts) and ts >= 0):
-                    raise WorkloadError(f"{spath}:{lineno}: timestamp must be a number >= 0 (ms), "
-                                        f"got {show(ts)}")
+                    raise WorkloadError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+                if not isinstance(rec, dict):
+                    raise WorkloadError(f"{where}: expected a JSON object, got {show(rec)}")
+                for key in ("timestamp", "input_length", "output_length", "hash_ids"):
+                    if key not in rec:
+                        raise WorkloadError(f"{where}: missing field {key!r}")
+                ts = rec["timestamp"]
+                if not is_number(ts) or ts < 0:
+                    raise WorkloadError(f"{where}: timestamp must be a number >= 0 (ms), got {show(ts)}")
                 if prev_ts is not None and ts < prev_ts:
                     raise WorkloadError(
-                        f"{spath}:{lineno}: timestamp {ts} is before the previous record's "
-                        f"{prev_ts} (the trace must be sorted by time)")
-                if not (n_in.__class__ is int or is_int(n_in)) or n_in < 1:
-                    raise WorkloadError(f"{spath}:{lineno}: input_length must be an integer >= 1, "
-                                        f"got {show(n_in)}")
-                if not (n_out.__class__ is int or is_int(n_out)) or n_out < 1:
-                    raise WorkloadError(f"{spath}:{lineno}: output_length must be an integer >= 1, "
-                                        f"got {show(n_out)}")
+                        f"{where}: timestamp {ts} is before the previous record's {prev_ts}"
+                        " (the trace must be sorted by time)")
+                n_in = rec["input_length"]
+                if not is_int(n_in) or n_in < 1:
+                    raise WorkloadError(f"{where}: input_length must be an integer >= 1, got {show(n_in)}")
+                n_out = rec["output_length"]
+                if not is_int(n_out) or n_out < 1:
+                    raise WorkloadError(f"{where}: output_length must be an integer >= 1, got {show(n_out)}")
                 rid = request_id(index)
-                segs = hash_id_segments(ids, int(n_in), block, names, rid)
+                segs = hash_id_segments(rec["hash_ids"], int(n_in), block, names, rid)
                 if segs is None:
-                    raise WorkloadError(f"{spath}:{lineno}: hash_ids must be a list of integers "
-                                        f">= 0, got {show(ids)}")
+                    raise WorkloadError(f"{where}: hash_ids must be a list of integers >= 0, "
+                                        f"got {show(rec['hash_ids'])}")
                 yield TraceRequest(rid, ts / 1000.0 * self.time_scale, segs, n_out)
                 prev_ts = ts
                 index += 1

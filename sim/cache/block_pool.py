@@ -175,12 +175,11 @@ class BlockPool:
                           block_size: int, group_id: int) -> None:
         """Key ``blocks[i]`` for each ``i`` in ``indices`` by the hash at the block's end."""
         scale = block_size // self.hash_block_size
-        gid = group_id
         for i in indices:
             blk = blocks[i]
             if blk.is_null:
                 continue
-            key = (hashes[(i + 1) * scale - 1] << GROUP_BITS) | gid
+            key = make_key(hashes[(i + 1) * scale - 1], group_id)
             if blk.key is not None:
                 # partial -> full promotion of the same block drops its old keys
                 self.remove_keys(blk)

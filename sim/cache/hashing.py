@@ -147,10 +147,6 @@ class PrefixHasher:
 
     # -- single units -------------------------------------------------------
     @staticmethod
-    def unit_hash_single(parent: int, stream: int, start: int, length: int) -> int:
-        return unit_key(parent, stream, start, length)
-
-    @staticmethod
     def unit_hash_multi(parent: int, runs: list[Run]) -> int:
         flat = [MULTI]
         for r in runs:

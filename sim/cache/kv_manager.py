@@ -80,7 +80,8 @@ class KVCacheManager:
     def partial_hits(self) -> bool:
         return self.coordinator.partial_hits
 
-    def make_request(self, rid: str, runs: list[Run], report_mode: str | None = None) -> CacheRequest:
+    def make_request(self, rid: str, runs: list[Run],
+                     report_mode: str | None = None) -> CacheRequest:
         return CacheRequest(rid, runs, self.hasher, report_mode)
 
     # ------------------------------------------------------------------ lookup --
@@ -210,7 +211,9 @@ class KVCacheManager:
     def cached_positions(self, req: CacheRequest, gid: int) -> list[int]:
         """Positions on the hash grid where group ``gid`` holds this prefix."""
         h = self.coordinator.hash_block_size
-        return [(i + 1) * h for i, hv in enumerate(req.block_hashes) if self.pool.get_cached_block(hv, [gid])]
+        pool = self.pool
+        return [(i + 1) * h for i, hv in enumerate(req.block_hashes)
+                if pool.get_cached_block(hv, [gid])]
 
     def split_policy(self) -> SplitPolicy:
         """The scheduler's align-mode split, configured as this manager."""

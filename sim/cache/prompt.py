@@ -24,14 +24,7 @@ class StreamRegistry:
 
     def runs_of(self, segments: list[tuple[str, int, int]]) -> list[Run]:
         """The runs of a prompt given as ``(stream name, offset, length)`` segments."""
-        ids = self.ids
-        out: list[Run] = []
-        for name, off, n in segments:
-            sid = ids.get(name)
-            if sid is None:
-                sid = ids[name] = len(ids) + 1
-            out.append((sid, off, n))
-        return out
+        return [(self.id(name), off, n) for name, off, n in segments]
 
 
 def parse_prompt(spec, streams: StreamRegistry) -> list[Run]:
