@@ -72,7 +72,8 @@ class BlockPool:
         self.null_block = self._pop_front()
         self.null_block.is_null = True
         # key -> Block, or dict[block_id, Block] when several blocks share a key
-        self.cached: dict[int, Block | dict[int, Block]] = {}
+        self.cached: dict[object, Block | dict[int, Block]] = {}   # (int keys; typed object
+        # so that a key boxed once serves several dict operations in the compiled build)
         # block_id -> extra (non-primary) keys of that block
         self.extra_keys: dict[int, set[int]] = {}
         self.evicted_keys = 0  # keys dropped because their block was reused
@@ -137,14 +138,27 @@ class BlockPool:
         return b
 
     def insert_key(self, key: int, block: Block, num_tokens: int | None) -> None:
-        if block.key == key or self.contains(key, block.block_id):
+        bk = block.key
+        if bk is not None and bk == key:
             return
-        if block.key is None:
+        cached = self.cached
+        k: object = key   # (boxed once for both dict operations)
+        v = cached.get(k)
+        if v is None:
+            cached[k] = block
+        elif isinstance(v, Block):
+            if v is block:
+                return
+            cached[k] = {v.block_id: v, block.block_id: block}
+        else:
+            if block.block_id in v:
+                return
+            v[block.block_id] = block
+        if bk is None:
             block.key = key
             block.key_tokens = num_tokens
         else:
             self.extra_keys.setdefault(block.block_id, set()).add(key)
-        self._map_insert(key, block)
 
     def remove_keys(self, block: Block) -> list[int]:
         key = block.key
@@ -155,10 +169,12 @@ class BlockPool:
             # one key, usually mapped to this block alone
             if key is None:
                 return []
-            v = self.cached.get(key)
+            k: object = key
+            v = self.cached.pop(k, None)
             if v is block:
-                del self.cached[key]
                 return [key]
+            if v is not None:
+                self.cached[k] = v
             return [key] if self._map_pop(key, block.block_id) is not None else []
         keys = [key] if key is not None else []
         keys.extend(extra)
@@ -171,27 +187,31 @@ class BlockPool:
             self.insert_key(key, dst, num_tokens)
 
     # -- caching ---------------------------------------------------------------
-    def cache_full_blocks(self, hashes: list[int], blocks: list[Block], indices: list[int],
-                          block_size: int, group_id: int) -> None:
-        """Key ``blocks[i]`` for each ``i`` in ``indices`` by the hash at the block's end."""
-        scale = block_size // self.hash_block_size
+    def cache_full_blocks(self, block_hashes: list[int], blocks: list[Block],
+                          indices: list[int], block_size: int, group_id: int) -> None:
+        """Key ``blocks[indices[j]]`` by ``block_hashes[j]``, the hash at that
+        block's end."""
+        j = 0
         for i in indices:
             blk = blocks[i]
+            h = block_hashes[j]
+            j += 1
             if blk.is_null:
                 continue
-            key = make_key(hashes[(i + 1) * scale - 1], group_id)
+            key = make_key(h, group_id)
             if blk.key is not None:
                 # partial -> full promotion of the same block drops its old keys
                 self.remove_keys(blk)
             self.insert_key(key, blk, (i + 1) * block_size)
 
-    def cache_partial_block(self, hashes: list[int], block: Block, num_tokens: int,
+    def cache_partial_block(self, unit_hash: int, block: Block, num_tokens: int,
                             group_id: int) -> int | None:
-        """Register a key at a hash-unit boundary inside ``block``."""
+        """Register ``unit_hash``, the hash of the unit ending at ``num_tokens`` (a
+        hash-unit boundary inside ``block``)."""
         if block.is_null:
             return None
         units = num_tokens // self.hash_block_size
-        key = make_key(hashes[units - 1], group_id)
+        key = make_key(unit_hash, group_id)
         already = block.key == key or self.contains(key, block.block_id)
         if (not already and block.key is not None and block.key_tokens is not None
                 and block.key_tokens < units * self.hash_block_size):
@@ -252,15 +272,19 @@ class BlockPool:
         cached = self.cached
         for _ in range(n):
             b = self._pop_front()
-            key = b.key
+            key: object = b.key
             if key is not None:
-                if cached.get(key) is b and (not self.extra_keys
-                                             or self.extra_keys.get(b.block_id) is None):
-                    # the common eviction: one key, mapped to this block alone
-                    del cached[key]
-                    b.key = None
-                    b.key_tokens = None
-                    self.evicted_keys += 1
+                if not self.extra_keys or b.block_id not in self.extra_keys:
+                    # the common eviction: one key, usually mapped to this block alone
+                    v = cached.pop(key, None)
+                    if v is b:
+                        b.key = None
+                        b.key_tokens = None
+                        self.evicted_keys += 1
+                    else:
+                        if v is not None:
+                            cached[key] = v   # (shared key: put back, then the slow path)
+                        self.evicted_keys += len(self.remove_keys(b))
                 else:
                     self.evicted_keys += len(self.remove_keys(b))
                 occ[b.kind] -= 1

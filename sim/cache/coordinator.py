@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sim.cache.block_pool import Block, BlockPool
+from sim.cache.hashing import PrefixKeys
 from sim.cache.managers import (
     FullAttentionManager,
     GroupSpec,
@@ -91,6 +92,8 @@ class Coordinator:
             for mm in self.mamba_managers:
                 mm.drop_eagle_checkpoint = True
         self.retention = retention
+        self._one_full = False
+        self.full_alone = -1   # full attention's hit alone in the last lookup (-1: unknown)
         self._replay_memo: dict[int, tuple[int, ...]] = {}
         self.unitary = len(specs) == 1
         if self.unitary:
@@ -126,9 +129,12 @@ class Coordinator:
                 for gid in g.group_ids:
                     self.manager_of[gid].use_eagle = True
         self._cacheable = [(m, m.use_eagle) for m in self.managers]
+        # With one full-attention spec group, looked up first, the first pass of
+        # find_longest_cache_hit is exactly that group's hit alone (find_per_group)
+        self._one_full = sum(1 for g in groups if g.spec.kind == "full") == 1
 
     # ---------------------------------------------------------------- lookup --
-    def _find(self, g: SpecGroup, hashes: list[int], max_length: int,
+    def _find(self, g: SpecGroup, hashes: PrefixKeys, max_length: int,
               drop_eagle: bool) -> tuple[list[list[Block]], int]:
         m = self.manager_of[g.group_ids[0]]
         return m.find(hashes, max_length, g.group_ids, drop_eagle, self.align)
@@ -138,15 +144,17 @@ class Coordinator:
         return eagle_proof_margin(m.block_size, self.hash_block_size,
                                   self.partial_hits and m.fine_lookup)
 
-    def find_longest_cache_hit(self, hashes: list[int], max_length: int
+    def find_longest_cache_hit(self, hashes: PrefixKeys, max_length: int
                                ) -> tuple[list[list[Block]], int, int]:
         """Per-group hit blocks, reconciled hit length, uncached common prefix."""
         n = len(self.specs)
+        self.full_alone = -1
         if self.unitary:
             g = self.spec_groups[0]
             blocks, hit = self._find(g, hashes, max_length, g.use_eagle)
             return [blocks[0]], hit, 0
         hit_length = max_length
+        first_pass = self._one_full
         longest = 0
         blocks_by_group: list[list[Block] | None] = [None] * n
         len_by_group = [0] * n
@@ -163,13 +171,16 @@ class Coordinator:
                 drop = g.use_eagle and idx not in verified
                 lim = curr
                 if drop and g.spec.kind != "mamba":
-                    lim = min(curr + self._margin(g), len(hashes) * h)
+                    lim = min(curr + self._margin(g), hashes.count * h)
                 blocks, new = self._find(g, hashes, lim, drop)
                 if drop:
                     verified.add(idx)
                 elif new < curr:
                     verified.clear()
                 curr = new
+                if first_pass and g.spec.kind == "full":
+                    self.full_alone = new   # (idx 0, the full group, on its first pass)
+                    first_pass = False
                 for gid, b in zip(g.group_ids, blocks):
                     blocks_by_group[gid] = b
                     len_by_group[gid] = new
@@ -191,7 +202,7 @@ class Coordinator:
         return ([b if b is not None else [] for b in blocks_by_group], hit_length,
                 longest - hit_length)
 
-    def find_per_group(self, hashes: list[int], max_length: int,
+    def find_per_group(self, hashes: PrefixKeys, max_length: int,
                        kinds: tuple[str, ...] | None = None) -> list[int]:
         """Each spec group's hit evaluated alone (with its own EAGLE drop);
         ``kinds`` restricts the work to some kinds (others report 0)."""
@@ -202,7 +213,7 @@ class Coordinator:
                 continue
             lim = max_length
             if g.use_eagle and g.spec.kind != "mamba":
-                lim = min(max_length + self._margin(g), len(hashes) * h)
+                lim = min(max_length + self._margin(g), hashes.count * h)
             _, hit = self._find(g, hashes, lim, g.use_eagle)
             for gid in g.group_ids:
                 out[gid] = hit

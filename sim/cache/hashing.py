@@ -1,34 +1,44 @@
-"""Chained prefix hashes over token *segments*, computed once and shared.
+"""Prefix keys over token *segments*, computed on demand in O(1) each.
 
 vLLM hashes a request's tokens in units of ``hash_block_size`` (the prefix
 match unit): hash *i* chains over every token before it, so equal hashes mean
 equal prefixes ``[0, (i + 1) * h)``.  With ``num_hash_lookahead_tokens = L``
 each hash also covers the ``L`` tokens after its unit and is emitted only once
-those tokens exist, i.e. hash *i* fingerprints ``[0, (i + 1) * h + L)``.
+those tokens exist, i.e. hash *i* fingerprints ``[0, (i + 1) * h + L)``.  All
+the cache needs of a hash is that property: equal keys exactly when the
+fingerprinted prefixes are equal.
 
 We never materialise token lists.  A prompt is a list of *runs*
 ``(stream, start, length)``: token ``p`` of stream ``s`` is a distinct token
 for every ``(s, p)``; literal token ids live in stream ``LITERAL`` at their own
-value.  The key of a unit chains its parent's key with ``(stream, start,
-length)`` (a unit spanning several runs: a marker, then every run) through
-``unit_key``: a 57-bit state in two lanes modulo the primes ``P1 < 2**29`` and
-``P2 < 2**28``.  Every input is absorbed into both lanes by affine steps that
-cross-feed the lanes, then each lane is cubed (a permutation, as ``P % 3 == 2``),
-so for fixed inputs the step is a bijection of the state: two different prefixes
-never merge afterwards, and they coincide only if one step happens to map them
-to the same state (~1 in 2**57).  Over a million-request trace (~1e8 units, a
-pool of ~1e5 cached blocks, ~2e8 probes) the chance of even one false hit is
-~1e-4.  Why not a digest or CPython's tuple hash: every value stays below 2**62,
-so the compiled build (sim/native.py) computes a key in machine integers with
-no allocation, and ``key << GROUP_BITS | group`` still fits: a key costs ~210
-CPU instructions there, against ~1,700 for the tuple hash (callgrind), itself
-~30x cheaper than a blake2b digest.  Keys are plain integers: equal across
-processes, runs and builds.
+value.  Runs are kept *canonical* (maximal: no run continues the previous
+one), so a token sequence has exactly one description, and the description of
+a prefix is the sequence's runs cut at the prefix end.  The key of the prefix
+``[0, e)`` is therefore
 
-Speed: a unit that lies inside one run is keyed by ``(parent, stream, start,
-length)``, and consecutive such units are memoised as *chains*: the hashes of
-a 57,600-token system prompt are computed once, and every later request that
-starts with it copies that list slice instead of rehashing (bench/hash_bench.py).
+    ``unit_key(chain[r], stream_r, start_r, e - begin_r)``
+
+where run ``r`` holds token ``e - 1`` (it begins at token ``begin_r``) and
+``chain[r]`` is the key of the prefix made of the runs before it
+(``chain[0] = ROOT``, ``chain[r + 1] = unit_key(chain[r], run r)``; a prefix
+ending exactly at a run end gets ``chain[r + 1]``, as it must).  Building a
+request costs one ``unit_key`` per *run* (a Mooncake prompt: ~70 runs against
+~600 units), and a key costs one ``unit_key`` when somebody asks for it: the
+lookup walks, and the block ends the cache registers.  A 57,600-token system
+prompt is one run: its keys need no chain walk and no memo.
+
+``unit_key`` is a 57-bit state in two lanes modulo the primes ``P1 < 2**29``
+and ``P2 < 2**28``.  Every input is absorbed into both lanes by affine steps
+that cross-feed the lanes, then each lane is cubed (a permutation, as
+``P % 3 == 2``), so for fixed inputs the step is a bijection of the state: two
+different prefixes before a run never merge by extending them with the same
+piece, and two prefixes coincide only if a step maps them to the same state
+(~1 in 2**57).  Over a million-request trace (~1e8 distinct prefixes, a pool
+of ~1e5 cached blocks, ~2e8 probes) the chance of even one false hit is
+~1e-4.  Every value stays below 2**62, so the compiled build (sim/native.py)
+computes a key in machine integers with no allocation, and
+``key << GROUP_BITS | group`` still fits: a key costs ~210 CPU instructions
+there.  Keys are plain integers: equal across processes, runs and builds.
 """
 from __future__ import annotations
 
@@ -37,11 +47,9 @@ from typing import Final
 from mypy_extensions import i64
 
 LITERAL: Final = -1          # stream id of literal token ids (position = token id)
-ROOT: Final = 0              # parent hash of the first unit
+ROOT: Final = 0              # key of the empty prefix
 
 Run = tuple[int, int, int]  # (stream id, start position in stream, length)
-
-MULTI: Final = -7            # marker that starts the key of a unit spanning several runs
 
 # unit_key's lanes: primes just below 2**29 and 2**28 with P % 3 == 2, and bases
 P1: Final = 536_870_909      # 2**29 - 3
@@ -71,24 +79,6 @@ def unit_key(parent: int, stream: int, start: int, length: int) -> int:
     return a * P2 + b
 
 
-def unit_key_multi(parent: int, values: list[int]) -> int:
-    """The key of a unit spanning several runs: ``values`` = MULTI, then
-    ``stream, start, length`` of each piece."""
-    p: i64 = parent
-    a: i64 = p // P2
-    b: i64 = p - a * P2
-    x: i64
-    for x in values:
-        a = (a * B1 + b + x) % P1
-        b = (b * B2 + a + x) % P2
-    a = a * a % P1 * a % P1
-    b = b * b % P2 * b % P2
-    return a * P2 + b
-
-
-CHAIN_MIN_UNITS: Final = 16  # runs holding fewer units are hashed directly, not memoised
-
-
 def canonical_runs(runs: list[Run]) -> list[Run]:
     """Merge adjacent runs that continue the same stream; drop empty runs.
 
@@ -109,207 +99,137 @@ def canonical_runs(runs: list[Run]) -> list[Run]:
     return out
 
 
-def _take(runs: list[Run], ri: int, off: int, need: int) -> tuple[list[Run], int, int]:
-    """The next ``need`` tokens from run ``ri`` at offset ``off``, possibly across
-    runs; returns them as pieces and the cursor after them."""
-    pieces: list[Run] = []
-    while need > 0:
-        s, st, n = runs[ri]
-        take = min(need, n - off)
-        pieces.append((s, st + off, take))
-        need -= take
-        off += take
-        if off >= n and ri + 1 < len(runs):
-            ri += 1
-            off = 0
-    return pieces, ri, off
+class PrefixKeys:
+    """The keys of one request's token sequence at the hash unit (vLLM's
+    ``request.block_hashes``), computed on demand.
+
+    ``count`` is the number of hashes vLLM would hold: unit *i* is emitted
+    once its tokens and the lookahead after it exist.  ``key(i)`` is the key
+    of the prefix ``[0, (i + 1) * unit + lookahead)``.  The runs are held as
+    columns (stream, start, first token), so appending output tokens that
+    continue the last run -- every decode step -- only moves ``total``.
+    """
+
+    def __init__(self, runs: list[Run], unit: int, lookahead: int):
+        """``runs`` must be canonical (``canonical_runs``)."""
+        self.unit = unit
+        self.lookahead = lookahead
+        self.streams: list[int] = []
+        self.starts: list[int] = []
+        self.begins: list[int] = []    # begins[r]: first token of run r in the sequence
+        self.chain: list[int] = []     # chain[r]: key of the runs before run r
+        p = ROOT
+        total = 0
+        for s, st, n in runs:
+            self.streams.append(s)
+            self.starts.append(st)
+            self.begins.append(total)
+            self.chain.append(p)
+            total += n
+            p = unit_key(p, s, st, n)
+        self.total = total
+        c = (total - lookahead) // unit
+        self.count = c if c > 0 else 0
+        self.cursor = 0                # run of the last key asked for (walks are local)
+
+    @property
+    def runs(self) -> list[Run]:
+        """The canonical runs (built on demand: compute backends, tests)."""
+        out: list[Run] = []
+        last = len(self.begins) - 1
+        for r in range(last + 1):
+            end = self.begins[r + 1] if r < last else self.total
+            out.append((self.streams[r], self.starts[r], end - self.begins[r]))
+        return out
+
+    def append_run(self, stream: int, start: int, n: int) -> None:
+        """Append ``n`` tokens of ``stream`` from ``start`` (merged into the last
+        run when they continue it, so the runs stay canonical)."""
+        total = self.total
+        last = len(self.begins) - 1
+        if last >= 0:
+            b = self.begins[last]
+            st = self.starts[last]
+            s = self.streams[last]
+            if s == stream and st + (total - b) == start:
+                total += n
+            else:
+                self.chain.append(unit_key(self.chain[last], s, st, total - b))
+                self.streams.append(stream)
+                self.starts.append(start)
+                self.begins.append(total)
+                total += n
+        else:
+            self.chain.append(ROOT)
+            self.streams.append(stream)
+            self.starts.append(start)
+            self.begins.append(0)
+            total = n
+        self.total = total
+        c = (total - self.lookahead) // self.unit
+        self.count = c if c > 0 else 0
+
+    def key(self, i: int) -> int:
+        """The key of unit ``i`` (``0 <= i < count``; IndexError otherwise, as
+        vLLM's hash list raises)."""
+        if i < 0 or i >= self.count:
+            raise IndexError("list index out of range")
+        e = (i + 1) * self.unit + self.lookahead
+        begins = self.begins
+        last = len(begins) - 1
+        r = self.cursor
+        if r > last:
+            r = last
+        # the run holding token e - 1: begins[r] < e <= begins[r + 1]
+        if r < last and begins[r + 1] < e:
+            r += 1
+            if r < last and begins[r + 1] < e:
+                lo, hi = r + 1, last          # binary search: the last begin below e
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if begins[mid] < e:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                r = lo
+        elif begins[r] >= e:
+            r -= 1
+            if begins[r] >= e:
+                lo, hi = 0, r - 1
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if begins[mid] < e:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                r = lo
+        self.cursor = r
+        return unit_key(self.chain[r], self.streams[r], self.starts[r], e - begins[r])
+
+    def keys(self) -> list[int]:
+        """Every emitted key, in order (tests and tools)."""
+        out: list[int] = []
+        for i in range(self.count):
+            out.append(self.key(i))
+        return out
 
 
 class PrefixHasher:
-    """Computes the hash list of a run sequence for one (unit, lookahead).
+    """The hash unit and lookahead of one cache manager: makes each request's
+    ``PrefixKeys``."""
 
-    One instance per cache manager; it owns the chain memo.  The memo is a
-    pure accelerator (bounded, cleared when full), so results never depend on
-    what was memoised.
-    """
-
-    def __init__(self, unit: int, lookahead: int = 0, memo_limit: int = 4_000_000):
+    def __init__(self, unit: int, lookahead: int = 0):
         if unit <= 0:
             raise ValueError("hash unit must be positive")
         if lookahead < 0:
             raise ValueError("num_hash_lookahead_tokens must be >= 0")
         self.unit = unit
         self.lookahead = lookahead
-        self.memo_limit = memo_limit
-        # (parent, stream, start, first_len) -> list of consecutive unit hashes
-        self._chains: dict[tuple[int, int, int, int], list[int]] = {}
-        self._chain_units = 0
 
-    # -- single units -------------------------------------------------------
-    @staticmethod
-    def unit_hash_multi(parent: int, runs: list[Run]) -> int:
-        flat = [MULTI]
-        for r in runs:
-            flat.extend(r)
-        return unit_key_multi(parent, flat)
+    def keys_of(self, runs: list[Run]) -> PrefixKeys:
+        """Keys over ``runs``, which must be canonical."""
+        return PrefixKeys(runs, self.unit, self.lookahead)
 
-    # -- whole sequences ----------------------------------------------------
-    def hashes(self, runs: list[Run], start_hashes: list[int] | None = None,
-               canonical: bool = False) -> list[int]:
-        """All emitted hashes of the token sequence ``runs``.
-
-        ``start_hashes`` (optional) are hashes already known for a prefix of
-        this same sequence (e.g. before output tokens were appended); they are
-        kept and only later units are computed.  ``canonical``: the caller
-        already merged the runs (``canonical_runs``).
-        """
-        if not canonical:
-            runs = canonical_runs(runs)
-        total = 0
-        for r in runs:
-            total += r[2]
-        h, la = self.unit, self.lookahead
-        out: list[int] = list(start_hashes) if start_hashes else []
-        # boundary (exclusive end) of unit i is (i + 1) * h + la
-        n_units = max(0, (total - la) // h)
-        if len(out) >= n_units:
-            del out[n_units:]
-            return out
-        # Position in tokens where the next unit's content starts.
-        k = len(out)
-        pos = 0 if k == 0 else k * h + la
-        parent = out[-1] if out else ROOT
-        # Locate run containing pos.
-        ri, off = 0, pos
-        while ri < len(runs) and off >= runs[ri][2]:
-            off -= runs[ri][2]
-            ri += 1
-        last_ri = len(runs) - 1
-        while k < n_units:
-            need = h + la if k == 0 else h
-            s, st, n = runs[ri]
-            avail = n - off
-            if avail >= need:
-                # Units lying inside this run: as many as fit (and are emitted).
-                cnt = min(1 + (avail - need) // h, n_units - k)
-                q = st + off
-                if cnt >= CHAIN_MIN_UNITS:
-                    chain = self._chain(parent, s, q, need, cnt)
-                    out.extend(chain[:cnt] if len(chain) > cnt else chain)
-                    parent = out[-1]
-                else:
-                    p = parent
-                    c = cnt
-                    if need != h:
-                        p = unit_key(p, s, q, need)
-                        out.append(p)
-                        q += need
-                        c -= 1
-                    for _ in range(c):   # (a constant-step loop: compiled to a C loop)
-                        p = unit_key(p, s, q, h)
-                        out.append(p)
-                        q += h
-                    parent = p
-                k += cnt
-                off += need + (cnt - 1) * h
-                if off >= n and ri < last_ri:
-                    ri += 1
-                    off = 0
-                continue
-            # Unit spans several runs (same key as ``unit_hash_multi``).
-            rem = need - avail
-            if ri < last_ri:
-                s2, st2, n2 = runs[ri + 1]
-                if n2 > rem or (n2 == rem and ri + 1 == last_ri):
-                    # the common case: it ends inside the next run
-                    parent = unit_key_multi(parent, [MULTI, s, st + off, avail, s2, st2, rem])
-                    out.append(parent)
-                    k += 1
-                    ri += 1
-                    off = rem
-                    continue
-            flat = [MULTI, s, st + off, avail]
-            while True:
-                ri += 1
-                s, st, n = runs[ri]
-                if n >= rem:
-                    flat += (s, st, rem)
-                    off = rem
-                    if off >= n and ri < last_ri:
-                        ri += 1
-                        off = 0
-                    break
-                flat += (s, st, n)
-                rem -= n
-            parent = unit_key_multi(parent, flat)
-            out.append(parent)
-            k += 1
-        return out
-
-    def extend(self, runs: list[Run], out: list[int]) -> None:
-        """Append to ``out`` (the hashes of a prefix of ``runs``) the hashes of
-        every unit ``runs`` now completes.  ``runs`` must be canonical.  Walks
-        the runs from the end (new units sit near the end) and does not touch
-        the chain memo: appended tokens (outputs) are private to one request."""
-        h, la = self.unit, self.lookahead
-        total = 0
-        for r in runs:
-            total += r[2]
-        n_units = max(0, (total - la) // h)
-        k = len(out)
-        if k >= n_units:
-            return
-        pos = 0 if k == 0 else k * h + la
-        # locate the run holding ``pos`` scanning backwards
-        ri = len(runs) - 1
-        start = total - runs[ri][2]
-        while start > pos:
-            ri -= 1
-            start -= runs[ri][2]
-        off = pos - start
-        parent = out[-1] if out else ROOT
-        while k < n_units:
-            need = h + la if k == 0 else h
-            s, st, n = runs[ri]
-            if n - off >= need:
-                parent = unit_key(parent, s, st + off, need)
-                off += need
-            else:
-                pieces, ri, off = _take(runs, ri, off, need)
-                parent = self.unit_hash_multi(parent, pieces)
-            out.append(parent)
-            k += 1
-            if off >= runs[ri][2] and ri + 1 < len(runs):
-                ri += 1
-                off = 0
-
-    def _chain(self, parent: int, stream: int, start: int, first_len: int, cnt: int) -> list[int]:
-        key = (parent, stream, start, first_len)
-        chain = self._chains.get(key)
-        if chain is None:
-            if self._chain_units > self.memo_limit:
-                self._chains.clear()
-                self._chain_units = 0
-            chain = []
-            self._chains[key] = chain
-        if len(chain) < cnt:
-            h = self.unit
-            if chain:
-                p = chain[-1]
-                pos = start + first_len + (len(chain) - 1) * h
-                ln = h
-            else:
-                p = parent
-                pos = start
-                ln = first_len
-            if ln != h:   # the first unit of a sequence also covers the lookahead
-                p = unit_key(p, stream, pos, ln)
-                chain.append(p)
-                pos += ln
-            end = start + first_len + (cnt - 1) * h
-            while pos < end:
-                p = unit_key(p, stream, pos, h)
-                chain.append(p)
-                pos += h
-            self._chain_units += cnt
-        return chain
+    def hashes(self, runs: list[Run]) -> list[int]:
+        """All emitted keys of the token sequence ``runs`` (any description)."""
+        return PrefixKeys(canonical_runs(runs), self.unit, self.lookahead).keys()

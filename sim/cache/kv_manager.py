@@ -26,6 +26,7 @@ class Lookup:
     hit: int
     junction: int
     events: list[dict] | None = None
+    full_alone: int = -1   # full attention's hit alone (per_group_hits), when known
 
 
 def _any_hit(new_computed: list[list[Block]]) -> bool:
@@ -88,12 +89,14 @@ class KVCacheManager:
     def get_computed_blocks(self, req: CacheRequest, max_hit: int | None = None) -> Lookup:
         if max_hit is None:
             max_hit = req.num_tokens - 1
-        blocks, hit, uncached = self.coordinator.find_longest_cache_hit(req.block_hashes, max_hit)
+        c = self.coordinator
+        blocks, hit, uncached = c.find_longest_cache_hit(req.block_hashes, max_hit)
         events = None
         if hit > 0 and self.cfg.report_mode == "full" and req.report_mode != "incremental":
             events = self._emit_cached_block_events(req, blocks)
         junction = hit + uncached if uncached else 0
-        return Lookup(blocks, hit, junction, events)
+        return Lookup(blocks, hit, junction, events,
+                      c.full_alone if max_hit == req.num_tokens - 1 else -1)
 
     def _emit_cached_block_events(self, req: CacheRequest,
                                   blocks: list[list[Block]]) -> list[dict]:
@@ -110,7 +113,7 @@ class KVCacheManager:
             if not gb:
                 continue
             bs = self.coordinator.manager_of[gid].block_size
-            view_len = len(req.block_hashes) // (bs // h)
+            view_len = req.block_hashes.count // (bs // h)
             if len(gb) > view_len:
                 raise IndexError("list index out of range")
             out.append({"group": gid, "keys": len(gb),
@@ -212,8 +215,9 @@ class KVCacheManager:
         """Positions on the hash grid where group ``gid`` holds this prefix."""
         h = self.coordinator.hash_block_size
         pool = self.pool
-        return [(i + 1) * h for i, hv in enumerate(req.block_hashes)
-                if pool.get_cached_block(hv, [gid])]
+        keys = req.block_hashes
+        return [(i + 1) * h for i in range(keys.count)
+                if pool.get_cached_block(keys.key(i), [gid])]
 
     def split_policy(self) -> SplitPolicy:
         """The scheduler's align-mode split, configured as this manager."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
+from sim.cache.hashing import PrefixKeys
 from sim.cache.rules import cdiv, mamba_checkpoint_position
 
 if TYPE_CHECKING:
@@ -47,26 +48,26 @@ class GroupSpec:
 
 # ----------------------------------------------------------------- lookups --
 
-def find_full(pool: BlockPool, hashes: list[int], max_length: int, group_ids: list[int],
+def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: list[int],
               block_size: int, drop_eagle: bool, align: int) -> tuple[list[list[Block]], int]:
     h = pool.hash_block_size
     fine = align < block_size and block_size % align == 0
     scale = block_size // h
     computed: list[list[Block]] = [[] for _ in group_ids]
-    n_view = len(hashes) // scale
+    n_view = hashes.count // scale
     cached = pool.cached
     g0 = group_ids[0]
     if len(group_ids) == 1:
         # one group: walk the hash map directly
         c0 = computed[0]
         for j in range(min(max_length // block_size, n_view)):
-            v = cached.get((hashes[(j + 1) * scale - 1] << GROUP_BITS) | g0)
+            v = cached.get((hashes.key((j + 1) * scale - 1) << GROUP_BITS) | g0)
             if v is None:
                 break
             c0.append(v if isinstance(v, Block) else next(iter(v.values())))
     else:
         for j in range(min(max_length // block_size, n_view)):
-            got = pool.get_cached_block(hashes[(j + 1) * scale - 1], group_ids)
+            got = pool.get_cached_block(hashes.key((j + 1) * scale - 1), group_ids)
             if not got:
                 break
             for c, b in zip(computed, got):
@@ -75,11 +76,12 @@ def find_full(pool: BlockPool, hashes: list[int], max_length: int, group_ids: li
     if fine:
         sf = block_size // align
         first = len(computed[0]) * sf
-        hi = min(min(first + sf - 1, max_length // align), len(hashes))
+        hi = min(min(first + sf - 1, max_length // align), hashes.count)
         for fi in range(hi - 1, first - 1, -1):
-            if ((hashes[fi] << GROUP_BITS) | g0) not in cached:
+            kf = hashes.key(fi)
+            if ((kf << GROUP_BITS) | g0) not in cached:
                 continue
-            got = pool.get_cached_block(hashes[fi], group_ids)
+            got = pool.get_cached_block(kf, group_ids)
             if not got:
                 continue
             for c, b in zip(computed, got):
@@ -99,7 +101,7 @@ def swa_contiguous_blocks(window: int, block_size: int, use_eagle: bool) -> int:
     return cdiv(window - 1, block_size) + (1 if use_eagle else 0)
 
 
-def find_swa(pool: BlockPool, hashes: list[int], max_length: int, group_ids: list[int],
+def find_swa(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: list[int],
              block_size: int, window: int, drop_eagle: bool,
              align: int) -> tuple[list[list[Block]], int]:
     h = pool.hash_block_size
@@ -113,9 +115,9 @@ def find_swa(pool: BlockPool, hashes: list[int], max_length: int, group_ids: lis
     for i in range(max_blocks - 1, -1, -1):
         # vLLM indexes the block-size view; past its end it raises IndexError
         idx = (i + 1) * scale - 1
-        if idx >= len(hashes):
+        if idx >= hashes.count:
             raise IndexError("list index out of range")
-        got = pool.get_cached_block(hashes[idx], group_ids)
+        got = pool.get_cached_block(hashes.key(idx), group_ids)
         if got:
             if run == 0 and block_size != align:
                 post = i if drop_eagle else i + 1
@@ -146,7 +148,7 @@ def find_swa(pool: BlockPool, hashes: list[int], max_length: int, group_ids: lis
     return computed, len(computed[0]) * block_size
 
 
-def find_mamba(pool: BlockPool, hashes: list[int], max_length: int, group_ids: list[int],
+def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: list[int],
                block_size: int, align: int) -> tuple[list[list[Block]], int]:
     h = pool.hash_block_size
     computed: list[list[Block]] = [[] for _ in group_ids]
@@ -155,11 +157,12 @@ def find_mamba(pool: BlockPool, hashes: list[int], max_length: int, group_ids: l
     g0 = group_ids[0]
     if align < block_size and block_size % align == 0:
         sf = block_size // align
-        for fi in range(min(max_length // align, len(hashes)) - 1, -1, -1):
+        for fi in range(min(max_length // align, hashes.count) - 1, -1, -1):
             # cheap membership probe on the first group before the full lookup
-            if ((hashes[fi] << GROUP_BITS) | g0) not in cached:
+            kf = hashes.key(fi)
+            if ((kf << GROUP_BITS) | g0) not in cached:
                 continue
-            got = pool.get_cached_block(hashes[fi], group_ids)
+            got = pool.get_cached_block(kf, group_ids)
             if got:
                 k = fi // sf
                 for c, b in zip(computed, got):
@@ -170,11 +173,12 @@ def find_mamba(pool: BlockPool, hashes: list[int], max_length: int, group_ids: l
     scale = block_size // h
     for i in range(max_length // block_size - 1, -1, -1):
         idx = (i + 1) * scale - 1
-        if idx >= len(hashes):
+        if idx >= hashes.count:
             raise IndexError("list index out of range")
-        if ((hashes[idx] << GROUP_BITS) | g0) not in cached:
+        kx = hashes.key(idx)
+        if ((kx << GROUP_BITS) | g0) not in cached:
             continue
-        got = pool.get_cached_block(hashes[idx], group_ids)
+        got = pool.get_cached_block(kx, group_ids)
         if got:
             if block_size != align and (i + 1) * block_size % align != 0:
                 continue
@@ -225,7 +229,7 @@ class SingleTypeManager:
         self.pending_cow: list[list[tuple[Block, Block]]] = [[] for _ in self.group_ids]
         self.has_pending_cow = False
 
-    def find(self, hashes: list[int], max_length: int, group_ids: list[int], drop_eagle: bool,
+    def find(self, hashes: PrefixKeys, max_length: int, group_ids: list[int], drop_eagle: bool,
              align: int) -> tuple[list[list[Block]], int]:
         raise NotImplementedError
 
@@ -341,7 +345,8 @@ class SingleTypeManager:
         replay boundaries (read only with sparse retention)."""
         rid = req.request_id
         num_cached = self.num_cached.get(rid, 0)
-        hashed = len(req.block_hashes) * self.pool.hash_block_size
+        keys = req.block_hashes
+        hashed = keys.count * self.pool.hash_block_size
         num_full = (num_tokens if num_tokens < hashed else hashed) // self.block_size
         if num_cached >= num_full:
             return
@@ -358,8 +363,10 @@ class SingleTypeManager:
         else:   # (decided once for every member)
             indices = [i for i, keep in enumerate(mask, num_cached) if keep]
         if indices:
+            scale = self.block_size // self.pool.hash_block_size
+            block_keys = [keys.key((i + 1) * scale - 1) for i in indices]
             for blocks, g in zip(self.tables[rid], self.group_ids):
-                self.pool.cache_full_blocks(req.block_hashes, blocks, indices, self.block_size, g)
+                self.pool.cache_full_blocks(block_keys, blocks, indices, self.block_size, g)
         self.num_cached[rid] = num_full
 
     # freeing -----------------------------------------------------------------
@@ -412,7 +419,7 @@ class SingleTypeManager:
 class FullAttentionManager(SingleTypeManager):
     fine_lookup = True
 
-    def find(self, hashes: list[int], max_length: int, group_ids: list[int], drop_eagle: bool,
+    def find(self, hashes: PrefixKeys, max_length: int, group_ids: list[int], drop_eagle: bool,
              align: int) -> tuple[list[list[Block]], int]:
         return find_full(self.pool, hashes, max_length, group_ids, self.block_size,
                          drop_eagle, align)
@@ -424,19 +431,24 @@ class FullAttentionManager(SingleTypeManager):
         if self.block_size == h:
             return
         limit = req.num_prompt_tokens if self.use_eagle else req.num_prompt_tokens - 1
-        boundary = min(limit // h, len(req.block_hashes)) * h
+        boundary = min(limit // h, req.block_hashes.count) * h
         if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
             return
         t = self.tables[req.request_id]
         idx = boundary // self.block_size
         if idx >= len(t[0]):
             return
+        unit_hash = -1
         for blocks, g in zip(t, self.group_ids):
-            self.pool.cache_partial_block(req.block_hashes, blocks[idx], boundary, g)
+            if blocks[idx].is_null:
+                continue
+            if unit_hash < 0:
+                unit_hash = req.block_hashes.key(boundary // h - 1)
+            self.pool.cache_partial_block(unit_hash, blocks[idx], boundary, g)
 
 
 class SlidingWindowManager(SingleTypeManager):
-    def find(self, hashes: list[int], max_length: int, group_ids: list[int], drop_eagle: bool,
+    def find(self, hashes: PrefixKeys, max_length: int, group_ids: list[int], drop_eagle: bool,
              align: int) -> tuple[list[list[Block]], int]:
         return find_swa(self.pool, hashes, max_length, group_ids, self.block_size,
                         self.spec.window, drop_eagle, align)
@@ -492,7 +504,7 @@ class MambaManager(SingleTypeManager):
         self.states_written: dict[str, int] = {}   # states this request registered (per group)
         self._checkpoints: dict[int, int] = {}     # prompt length -> checkpoint position
 
-    def find(self, hashes: list[int], max_length: int, group_ids: list[int], drop_eagle: bool,
+    def find(self, hashes: PrefixKeys, max_length: int, group_ids: list[int], drop_eagle: bool,
              align: int) -> tuple[list[list[Block]], int]:
         return find_mamba(self.pool, hashes, max_length, group_ids, self.block_size, align)
 
@@ -691,11 +703,14 @@ class MambaManager(SingleTypeManager):
             return 0
         written = 0
         registered = []
+        unit_hash = -1
         for mi, g in enumerate(self.group_ids):
             src = t[mi][idx]
             if src.is_null or src.key_tokens == num_tokens:
                 continue
-            key = self.pool.cache_partial_block(req.block_hashes, src, num_tokens, g)
+            if unit_hash < 0:
+                unit_hash = req.block_hashes.key(num_tokens // h - 1)
+            key = self.pool.cache_partial_block(unit_hash, src, num_tokens, g)
             if key is None:
                 continue
             self.cached_this_step.add(key)

@@ -261,8 +261,10 @@ class Scheduler:
                     if n == 0:
                         break
                 if lookup is not None and r.hit_tokens < 0:
-                    # (the cache is as the lookup saw it: nothing changed since)
-                    attn_alone = self._attention_alone(c)
+                    # (the cache is as the lookup saw it: nothing changed since, so
+                    # the lookup's own first pass answers when it could tell)
+                    attn_alone = (lookup.full_alone if lookup.full_alone >= 0
+                                  else self._attention_alone(c))
                 ok = kv.allocate_slots(c, n, new_local,
                                        lookup.blocks if lookup is not None and lookup.hit else None,
                                        num_lookahead_tokens=self.num_lookahead,
@@ -449,7 +451,7 @@ class Scheduler:
                 # with speculative decoding vLLM caches what accepted drafts completed
                 # right away (update_from_output), not at the next allocation; until
                 # another block of the smallest group completes the call changes nothing
-                hashed = len(c.block_hashes) * unit
+                hashed = c.block_hashes.count * unit
                 mark = (comp if comp < hashed else hashed) // min_block
                 if mark != r.cache_mark:
                     r.cache_mark = mark

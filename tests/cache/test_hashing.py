@@ -1,5 +1,5 @@
-"""Hash identity: equal hashes exactly when the token prefixes (plus lookahead) are equal,
-however the tokens are described, extended or memoised."""
+"""Hash identity: equal keys exactly when the token prefixes (plus lookahead) are equal,
+however the tokens are described, appended or asked for."""
 from __future__ import annotations
 
 import random
@@ -29,36 +29,62 @@ def test_literal_tokens_are_their_own_stream():
     assert h.hashes([(LITERAL, 5, 2)]) != h.hashes([(1, 5, 2)])
 
 
-def test_extend_equals_recompute_and_memo_is_invisible():
+def test_appending_equals_building_from_scratch():
+    """Keys of a request grown run by run (outputs) equal those of the whole
+    sequence described at once, and keys of the shared prefix never change."""
+    from sim.cache.hashing import PrefixKeys
+
     rng = random.Random(5)
     for _ in range(1500):
         unit = rng.choice([1, 2, 4, 16, 64])
         la = rng.choice([0, 0, 1, 3])
-        grow, fresh = PrefixHasher(unit, la), PrefixHasher(unit, la, memo_limit=0)
+        h = PrefixHasher(unit, la)
         runs = canonical_runs([(rng.randint(1, 4), rng.randint(0, 50), rng.randint(1, 80))
                                for _ in range(rng.randint(1, 5))])
-        hashes = grow.hashes(runs)
+        grow = PrefixKeys(list(runs), unit, la)
+        before = grow.keys()
         for _ in range(rng.randint(1, 20)):
             s = rng.choice([7, 8, runs[-1][0]])
             last = runs[-1]
             st = last[1] + last[2] if s == last[0] else rng.randint(0, 100)
-            runs = canonical_runs(runs + [(s, st, rng.randint(1, 40))])
-            grow.extend(runs, hashes)
-            assert hashes == fresh.hashes(runs)
+            n = rng.randint(1, 40)
+            runs = canonical_runs(runs + [(s, st, n)])
+            grow.append_run(s, st, n)
+            assert grow.runs == runs
+            assert grow.keys() == h.hashes(runs)
+            assert grow.keys()[:len(before)] == before
+
+
+def test_keys_are_asked_in_any_order_and_out_of_range_raises():
+    """The run cursor is only a speed-up: random access gives the same keys,
+    and indices outside [0, count) raise IndexError (as vLLM's list would)."""
+    import pytest
+
+    from sim.cache.hashing import PrefixKeys
+
+    rng = random.Random(9)
+    runs = canonical_runs([(rng.randint(1, 30), 0, rng.randint(1, 300)) for _ in range(60)])
+    ref = PrefixKeys(list(runs), 16, 3).keys()
+    keys = PrefixKeys(list(runs), 16, 3)
+    for i in rng.sample(range(len(ref)), len(ref)):
+        assert keys.key(i) == ref[i]
+    for bad in (-1, len(ref)):
+        with pytest.raises(IndexError):
+            keys.key(bad)
 
 
 def test_keys_fit_machine_integers_with_the_group_bits():
     """Every key lies in [0, KEY_SPACE) and a pool key (key << GROUP_BITS | group)
     stays below 2**62, the compiled build's machine-integer range."""
     from sim.cache.block_pool import GROUP_BITS
-    from sim.cache.hashing import KEY_SPACE, MULTI, unit_key, unit_key_multi
+    from sim.cache.hashing import KEY_SPACE, unit_key
 
     assert (KEY_SPACE << GROUP_BITS) <= 2**62
     rng = random.Random(11)
     p = 0
     for _ in range(20_000):
         s, q, n = rng.choice([LITERAL, 0, 1, 10**6, 2**40]), rng.randrange(2**45), rng.randint(1, 4096)
-        p = unit_key(p, s, q, n) if rng.random() < 0.9 else unit_key_multi(p, [MULTI, s, q, n, 3, 0, 1])
+        p = unit_key(p, s, q, n)
         assert 0 <= p < KEY_SPACE
 
 
@@ -76,7 +102,7 @@ def test_a_step_is_a_bijection_of_the_state():
 def test_no_collisions_among_structured_units():
     """Chains over many streams and prompts that differ in one token: every
     distinct prefix gets a distinct key (625,250 of them)."""
-    h = PrefixHasher(1, memo_limit=0)
+    h = PrefixHasher(1)
     keys: set[int] = set()
     total = 0
     for stream in range(500):                      # 500 streams x 1,000 one-token units
