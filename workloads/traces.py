@@ -5,6 +5,7 @@ from __future__ import annotations
 import calendar
 import csv
 import json
+import math
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -82,48 +83,72 @@ class MooncakeConfig:
         return self._read(path)
 
     def _read(self, path: Path) -> Iterator[TraceRequest]:
+        """Records in file order.  The happy path does only what a valid line
+        needs (one ``json.loads``, exact type tests: JSON numbers decode to int
+        or float); every check is still made, and a failing one names
+        ``path:line``."""
         block = self.block_tokens
+        limit = self.limit
+        time_scale = self.time_scale
         prev_ts: float | None = None
         index = 0
         spath = str(path)
         names: dict[int, str] = {}   # one string per hash id (see hash_id_segments)
+        loads = json.loads
         with open(path, encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, 1):
-                if self.limit is not None and index >= self.limit:
+                if limit is not None and index >= limit:
                     return
-                if not line.strip():
-                    continue
-                where = f"{spath}:{lineno}"
                 try:
-                    rec = json.loads(line)
+                    rec = loads(line)
                 except json.JSONDecodeError as e:
-                    raise WorkloadError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-                if not isinstance(rec, dict):
-                    raise WorkloadError(f"{where}: expected a JSON object, got {show(rec)}")
-                for key in ("timestamp", "input_length", "output_length", "hash_ids"):
-                    if key not in rec:
-                        raise WorkloadError(f"{where}: missing field {key!r}")
-                ts = rec["timestamp"]
-                if not is_number(ts) or ts < 0:
-                    raise WorkloadError(f"{where}: timestamp must be a number >= 0 (ms), got {show(ts)}")
-                if prev_ts is not None and ts < prev_ts:
-                    raise WorkloadError(
-                        f"{where}: timestamp {ts} is before the previous record's {prev_ts}"
-                        " (the trace must be sorted by time)")
-                n_in = rec["input_length"]
-                if not is_int(n_in) or n_in < 1:
-                    raise WorkloadError(f"{where}: input_length must be an integer >= 1, got {show(n_in)}")
-                n_out = rec["output_length"]
-                if not is_int(n_out) or n_out < 1:
-                    raise WorkloadError(f"{where}: output_length must be an integer >= 1, got {show(n_out)}")
+                    if not line.strip():
+                        continue   # blank line
+                    raise WorkloadError(f"{spath}:{lineno}: invalid JSON ({e.msg} at column "
+                                        f"{e.colno})") from None
+                if type(rec) is not dict:
+                    raise WorkloadError(f"{spath}:{lineno}: expected a JSON object, got {show(rec)}")
+                ts = rec.get("timestamp")
+                n_in = rec.get("input_length")
+                n_out = rec.get("output_length")
+                ids = rec.get("hash_ids")
+                if ts is None or n_in is None or n_out is None or ids is None:
+                    self._bad(rec, f"{spath}:{lineno}", prev_ts)
+                tt = type(ts)
+                if not ((tt is int or (tt is float and math.isfinite(ts))) and ts >= 0
+                        and (prev_ts is None or ts >= prev_ts)
+                        and type(n_in) is int and n_in >= 1
+                        and type(n_out) is int and n_out >= 1):
+                    self._bad(rec, f"{spath}:{lineno}", prev_ts)
                 rid = request_id(index)
-                segs = hash_id_segments(rec["hash_ids"], int(n_in), block, names, rid)
+                segs = hash_id_segments(ids, n_in, block, names, rid)
                 if segs is None:
-                    raise WorkloadError(f"{where}: hash_ids must be a list of integers >= 0, "
-                                        f"got {show(rec['hash_ids'])}")
-                yield TraceRequest(rid, ts / 1000.0 * self.time_scale, segs, n_out)
+                    raise WorkloadError(f"{spath}:{lineno}: hash_ids must be a list of integers "
+                                        f">= 0, got {show(ids)}")
+                yield TraceRequest(rid, ts / 1000.0 * time_scale, segs, n_out)
                 prev_ts = ts
                 index += 1
+
+    @staticmethod
+    def _bad(rec: dict, where: str, prev_ts: float | None) -> None:
+        """Raise the one-line error for a record whose fields failed the fast checks."""
+        for key in ("timestamp", "input_length", "output_length", "hash_ids"):
+            if key not in rec:
+                raise WorkloadError(f"{where}: missing field {key!r}")
+        ts = rec["timestamp"]
+        if not is_number(ts) or ts < 0:
+            raise WorkloadError(f"{where}: timestamp must be a number >= 0 (ms), got {show(ts)}")
+        if prev_ts is not None and ts < prev_ts:
+            raise WorkloadError(
+                f"{where}: timestamp {ts} is before the previous record's {prev_ts}"
+                " (the trace must be sorted by time)")
+        for key in ("input_length", "output_length"):
+            v = rec[key]
+            if not is_int(v) or v < 1:
+                raise WorkloadError(f"{where}: {key} must be an integer >= 1, got {show(v)}")
+        # (what is left: hash_ids is null)
+        raise WorkloadError(f"{where}: hash_ids must be a list of integers >= 0, "
+                            f"got {show(rec['hash_ids'])}")
 
     def describe(self) -> str:
         blk = "" if self.block_tokens == 512 else f", block {self.block_tokens}"

@@ -287,13 +287,15 @@ class BlockPool:
                         self.evicted_keys += len(self.remove_keys(b))
                 else:
                     self.evicted_keys += len(self.remove_keys(b))
-                occ[b.kind] -= 1
+                k = b.kind
+                occ[k] = occ[k] - 1   # (not ``-=``: the compiled build would go generic)
             b.ref_cnt += 1
             b.kind = kind
             out.append(b)
-        occ[kind] += n
-        if occ[kind] > self.peak[kind]:
-            self.peak[kind] = occ[kind]
+        o = occ[kind] + n
+        occ[kind] = o
+        if o > self.peak[kind]:
+            self.peak[kind] = o
         return out
 
     def peak_by_group(self, group_ids: list[int]) -> int:

@@ -629,11 +629,13 @@ class MambaManager(SingleTypeManager):
         fresh = pool.get_new_blocks(new * self.width, self.group_id) if new else []
         for mi in range(self.width):
             blocks = t[mi]
-            got = fresh[mi * new:(mi + 1) * new] if self.width > 1 else fresh
+            j = mi * new          # this member's blocks: fresh[j:j + new]
+            end = j + new
             if partial is not None:
                 idx, srcs = partial
                 src = srcs[mi]
-                cow, got = got[0], got[1:]
+                cow = fresh[j]
+                j += 1
                 if was_allocated:
                     # The running request keeps writing into src: the cache entry
                     # moves to a private copy instead.
@@ -646,7 +648,9 @@ class MambaManager(SingleTypeManager):
                         self.cached_this_step.add(cow.key)
                 else:
                     self._apply_cow(blocks, mi, idx, src, cow)
-            blocks.extend(got)
+            while j < end:
+                blocks.append(fresh[j])
+                j += 1
         self.allocated.add(rid)
         self.partial_hit.pop(rid, None)
 

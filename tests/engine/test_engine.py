@@ -232,3 +232,19 @@ def test_the_report_says_how_many_requests_were_rejected(tmp_path):
     out = write_run(tmp_path / "run", sc, dep, rows, s)
     assert "| requests | 1 served, 1 rejected (prompt >= max_model_len) |" in \
         (out / "report.md").read_text()
+
+
+def test_ns_rounds_exactly_as_round():
+    """The engine's seconds -> integer ns conversion equals round(x * 1e9) on
+    random, half-way, integral and huge values."""
+    import random
+
+    from sim.engine.engine import ns
+
+    rng = random.Random(2)
+    xs = [rng.random() * 10 ** rng.randint(-9, 5) for _ in range(20_000)]
+    xs += [(k + 0.5) / 1e9 for k in range(2_000)]          # ties (where representable)
+    xs += [k / 1e9 for k in range(2_000)] + [0.0, 1e-12, 2.5e-9, 3.5e-9, 1e7, 2.0**60 / 1e9]
+    for x in xs:
+        assert ns(x) == round(x * 1e9), x
+    assert sum(1 for k in range(2_000) if ((k + 0.5) / 1e9) * 1e9 == k + 0.5) > 100  # ties hit
