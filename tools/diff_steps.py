@@ -308,6 +308,7 @@ def mooncake_case(path: Path, n: int, start: int = 0, step_ms: float = 30.0,
     seven groups) is small enough to force evictions and preemptions; ``max_model_len`` is
     raised above the longest request (the trace holds prompts of up to 126k tokens).
     ``junction_flag`` turns on the shared-prefix (junction) checkpoint."""
+    from workloads.base import segment_name
     from workloads.traces import MooncakeConfig
 
     reqs: list[dict] = []
@@ -317,7 +318,8 @@ def mooncake_case(path: Path, n: int, start: int = 0, step_ms: float = 30.0,
             continue
         ms = tr.arrival_s * 1000.0
         t0 = ms if t0 is None else t0
-        reqs.append({"id": tr.request_id, "segments": [list(seg) for seg in tr.segments],
+        reqs.append({"id": tr.request_id,
+                     "segments": [[segment_name(n), o, k] for n, o, k in tr.segments],
                      "arrival": int((ms - t0) // step_ms), "max_tokens": tr.output_tokens,
                      "kind": "trace"})
     cfg = {"groups": ["full"] + ["mamba"] * 6, "block_size": 1088, "hash_block_size": 64,

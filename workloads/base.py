@@ -6,6 +6,12 @@ appears, and distinct stream names never share a token.  A prompt is the
 concatenation of its segments ``(stream, offset, length)`` = tokens
 ``offset .. offset+length-1`` of that stream.  The output tokens of request
 ``R`` are stream ``f"out/{R}"``, positions ``0 .. output_tokens-1``.
+
+A stream is named by a string, or -- block-hash traces (Mooncake) -- by a
+non-negative integer ``h``, the trace's hash id, which stands for the stream
+``f"mc/{h}"`` (``segment_name``).  Hash ids are the bulk of a Mooncake
+trace's segments: keeping them integers spares a string and a dictionary
+entry per block (one run never mixes the two spellings of a stream).
 """
 from __future__ import annotations
 
@@ -17,7 +23,12 @@ from typing import Any
 
 import numpy as np
 
-Segment = tuple[str, int, int]
+Segment = tuple["str | int", int, int]
+
+
+def segment_name(name: str | int) -> str:
+    """The printable name of a segment's stream (``mc/<h>`` for hash id ``h``)."""
+    return name if isinstance(name, str) else f"mc/{name}"
 
 
 @dataclass(slots=True)

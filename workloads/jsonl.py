@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
-from workloads.base import Fields, Segment, TraceRequest, WorkloadError, is_int, is_number, show
+from workloads.base import (Fields, Segment, TraceRequest, WorkloadError, is_int, is_number,
+                            segment_name, show)
 from workloads.traces import _suffix, _trace_fields, check_file, resolve
 
 WHERE = "workload"
@@ -40,7 +41,8 @@ def parse_prompt(text: str) -> list[Segment]:
 def format_prompt(segments: Iterable[Segment]) -> str:
     """Segments → the string form (``NAME:LEN``, or ``NAME@OFF:LEN`` when OFF > 0).
     Only valid when every name matches the string grammar."""
-    return " ".join(f"{n}:{l}" if o == 0 else f"{n}@{o}:{l}" for n, o, l in segments)
+    return " ".join(f"{segment_name(n)}:{l}" if o == 0 else f"{segment_name(n)}@{o}:{l}"
+                    for n, o, l in segments)
 
 
 def parse_segments(value: Any) -> list[Segment]:
@@ -65,7 +67,7 @@ def parse_segments(value: Any) -> list[Segment]:
 def request_to_dict(req: TraceRequest) -> dict[str, Any]:
     """One line of the jsonl format (``segments`` form; optional fields only when set)."""
     d: dict[str, Any] = {"id": req.request_id, "arrival_s": req.arrival_s,
-                         "segments": [[n, o, l] for n, o, l in req.segments],
+                         "segments": [[segment_name(n), o, l] for n, o, l in req.segments],
                          "output_tokens": req.output_tokens}
     if req.session is not None:
         d["session"] = req.session

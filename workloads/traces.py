@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import orjson
+
 from sim.cache.prompt import hash_id_segments
 from workloads.base import Fields, TraceRequest, WorkloadError, is_int, is_number, show
 
@@ -57,7 +59,7 @@ def _suffix(limit: int | None, time_scale: float) -> str:
 class MooncakeConfig:
     """``kind: mooncake`` — Mooncake FAST'25 JSONL (``timestamp`` ms, ``input_length``,
     ``output_length``, ``hash_ids``).  Hash id ``h`` at block ``i`` is the segment
-    ``("mc/<h>", 0, block_tokens)``; the last block is cut so the prompt has exactly
+    ``(h, 0, block_tokens)`` (the stream ``mc/<h>``, named by its integer); the last block is cut so the prompt has exactly
     ``input_length`` tokens (ids beyond that are ignored, as the trace's README says:
     expand the blocks and truncate to ``input_length``).  Should ``input_length``
     exceed ``block_tokens * len(hash_ids)``, the rest is a private stream
@@ -84,8 +86,9 @@ class MooncakeConfig:
 
     def _read(self, path: Path) -> Iterator[TraceRequest]:
         """Records in file order.  The happy path does only what a valid line
-        needs (one ``json.loads``, exact type tests: JSON numbers decode to int
-        or float); every check is still made, and a failing one names
+        needs (one ``orjson.loads``, which decodes the same values as
+        ``json.loads`` about 3x faster; exact type tests, as JSON numbers decode
+        to int or float); every check is still made, and a failing one names
         ``path:line``."""
         block = self.block_tokens
         limit = self.limit
@@ -93,8 +96,7 @@ class MooncakeConfig:
         prev_ts: float | None = None
         index = 0
         spath = str(path)
-        names: dict[int, str] = {}   # one string per hash id (see hash_id_segments)
-        loads = json.loads
+        loads = orjson.loads
         with open(path, encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, 1):
                 if limit is not None and index >= limit:
@@ -121,10 +123,10 @@ class MooncakeConfig:
                         and type(n_out) is int and n_out >= 1):
                     self._bad(rec, f"{spath}:{lineno}", prev_ts)
                 rid = request_id(index)
-                segs = hash_id_segments(ids, n_in, block, names, rid)
+                segs = hash_id_segments(ids, n_in, block, rid)
                 if segs is None:
                     raise WorkloadError(f"{spath}:{lineno}: hash_ids must be a list of integers "
-                                        f">= 0, got {show(ids)}")
+                                        f"in [0, 2**53), got {show(ids)}")
                 yield TraceRequest(rid, ts / 1000.0 * time_scale, segs, n_out)
                 prev_ts = ts
                 index += 1
@@ -147,7 +149,7 @@ class MooncakeConfig:
             if not is_int(v) or v < 1:
                 raise WorkloadError(f"{where}: {key} must be an integer >= 1, got {show(v)}")
         # (what is left: hash_ids is null)
-        raise WorkloadError(f"{where}: hash_ids must be a list of integers >= 0, "
+        raise WorkloadError(f"{where}: hash_ids must be a list of integers in [0, 2**53), "
                             f"got {show(rec['hash_ids'])}")
 
     def describe(self) -> str:

@@ -7,6 +7,8 @@ import re
 
 from sim.cache.hashing import LITERAL, Run
 
+HASH_ID_BASE = -2   # stream id of hash id h: HASH_ID_BASE - h (see StreamRegistry.runs_of)
+
 _SEG = re.compile(r"^([A-Za-z_][A-Za-z0-9_.\-]*)(?:@(\d+))?:(\d+)$")
 
 
@@ -22,9 +24,19 @@ class StreamRegistry:
             sid = self.ids[name] = len(self.ids) + 1
         return sid
 
-    def runs_of(self, segments: list[tuple[str, int, int]]) -> list[Run]:
-        """The runs of a prompt given as ``(stream name, offset, length)`` segments."""
-        return [(self.id(name), off, n) for name, off, n in segments]
+    def runs_of(self, segments: list[tuple[str | int, int, int]]) -> list[Run]:
+        """The runs of a prompt given as ``(stream name, offset, length)`` segments.
+
+        An integer name ``h >= 0`` (a block-hash trace's hash id, the stream
+        ``mc/<h>``) maps to the stream id ``-2 - h``: no registry entry, and no
+        clash with registered ids (>= 1) or ``LITERAL`` (-1)."""
+        out: list[Run] = []
+        for name, off, n in segments:
+            if isinstance(name, str):
+                out.append((self.id(name), off, n))
+            else:
+                out.append((HASH_ID_BASE - name, off, n))
+        return out
 
 
 def parse_prompt(spec, streams: StreamRegistry) -> list[Run]:
@@ -53,33 +65,30 @@ def parse_prompt(spec, streams: StreamRegistry) -> list[Run]:
     return runs
 
 
-def hash_id_segments(ids: object, n_in: int, block: int, names: dict[int, str],
-                     rid: str) -> list[tuple[str, int, int]] | None:
+def hash_id_segments(ids: object, n_in: int, block: int,
+                     rid: str) -> list[tuple[str | int, int, int]] | None:
     """The segments of a prompt of ``n_in`` tokens over ``block``-token hash ids
     (a Mooncake trace record, read by ``workloads.traces``; here to be compiled):
-    ``("mc/<id>", 0, block)`` per id, the last one cut to ``n_in``, and a private
+    ``(h, 0, block)`` per id ``h`` (the stream ``mc/<h>``, named by its integer:
+    ``workloads.base.Segment``), the last one cut to ``n_in``, and a private
     ``("mcu/<rid>", 0, rest)`` when the ids cover fewer than ``n_in`` tokens.
-    ``names`` keeps one string per hash id (later records reuse it and its cached
-    hash).  None when ``ids`` is not a list of integers >= 0 (bools and floats
-    included: JSON integers decode as int exactly)."""
+    None when ``ids`` is not a list of integers in ``[0, 2**53)`` (bools and
+    floats included: JSON integers decode as int exactly)."""
     if not isinstance(ids, list):
         return None
     for h in ids:
-        if type(h) is not int or h < 0:
+        if type(h) is not int or h < 0 or h >= 1 << 53:
             return None
     full = n_in // block
     part = n_in - full * block
     take = full + 1 if part else full
-    segs: list[tuple[str, int, int]] = []
+    segs: list[tuple[str | int, int, int]] = []
     covered = 0
     for i, h in enumerate(ids):
         if i >= take:
             break
-        name = names.get(h)
-        if name is None:
-            name = names[h] = f"mc/{h}"
         n = part if i == full else block
-        segs.append((name, 0, n))
+        segs.append((h, 0, n))
         covered += n
     if covered < n_in:
         segs.append((f"mcu/{rid}", 0, n_in - covered))

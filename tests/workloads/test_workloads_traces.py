@@ -32,7 +32,8 @@ def test_mooncake_lengths_match_the_trace(fixtures):
         assert sum(n for _, _, n in req.segments) == rec["input_length"] == req.prompt_tokens
         assert req.output_tokens == rec["output_length"]
         # one segment per hash id, in order, each a whole block but the last
-        assert [s for s, _, _ in req.segments] == [f"mc/{h}" for h in rec["hash_ids"]]
+        # (streams mc/<h> are named by the integer hash id h)
+        assert [s for s, _, _ in req.segments] == rec["hash_ids"]
         assert all(off == 0 for _, off, _ in req.segments)
         assert all(n == 512 for _, _, n in req.segments[:-1])
         assert 1 <= req.segments[-1][2] <= 512
@@ -41,14 +42,14 @@ def test_mooncake_lengths_match_the_trace(fixtures):
 
 def test_mooncake_shared_hash_ids_give_identical_segments(fixtures):
     reqs = mooncake(fixtures)
-    by_id: dict[str, set] = {}
-    uses: dict[str, int] = {}
+    by_id: dict[object, set] = {}
+    uses: dict[object, int] = {}
     for req in reqs:
         for seg in req.segments:
             by_id.setdefault(seg[0], set()).add(seg)
             uses[seg[0]] = uses.get(seg[0], 0) + 1
     shared = [h for h, n in uses.items() if n > 1]
-    assert "mc/0" in shared and uses["mc/0"] == 200      # the common system prompt
+    assert 0 in shared and uses[0] == 200                # the common system prompt (mc/0)
     assert len(shared) > 10
     for h in shared:
         assert len(by_id[h]) == 1, (h, by_id[h])
@@ -93,10 +94,10 @@ def test_mooncake_rest_beyond_hash_blocks_is_private(tmp_path):
                  + json.dumps({"timestamp": 6, "input_length": 600, "output_length": 1,
                                "hash_ids": [7, 9, 11]}) + "\n")
     a, b = build_workload({"kind": "mooncake", "path": "t.jsonl"}, 0, tmp_path)
-    assert a.segments == [("mc/7", 0, 512), ("mc/9", 0, 512), ("mcu/r0000000", 0, 176)]
-    assert b.segments == [("mc/7", 0, 512), ("mc/9", 0, 88)]          # truncated; id 11 unused
+    assert a.segments == [(7, 0, 512), (9, 0, 512), ("mcu/r0000000", 0, 176)]
+    assert b.segments == [(7, 0, 512), (9, 0, 88)]                    # truncated; id 11 unused
     c, _ = build_workload({"kind": "mooncake", "path": str(p), "block_tokens": 256}, 0)
-    assert c.segments == [("mc/7", 0, 256), ("mc/9", 0, 256), ("mcu/r0000000", 0, 688)]
+    assert c.segments == [(7, 0, 256), (9, 0, 256), ("mcu/r0000000", 0, 688)]
     assert a.arrival_s == 0.005
 
 
@@ -189,3 +190,29 @@ def test_azure_header_checked(tmp_path):
     p.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,10,5\n")
     with pytest.raises(WorkloadError, match=r":1: header lacks column\(s\) TIMESTAMP"):
         list(build_workload({"kind": "azure", "path": str(p)}, 0))
+
+
+def test_hash_id_streams_are_distinct_from_named_streams_and_print_as_mc(tmp_path):
+    """Hash id h is the stream mc/<h>: a stream id of its own (never a registered
+    name's, never LITERAL's), equal for equal ids, and written as "mc/<h>" to JSONL."""
+    from sim.cache.hashing import LITERAL
+    from sim.cache.prompt import StreamRegistry
+    from workloads.jsonl import format_prompt, request_to_dict
+
+    reg = StreamRegistry()
+    named = reg.runs_of([("S", 0, 4), ("mc/0", 0, 4), ("out/r1", 0, 2)])
+    hashed = reg.runs_of([(0, 0, 512), (1, 0, 512), (0, 0, 7), (2**53 - 1, 0, 1)])
+    ids = {r[0] for r in named} | {r[0] for r in hashed}
+    assert len(ids) == 3 + 3 and LITERAL not in ids
+    assert hashed[0][0] == hashed[2][0] != hashed[1][0]
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"timestamp": 5, "input_length": 600, "output_length": 3,
+                             "hash_ids": [7, 9]}) + "\n")
+    (req,) = build_workload({"kind": "mooncake", "path": "t.jsonl"}, 0, tmp_path)
+    assert request_to_dict(req)["segments"] == [["mc/7", 0, 512], ["mc/9", 0, 88]]
+    assert format_prompt(req.segments) == "mc/7:512 mc/9:88"
+    for bad in ([-1], [2**53], [True], [1.0]):
+        p.write_text(json.dumps({"timestamp": 5, "input_length": 600, "output_length": 3,
+                                 "hash_ids": bad}) + "\n")
+        with pytest.raises(WorkloadError, match="hash_ids must be a list of integers"):
+            list(build_workload({"kind": "mooncake", "path": "t.jsonl"}, 0, tmp_path))
