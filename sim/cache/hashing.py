@@ -99,6 +99,18 @@ def canonical_runs(runs: list[Run]) -> list[Run]:
     return out
 
 
+def _last_below(begins: list[int], e: int, lo: int, hi: int) -> int:
+    """The last index in ``[lo, hi]`` whose begin is below ``e`` (``begins`` is
+    increasing and ``begins[lo] < e``)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if begins[mid] < e:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class PrefixKeys:
     """The keys of one request's token sequence at the hash unit (vLLM's
     ``request.block_hashes``), computed on demand.
@@ -169,42 +181,34 @@ class PrefixKeys:
         c = (total - self.lookahead) // self.unit
         self.count = c if c > 0 else 0
 
+    def locate(self, e: int) -> int:
+        """The run holding token ``e - 1`` (``0 < e <= total``): ``begins[r] < e <=
+        begins[r + 1]``.  Walks are local, so it looks next to the last run
+        asked for before searching."""
+        begins = self.begins
+        last = len(begins) - 1
+        r = self.cursor
+        if r > last:
+            r = last
+        if r < last and begins[r + 1] < e:
+            r += 1
+            if r < last and begins[r + 1] < e:
+                r = _last_below(begins, e, r + 1, last)
+        elif begins[r] >= e:
+            r -= 1
+            if begins[r] >= e:
+                r = _last_below(begins, e, 0, r - 1)
+        self.cursor = r
+        return r
+
     def key(self, i: int) -> int:
         """The key of unit ``i`` (``0 <= i < count``; IndexError otherwise, as
         vLLM's hash list raises)."""
         if i < 0 or i >= self.count:
             raise IndexError("list index out of range")
         e = (i + 1) * self.unit + self.lookahead
-        begins = self.begins
-        last = len(begins) - 1
-        r = self.cursor
-        if r > last:
-            r = last
-        # the run holding token e - 1: begins[r] < e <= begins[r + 1]
-        if r < last and begins[r + 1] < e:
-            r += 1
-            if r < last and begins[r + 1] < e:
-                lo, hi = r + 1, last          # binary search: the last begin below e
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if begins[mid] < e:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                r = lo
-        elif begins[r] >= e:
-            r -= 1
-            if begins[r] >= e:
-                lo, hi = 0, r - 1
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if begins[mid] < e:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                r = lo
-        self.cursor = r
-        return unit_key(self.chain[r], self.streams[r], self.starts[r], e - begins[r])
+        r = self.locate(e)
+        return unit_key(self.chain[r], self.streams[r], self.starts[r], e - self.begins[r])
 
     def keys(self) -> list[int]:
         """Every emitted key, in order (tests and tools)."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
-from sim.cache.hashing import PrefixKeys
+from sim.cache.hashing import PrefixKeys, unit_key
 from sim.cache.rules import cdiv, mamba_checkpoint_position
 
 if TYPE_CHECKING:
@@ -157,18 +157,30 @@ def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: 
     g0 = group_ids[0]
     if align < block_size and block_size % align == 0:
         sf = block_size // align
-        for fi in range(min(max_length // align, hashes.count) - 1, -1, -1):
-            # cheap membership probe on the first group before the full lookup
-            kf = hashes.key(fi)
-            if ((kf << GROUP_BITS) | g0) not in cached:
-                continue
-            got = pool.get_cached_block(kf, group_ids)
-            if got:
-                k = fi // sf
-                for c, b in zip(computed, got):
-                    c.extend([null] * k)
-                    c.append(b)
-                return computed, (fi + 1) * align
+        fi = min(max_length // align, hashes.count) - 1
+        # walk the units right to left, run by run: inside one run a key is
+        # unit_key(chain, stream, start, offset) (PrefixKeys.key without the search)
+        unit = hashes.unit
+        e = (fi + 1) * unit + hashes.lookahead
+        while fi >= 0:
+            r = hashes.locate(e)
+            ch = hashes.chain[r]
+            s = hashes.streams[r]
+            st = hashes.starts[r]
+            b0 = hashes.begins[r]
+            while fi >= 0 and e > b0:
+                kf = unit_key(ch, s, st, e - b0)
+                # cheap membership probe on the first group before the full lookup
+                if ((kf << GROUP_BITS) | g0) in cached:
+                    got = pool.get_cached_block(kf, group_ids)
+                    if got:
+                        k = fi // sf
+                        for c, b in zip(computed, got):
+                            c.extend([null] * k)
+                            c.append(b)
+                        return computed, (fi + 1) * align
+                fi -= 1
+                e -= unit
         return computed, 0
     scale = block_size // h
     for i in range(max_length // block_size - 1, -1, -1):

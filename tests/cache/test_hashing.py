@@ -83,7 +83,9 @@ def test_keys_fit_machine_integers_with_the_group_bits():
     rng = random.Random(11)
     p = 0
     for _ in range(20_000):
-        s, q, n = rng.choice([LITERAL, 0, 1, 10**6, 2**40]), rng.randrange(2**45), rng.randint(1, 4096)
+        # (streams: literal, registered ids, and hash-id streams down to -2 - (2**53 - 1))
+        s = rng.choice([LITERAL, 0, 1, 10**6, 2**40, -2 - (2**53 - 1)])
+        q, n = rng.randrange(2**45), rng.randint(1, 4096)
         p = unit_key(p, s, q, n)
         assert 0 <= p < KEY_SPACE
 
