@@ -87,14 +87,15 @@ def canonical_runs(runs: list[Run]) -> list[Run]:
     """
     out: list[Run] = []
     ps = pst = pn = -1          # (no run yet: pst + pn = -2 is no run's start)
-    for s, st, n in runs:
+    for run in runs:
+        s, st, n = run
         if n <= 0:
             continue
         if ps == s and pst + pn == st:
             pn += n
             out[-1] = (s, pst, pn)
             continue
-        out.append((s, st, n))
+        out.append(run)          # (the caller's tuple: no new one, no re-boxing)
         ps, pst, pn = s, st, n
     return out
 
