@@ -183,8 +183,22 @@ class BlockPool:
     def move_keys(self, src: Block, dst: Block) -> None:
         """Re-point every key of ``src`` to ``dst`` (Mamba partial-tail CoW)."""
         num_tokens = src.key_tokens
-        for key in self.remove_keys(src):
-            self.insert_key(key, dst, num_tokens)
+        key: object = src.key
+        if (key is not None and dst.key is None
+                and (not self.extra_keys
+                     or (src.block_id not in self.extra_keys
+                         and dst.block_id not in self.extra_keys))
+                and self.cached.get(key) is src):
+            # the common case (one key, mapped to src alone; dst fresh): the same
+            # end state as remove + insert, in one dict operation
+            self.cached[key] = dst
+            dst.key = src.key
+            dst.key_tokens = num_tokens
+            src.key = None
+            src.key_tokens = None
+            return
+        for k in self.remove_keys(src):
+            self.insert_key(k, dst, num_tokens)
 
     # -- caching ---------------------------------------------------------------
     def cache_full_blocks(self, block_hashes: list[int], blocks: list[Block],

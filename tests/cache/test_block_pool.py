@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.cache.block_pool import BlockPool
+from sim.cache.block_pool import Block, BlockPool
 
 
 def _ids(blocks):
@@ -61,3 +61,36 @@ def test_a_hit_takes_a_free_block_out_of_the_queue_and_eviction_drops_keys():
     assert pool.evicted_keys == 1
     with pytest.raises(ValueError, match="Cannot get 1 free blocks"):
         pool.get_new_blocks(1)
+
+
+def test_move_keys_equals_remove_then_insert():
+    """move_keys (with its one-dict-operation common case) leaves the pool as
+    removing src's keys and inserting each on dst does: random keys, shared keys,
+    extra (partial) keys."""
+    import random
+
+    def state(pool):
+        m = {k: (v.block_id if isinstance(v, Block) else sorted(v)) for k, v in pool.cached.items()}
+        return m, [(b.key, b.key_tokens) for b in pool.blocks], \
+            {i: sorted(ks) for i, ks in pool.extra_keys.items()}
+
+    rng = random.Random(4)
+    for _ in range(300):
+        pools = [BlockPool(12, 4), BlockPool(12, 4)]
+        for p in pools:
+            p.get_new_blocks(11)
+        ops = []
+        for _ in range(rng.randint(1, 12)):
+            ops.append((rng.randint(1, 11), rng.randint(1, 6), rng.choice([4, 8, 12])))
+        src, dst = rng.sample(range(1, 12), 2)
+        for which, p in enumerate(pools):
+            for bid, key, tokens in ops:
+                p.insert_key(key << 5, p.blocks[bid], tokens)
+            s, d = p.blocks[src], p.blocks[dst]
+            if which == 0:
+                p.move_keys(s, d)
+            else:
+                n = s.key_tokens
+                for k in p.remove_keys(s):
+                    p.insert_key(k, d, n)
+        assert state(pools[0]) == state(pools[1])
