@@ -248,3 +248,30 @@ def test_ns_rounds_exactly_as_round():
     for x in xs:
         assert ns(x) == round(x * 1e9), x
     assert sum(1 for k in range(2_000) if ((k + 0.5) / 1e9) * 1e9 == k + 0.5) > 100  # ties hit
+
+
+def test_cost_model_called_natively_gives_the_same_run(monkeypatch):
+    """The engine calls the analytical model's methods directly when both
+    callables are its bound methods, and through the callables otherwise: the
+    runs are identical (athena-tiny: chunked prefill, jumps, MTP)."""
+    from sim import run as R
+
+    sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "athena-tiny.yaml")
+    made = []
+    orig = R.Engine
+
+    def spy(sched, step_time, sums_time, *a, **k):
+        made.append(orig(sched, step_time, sums_time, *a, **k))
+        return made[-1]
+
+    def generic(sched, step_time, sums_time, *a, **k):
+        made.append(orig(sched, lambda items: step_time(items),
+                         lambda *x: sums_time(*x), *a, **k))
+        return made[-1]
+
+    monkeypatch.setattr(R, "Engine", spy)
+    _, fast, s1 = R.simulate(sc)
+    monkeypatch.setattr(R, "Engine", generic)
+    _, slow, s2 = R.simulate(sc)
+    assert made[0].cost is not None and made[1].cost is None
+    assert fast == slow and len(fast) >= 40 and s1["steps"] == s2["steps"]
