@@ -168,10 +168,10 @@ def _pct(sorted_vals: list[float], q: float) -> float:
 def _quiet_gc():
     """Collect cyclic garbage less often during a replay.
 
-    A replay allocates millions of short-lived containers (hash lists, block
+    A replay allocates millions of short-lived containers (run tuples, block
     lists, SimPy events) and very few cycles; CPython's default thresholds
     re-scan the young ones every 700 allocations and the whole heap (block
-    pool, hash memo) every few hundred thousand.  Objects built before the
+    pool included) every few hundred thousand.  Objects built before the
     replay are frozen (never scanned) and the young generation is scanned every
     50,000 allocations: the same garbage is collected, ~3% fewer instructions
     per simulated request.  Settings are restored afterwards."""

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import orjson
 
@@ -59,9 +59,10 @@ def _suffix(limit: int | None, time_scale: float) -> str:
 class MooncakeConfig:
     """``kind: mooncake`` — Mooncake FAST'25 JSONL (``timestamp`` ms, ``input_length``,
     ``output_length``, ``hash_ids``).  Hash id ``h`` at block ``i`` is the segment
-    ``(h, 0, block_tokens)`` (the stream ``mc/<h>``, named by its integer); the last block is cut so the prompt has exactly
-    ``input_length`` tokens (ids beyond that are ignored, as the trace's README says:
-    expand the blocks and truncate to ``input_length``).  Should ``input_length``
+    ``(h, 0, block_tokens)`` (the stream ``mc/<h>``, named by its integer); the last
+    block is cut so the prompt has exactly ``input_length`` tokens (ids beyond that
+    are ignored, as the trace's README says: expand the blocks and truncate to
+    ``input_length``).  Should ``input_length``
     exceed ``block_tokens * len(hash_ids)``, the rest is a private stream
     ``("mcu/<request id>", 0, rest)``.  Arrival = ``timestamp / 1000 * time_scale``."""
 
@@ -125,15 +126,14 @@ class MooncakeConfig:
                 rid = request_id(index)
                 segs = hash_id_segments(ids, n_in, block, rid)
                 if segs is None:
-                    raise WorkloadError(f"{spath}:{lineno}: hash_ids must be a list of integers "
-                                        f"in [0, 2**53), got {show(ids)}")
+                    self._bad(rec, f"{spath}:{lineno}", prev_ts)
                 yield TraceRequest(rid, ts / 1000.0 * time_scale, segs, n_out)
                 prev_ts = ts
                 index += 1
 
     @staticmethod
-    def _bad(rec: dict, where: str, prev_ts: float | None) -> None:
-        """Raise the one-line error for a record whose fields failed the fast checks."""
+    def _bad(rec: dict, where: str, prev_ts: float | None) -> NoReturn:
+        """Raise the one-line error for a record that failed the fast checks."""
         for key in ("timestamp", "input_length", "output_length", "hash_ids"):
             if key not in rec:
                 raise WorkloadError(f"{where}: missing field {key!r}")
@@ -148,7 +148,7 @@ class MooncakeConfig:
             v = rec[key]
             if not is_int(v) or v < 1:
                 raise WorkloadError(f"{where}: {key} must be an integer >= 1, got {show(v)}")
-        # (what is left: hash_ids is null)
+        # (what is left: hash_ids is not a list of integers in range)
         raise WorkloadError(f"{where}: hash_ids must be a list of integers in [0, 2**53), "
                             f"got {show(rec['hash_ids'])}")
 

@@ -86,14 +86,6 @@ class BlockPool:
         self.peak = [0, 0]
 
     # -- lookups -------------------------------------------------------------
-    def get_one(self, key: int) -> Block | None:
-        v = self.cached.get(key)
-        if v is None:
-            return None
-        if isinstance(v, Block):
-            return v
-        return next(iter(v.values()))
-
     def get_cached_block(self, block_hash: int, group_ids: list[int]) -> list[Block] | None:
         out = []
         cached = self.cached
@@ -114,15 +106,6 @@ class BlockPool:
         return block_id in v
 
     # -- hash map maintenance -------------------------------------------------
-    def _map_insert(self, key: int, block: Block) -> None:
-        v = self.cached.get(key)
-        if v is None:
-            self.cached[key] = block
-        elif isinstance(v, Block):
-            self.cached[key] = {v.block_id: v, block.block_id: block}
-        else:
-            v[block.block_id] = block
-
     def _map_pop(self, key: int, block_id: int) -> Block | None:
         v = self.cached.pop(key, None)
         if v is None:

@@ -22,8 +22,8 @@ where run ``r`` holds token ``e - 1`` (it begins at token ``begin_r``) and
 ``chain[r]`` is the key of the prefix made of the runs before it
 (``chain[0] = ROOT``, ``chain[r + 1] = unit_key(chain[r], run r)``; a prefix
 ending exactly at a run end gets ``chain[r + 1]``, as it must).  Building a
-request costs one ``unit_key`` per *run* (a Mooncake prompt: ~70 runs against
-~600 units), and a key costs one ``unit_key`` when somebody asks for it: the
+request costs one ``unit_key`` per *run* (a Mooncake prompt: ~25 runs against
+~200 units), and a key costs one ``unit_key`` when somebody asks for it: the
 lookup walks, and the block ends the cache registers.  A 57,600-token system
 prompt is one run: its keys need no chain walk and no memo.
 
@@ -140,10 +140,16 @@ class PrefixKeys:
             self.chain.append(p)
             total += n
             p = unit_key(p, s, st, n)
-        self.total = total
-        c = (total - lookahead) // unit
-        self.count = c if c > 0 else 0
         self.cursor = 0                # run of the last key asked for (walks are local)
+        self.total = 0
+        self.count = 0
+        self._set_total(total)
+
+    def _set_total(self, total: int) -> None:
+        """The sequence now has ``total`` tokens: so many units are emitted."""
+        self.total = total
+        c = (total - self.lookahead) // self.unit
+        self.count = c if c > 0 else 0
 
     @property
     def runs(self) -> list[Run]:
@@ -165,22 +171,15 @@ class PrefixKeys:
             st = self.starts[last]
             s = self.streams[last]
             if s == stream and st + (total - b) == start:
-                total += n
-            else:
-                self.chain.append(unit_key(self.chain[last], s, st, total - b))
-                self.streams.append(stream)
-                self.starts.append(start)
-                self.begins.append(total)
-                total += n
+                self._set_total(total + n)   # the last run grows
+                return
+            self.chain.append(unit_key(self.chain[last], s, st, total - b))
         else:
             self.chain.append(ROOT)
-            self.streams.append(stream)
-            self.starts.append(start)
-            self.begins.append(0)
-            total = n
-        self.total = total
-        c = (total - self.lookahead) // self.unit
-        self.count = c if c > 0 else 0
+        self.streams.append(stream)
+        self.starts.append(start)
+        self.begins.append(total)
+        self._set_total(total + n)
 
     def locate(self, e: int) -> int:
         """The run holding token ``e - 1`` (``0 < e <= total``): ``begins[r] < e <=
