@@ -33,7 +33,7 @@ class Block:
     """One physical block. ``key`` is its primary hash key (or None)."""
 
     __slots__ = ("block_id", "ref_cnt", "key", "key_tokens", "is_null", "kind",
-                 "prev_free", "next_free")
+                 "prev_free", "next_free", "extra")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
@@ -46,6 +46,9 @@ class Block:
         # the block itself otherwise, so the fields are never None)
         self.prev_free: Block = self
         self.next_free: Block = self
+        # extra (non-primary) keys: a partial-prefix key beside the primary one (rare;
+        # held on the block so the common checks read one field, not a map)
+        self.extra: set[int] | None = None
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"Block({self.block_id}, ref={self.ref_cnt}, tokens={self.key_tokens})"
@@ -74,8 +77,6 @@ class BlockPool:
         # key -> Block, or dict[block_id, Block] when several blocks share a key
         self.cached: dict[object, Block | dict[int, Block]] = {}   # (int keys; typed object
         # so that a key boxed once serves several dict operations in the compiled build)
-        # block_id -> extra (non-primary) keys of that block
-        self.extra_keys: dict[int, set[int]] = {}
         self.evicted_keys = 0  # keys dropped because their block was reused
         # Memory accounting: a block is *occupied* from allocation until it is
         # freed without a key or reused; cached (hittable) free blocks count.
@@ -107,17 +108,24 @@ class BlockPool:
 
     # -- hash map maintenance -------------------------------------------------
     def _map_pop(self, key: int, block_id: int) -> Block | None:
-        v = self.cached.pop(key, None)
+        """Unmap ``key`` from block ``block_id``; the block, or None if it was not
+        mapped there.  (``get`` + ``del``: the compiled build has no native
+        ``dict.pop``; a generic method call costs ~600 CPU instructions.)"""
+        cached = self.cached
+        k: object = key
+        v = cached.get(k)
         if v is None:
             return None
         if isinstance(v, Block):
             if v.block_id == block_id:
+                del cached[k]
                 return v
-            self.cached[key] = v
             return None
-        b = v.pop(block_id, None)
-        if v:
-            self.cached[key] = v
+        b = v.get(block_id)
+        if b is not None:
+            del v[block_id]
+            if not v:
+                del cached[k]
         return b
 
     def insert_key(self, key: int, block: Block, num_tokens: int | None) -> None:
@@ -141,11 +149,13 @@ class BlockPool:
             block.key = key
             block.key_tokens = num_tokens
         else:
-            self.extra_keys.setdefault(block.block_id, set()).add(key)
+            if block.extra is None:
+                block.extra = set()
+            block.extra.add(key)
 
     def remove_keys(self, block: Block) -> list[int]:
         key = block.key
-        extra = self.extra_keys.pop(block.block_id, None) if self.extra_keys else None
+        extra = block.extra
         block.key = None
         block.key_tokens = None
         if extra is None:
@@ -153,12 +163,12 @@ class BlockPool:
             if key is None:
                 return []
             k: object = key
-            v = self.cached.pop(k, None)
-            if v is block:
+            cached = self.cached
+            if cached.get(k) is block:
+                del cached[k]
                 return [key]
-            if v is not None:
-                self.cached[k] = v
             return [key] if self._map_pop(key, block.block_id) is not None else []
+        block.extra = None
         keys = [key] if key is not None else []
         keys.extend(extra)
         return [k for k in keys if self._map_pop(k, block.block_id) is not None]
@@ -167,10 +177,7 @@ class BlockPool:
         """Re-point every key of ``src`` to ``dst`` (Mamba partial-tail CoW)."""
         num_tokens = src.key_tokens
         key: object = src.key
-        if (key is not None and dst.key is None
-                and (not self.extra_keys
-                     or (src.block_id not in self.extra_keys
-                         and dst.block_id not in self.extra_keys))
+        if (key is not None and dst.key is None and src.extra is None and dst.extra is None
                 and self.cached.get(key) is src):
             # the common case (one key, mapped to src alone; dst fresh): the same
             # end state as remove + insert, in one dict operation
@@ -207,13 +214,14 @@ class BlockPool:
         hash-unit boundary inside ``block``)."""
         if block.is_null:
             return None
-        units = num_tokens // self.hash_block_size
+        end = num_tokens // self.hash_block_size * self.hash_block_size
         key = make_key(unit_hash, group_id)
-        already = block.key == key or self.contains(key, block.block_id)
-        if (not already and block.key is not None and block.key_tokens is not None
-                and block.key_tokens < units * self.hash_block_size):
-            self.remove_keys(block)
-        self.insert_key(key, block, units * self.hash_block_size)
+        bk = block.key
+        if bk is not None and bk != key:   # (narrowed first: a machine compare of ints)
+            kt = block.key_tokens
+            if kt is not None and kt < end and not self.contains(key, block.block_id):
+                self.remove_keys(block)
+        self.insert_key(key, block, end)
         return key
 
     # -- the free queue ----------------------------------------------------------
@@ -267,21 +275,24 @@ class BlockPool:
         occ = self.occupied
         kind = self.kind_of_group[group_id] if self.kind_of_group else 0
         cached = self.cached
-        for _ in range(n):
-            b = self._pop_front()
+        head = self.head
+        i = 0
+        while i < n:
+            # pop the front of the free queue (``_pop_front`` inlined: once per block)
+            b = head.next_free
+            nxt = b.next_free
+            head.next_free = nxt
+            nxt.prev_free = head
+            b.prev_free = b
+            b.next_free = b
             key: object = b.key
             if key is not None:
-                if not self.extra_keys or b.block_id not in self.extra_keys:
-                    # the common eviction: one key, usually mapped to this block alone
-                    v = cached.pop(key, None)
-                    if v is b:
-                        b.key = None
-                        b.key_tokens = None
-                        self.evicted_keys += 1
-                    else:
-                        if v is not None:
-                            cached[key] = v   # (shared key: put back, then the slow path)
-                        self.evicted_keys += len(self.remove_keys(b))
+                if b.extra is None and cached.get(key) is b:
+                    # the common eviction: one key, mapped to this block alone
+                    del cached[key]
+                    b.key = None
+                    b.key_tokens = None
+                    self.evicted_keys += 1
                 else:
                     self.evicted_keys += len(self.remove_keys(b))
                 k = b.kind
@@ -289,6 +300,8 @@ class BlockPool:
             b.ref_cnt += 1
             b.kind = kind
             out.append(b)
+            i += 1
+        self.num_free_blocks -= n   # (n <= the free count, checked above: no sentinel popped)
         o = occ[kind] + n
         occ[kind] = o
         if o > self.peak[kind]:

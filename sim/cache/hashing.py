@@ -124,22 +124,40 @@ class PrefixKeys:
     """
 
     def __init__(self, runs: list[Run], unit: int, lookahead: int):
-        """``runs`` must be canonical (``canonical_runs``)."""
+        """``runs``: any description of the tokens; made canonical here (empty runs
+        dropped, a run continuing the previous one merged into it), as
+        ``canonical_runs`` does."""
         self.unit = unit
         self.lookahead = lookahead
-        self.streams: list[int] = []
-        self.starts: list[int] = []
-        self.begins: list[int] = []    # begins[r]: first token of run r in the sequence
-        self.chain: list[int] = []     # chain[r]: key of the runs before run r
-        p = ROOT
+        streams: list[int] = []
+        starts: list[int] = []
+        begins: list[int] = []         # begins[r]: first token of run r in the sequence
+        chain: list[int] = []          # chain[r]: key of the runs before run r
+        self.streams = streams
+        self.starts = starts
+        self.begins = begins
+        self.chain = chain
+        p = ROOT                       # key of the runs before the current one
+        ps = pst = pb = 0              # the current run: stream, start, first token
+        have = False
         total = 0
         for s, st, n in runs:
-            self.streams.append(s)
-            self.starts.append(st)
-            self.begins.append(total)
-            self.chain.append(p)
+            if n <= 0:
+                continue
+            if have:
+                if s == ps and pst + (total - pb) == st:
+                    total += n         # continues the current run: merged
+                    continue
+                p = unit_key(p, ps, pst, total - pb)
+            streams.append(s)
+            starts.append(st)
+            begins.append(total)
+            chain.append(p)
+            ps = s
+            pst = st
+            pb = total
+            have = True
             total += n
-            p = unit_key(p, s, st, n)
         self.cursor = 0                # run of the last key asked for (walks are local)
         self.total = 0
         self.count = 0
@@ -210,6 +228,33 @@ class PrefixKeys:
         r = self.locate(e)
         return unit_key(self.chain[r], self.streams[r], self.starts[r], e - self.begins[r])
 
+    def keys_at(self, units: list[int]) -> list[int]:
+        """``[key(i) for i in units]`` for increasing ``units`` (each < ``count``),
+        walking the runs left to right: one run search per run, not per key."""
+        out: list[int] = []
+        if not units:
+            return out
+        if units[-1] >= self.count or units[0] < 0:
+            raise IndexError("list index out of range")
+        unit = self.unit
+        la = self.lookahead
+        begins = self.begins
+        last = len(begins) - 1
+        r = -1
+        nxt = 0          # first token of run r + 1 (tokens past it need the next run)
+        ch = s = st = b0 = 0
+        for i in units:
+            e = (i + 1) * unit + la
+            if r < 0 or e > nxt:
+                r = self.locate(e)
+                ch = self.chain[r]
+                s = self.streams[r]
+                st = self.starts[r]
+                b0 = begins[r]
+                nxt = begins[r + 1] if r < last else self.total
+            out.append(unit_key(ch, s, st, e - b0))
+        return out
+
     def keys(self) -> list[int]:
         """Every emitted key, in order (tests and tools)."""
         out: list[int] = []
@@ -231,9 +276,9 @@ class PrefixHasher:
         self.lookahead = lookahead
 
     def keys_of(self, runs: list[Run]) -> PrefixKeys:
-        """Keys over ``runs``, which must be canonical."""
+        """Keys over the token sequence ``runs`` (any description)."""
         return PrefixKeys(runs, self.unit, self.lookahead)
 
     def hashes(self, runs: list[Run]) -> list[int]:
         """All emitted keys of the token sequence ``runs`` (any description)."""
-        return PrefixKeys(canonical_runs(runs), self.unit, self.lookahead).keys()
+        return PrefixKeys(runs, self.unit, self.lookahead).keys()

@@ -57,16 +57,40 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
     n_view = hashes.count // scale
     cached = pool.cached
     g0 = group_ids[0]
-    if len(group_ids) == 1:
-        # one group: walk the hash map directly
+    nb = min(max_length // block_size, n_view)
+    if len(group_ids) == 1 and nb > 0:
+        # one group: walk the hash map directly, and the keys run by run (the key of
+        # block j ends at token e = (j + 1) * block_size + lookahead; inside one run
+        # it is unit_key(chain, stream, start, e - begin): PrefixKeys.key without
+        # the search, as in find_mamba)
         c0 = computed[0]
-        for j in range(min(max_length // block_size, n_view)):
-            v = cached.get((hashes.key((j + 1) * scale - 1) << GROUP_BITS) | g0)
+        step = scale * hashes.unit
+        e = step + hashes.lookahead
+        begins = hashes.begins
+        last = len(begins) - 1
+        r = hashes.locate(e)
+        ch = hashes.chain[r]
+        s = hashes.streams[r]
+        st = hashes.starts[r]
+        b0 = begins[r]
+        nxt = begins[r + 1] if r < last else hashes.total
+        j = 0
+        while j < nb:
+            if e > nxt:
+                r = hashes.locate(e)
+                ch = hashes.chain[r]
+                s = hashes.streams[r]
+                st = hashes.starts[r]
+                b0 = begins[r]
+                nxt = begins[r + 1] if r < last else hashes.total
+            v = cached.get((unit_key(ch, s, st, e - b0) << GROUP_BITS) | g0)
             if v is None:
                 break
             c0.append(v if isinstance(v, Block) else next(iter(v.values())))
-    else:
-        for j in range(min(max_length // block_size, n_view)):
+            j += 1
+            e += step
+    elif len(group_ids) > 1:
+        for j in range(nb):
             got = pool.get_cached_block(hashes.key((j + 1) * scale - 1), group_ids)
             if not got:
                 break
@@ -77,17 +101,32 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
         sf = block_size // align
         first = len(computed[0]) * sf
         hi = min(min(first + sf - 1, max_length // align), hashes.count)
-        for fi in range(hi - 1, first - 1, -1):
-            kf = hashes.key(fi)
-            if ((kf << GROUP_BITS) | g0) not in cached:
-                continue
-            got = pool.get_cached_block(kf, group_ids)
-            if not got:
-                continue
-            for c, b in zip(computed, got):
-                c.append(b)
-            hit = (fi + 1) * align
-            break
+        # the partial keys inside the first missing block, right to left (keys
+        # walked run by run, as in find_mamba)
+        fi = hi - 1
+        unit = hashes.unit
+        e = (fi + 1) * unit + hashes.lookahead
+        while fi >= first:
+            r = hashes.locate(e)
+            ch = hashes.chain[r]
+            s = hashes.streams[r]
+            st = hashes.starts[r]
+            b0 = hashes.begins[r]
+            found = False
+            while fi >= first and e > b0:
+                kf = unit_key(ch, s, st, e - b0)
+                if ((kf << GROUP_BITS) | g0) in cached:
+                    got = pool.get_cached_block(kf, group_ids)
+                    if got:
+                        for c, b in zip(computed, got):
+                            c.append(b)
+                        hit = (fi + 1) * align
+                        found = True
+                        break
+                fi -= 1
+                e -= unit
+            if found:
+                break
     if drop_eagle and hit > 0:
         hit -= min(align, block_size)
     hit -= hit % align
@@ -321,7 +360,9 @@ class SingleTypeManager:
 
     def allocate_new(self, rid: str, num_tokens: int, num_tokens_main: int) -> None:
         t = self.tables.get(rid) or self._new_table(rid)
-        partial = self.partial_hit.pop(rid, None)
+        partial = self.partial_hit.get(rid)
+        if partial is not None:
+            del self.partial_hit[rid]   # (get + del: no native dict.pop in the compiled build)
         new = -(-num_tokens // self.block_size) - len(t[0])
         if partial is None and new <= 0:
             return
@@ -376,16 +417,23 @@ class SingleTypeManager:
             indices = [i for i, keep in enumerate(mask, num_cached) if keep]
         if indices:
             scale = self.block_size // self.pool.hash_block_size
-            block_keys = [keys.key((i + 1) * scale - 1) for i in indices]
+            block_keys = keys.keys_at([(i + 1) * scale - 1 for i in indices])
             for blocks, g in zip(self.tables[rid], self.group_ids):
                 self.pool.cache_full_blocks(block_keys, blocks, indices, self.block_size, g)
         self.num_cached[rid] = num_full
 
     # freeing -----------------------------------------------------------------
     def _forget(self, rid: str) -> list[list[Block]] | None:
-        self.num_cached.pop(rid, None)
-        self.partial_hit.pop(rid, None)
-        return self.tables.pop(rid, None)
+        # (``in`` + ``del`` rather than ``dict.pop``, which the compiled build calls
+        # generically at ~600 CPU instructions a time)
+        if rid in self.num_cached:
+            del self.num_cached[rid]
+        if rid in self.partial_hit:
+            del self.partial_hit[rid]
+        t = self.tables.get(rid)
+        if t is not None:
+            del self.tables[rid]
+        return t
 
     def free(self, rid: str) -> None:
         """Return every member's blocks, tail first (leading nulls skipped)."""
@@ -664,13 +712,17 @@ class MambaManager(SingleTypeManager):
                 blocks.append(fresh[j])
                 j += 1
         self.allocated.add(rid)
-        self.partial_hit.pop(rid, None)
+        if partial is not None:
+            del self.partial_hit[rid]
 
     def _forget(self, rid: str) -> list[list[Block]] | None:
         self.allocated.discard(rid)
-        self.last_state_idx.pop(rid, None)
-        self.retired.pop(rid, None)
-        self.states_written.pop(rid, None)
+        if rid in self.last_state_idx:
+            del self.last_state_idx[rid]
+        if rid in self.retired:
+            del self.retired[rid]
+        if rid in self.states_written:
+            del self.states_written[rid]
         return super()._forget(rid)
 
     def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,

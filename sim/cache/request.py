@@ -1,7 +1,7 @@
 """The cache model's view of a request: tokens as runs, prefix keys, progress."""
 from __future__ import annotations
 
-from sim.cache.hashing import PrefixHasher, PrefixKeys, Run, canonical_runs
+from sim.cache.hashing import PrefixHasher, PrefixKeys, Run
 
 
 class CacheRequest:
@@ -22,7 +22,7 @@ class CacheRequest:
                  report_mode: str | None = None):
         self.request_id = request_id
         self.hasher = hasher
-        self.block_hashes: PrefixKeys = hasher.keys_of(canonical_runs(runs))
+        self.block_hashes: PrefixKeys = hasher.keys_of(runs)
         self.num_prompt_tokens = self.block_hashes.total
         self.num_tokens = self.num_prompt_tokens
         self.num_computed_tokens = 0

@@ -72,7 +72,7 @@ def test_move_keys_equals_remove_then_insert():
     def state(pool):
         m = {k: (v.block_id if isinstance(v, Block) else sorted(v)) for k, v in pool.cached.items()}
         return m, [(b.key, b.key_tokens) for b in pool.blocks], \
-            {i: sorted(ks) for i, ks in pool.extra_keys.items()}
+            {b.block_id: sorted(b.extra) for b in pool.blocks if b.extra}
 
     rng = random.Random(4)
     for _ in range(300):

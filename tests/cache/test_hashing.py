@@ -73,6 +73,36 @@ def test_keys_are_asked_in_any_order_and_out_of_range_raises():
             keys.key(bad)
 
 
+def test_any_description_is_made_canonical_and_keys_at_walks_like_key():
+    """PrefixKeys canonicalises what it is given (empty runs dropped, continuing
+    runs merged) exactly as canonical_runs does, so a sequence split anywhere keys
+    as the sequence in one piece; keys_at (the run-by-run walk) equals key(i)."""
+    import pytest
+
+    from sim.cache.hashing import PrefixKeys
+
+    rng = random.Random(21)
+    for _ in range(800):
+        canon = canonical_runs([(rng.randint(1, 3), rng.randint(0, 40), rng.randint(1, 90))
+                                for _ in range(rng.randint(1, 6))])
+        desc = []
+        for s, st, n in canon:          # re-describe each run in random pieces
+            cut = 0
+            while cut < n:
+                m = rng.randint(0, n - cut)
+                desc.append((s, st + cut, m))   # (m may be 0: an empty run)
+                cut += m
+        unit, la = rng.choice([1, 4, 16]), rng.choice([0, 2])
+        keys = PrefixKeys(desc, unit, la)
+        assert keys.runs == canon
+        ref = PrefixKeys(canon, unit, la).keys()
+        assert keys.keys() == ref
+        units = sorted(rng.sample(range(len(ref)), rng.randint(0, len(ref)))) if ref else []
+        assert keys.keys_at(units) == [ref[i] for i in units]
+        with pytest.raises(IndexError):
+            keys.keys_at([len(ref)])
+
+
 def test_keys_fit_machine_integers_with_the_group_bits():
     """Every key lies in [0, KEY_SPACE) and a pool key (key << GROUP_BITS | group)
     stays below 2**62, the compiled build's machine-integer range."""
