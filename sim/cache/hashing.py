@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from librt.vecs import append, vec
 from mypy_extensions import i64
 
 LITERAL: Final = -1          # stream id of literal token ids (position = token id)
@@ -100,7 +101,7 @@ def canonical_runs(runs: list[Run]) -> list[Run]:
     return out
 
 
-def _last_below(begins: list[int], e: int, lo: int, hi: int) -> int:
+def _last_below(begins: vec[i64], e: int, lo: int, hi: int) -> int:
     """The last index in ``[lo, hi]`` whose begin is below ``e`` (``begins`` is
     increasing and ``begins[lo] < e``)."""
     while lo < hi:
@@ -129,14 +130,12 @@ class PrefixKeys:
         ``canonical_runs`` does."""
         self.unit = unit
         self.lookahead = lookahead
-        streams: list[int] = []
-        starts: list[int] = []
-        begins: list[int] = []         # begins[r]: first token of run r in the sequence
-        chain: list[int] = []          # chain[r]: key of the runs before run r
-        self.streams = streams
-        self.starts = starts
-        self.begins = begins
-        self.chain = chain
+        # The columns are librt vecs of machine integers: no boxed int per value in
+        # the compiled build (every value lies in [-2**62, 2**62); keys below 2**57)
+        streams = vec[i64]()
+        starts = vec[i64]()
+        begins = vec[i64]()            # begins[r]: first token of run r in the sequence
+        chain = vec[i64]()             # chain[r]: key of the runs before run r
         p = ROOT                       # key of the runs before the current one
         ps = pst = pb = 0              # the current run: stream, start, first token
         have = False
@@ -149,15 +148,19 @@ class PrefixKeys:
                     total += n         # continues the current run: merged
                     continue
                 p = unit_key(p, ps, pst, total - pb)
-            streams.append(s)
-            starts.append(st)
-            begins.append(total)
-            chain.append(p)
+            streams = append(streams, s)
+            starts = append(starts, st)
+            begins = append(begins, total)
+            chain = append(chain, p)
             ps = s
             pst = st
             pb = total
             have = True
             total += n
+        self.streams: vec[i64] = streams
+        self.starts: vec[i64] = starts
+        self.begins: vec[i64] = begins
+        self.chain: vec[i64] = chain
         self.cursor = 0                # run of the last key asked for (walks are local)
         self.total = 0
         self.count = 0
@@ -191,12 +194,12 @@ class PrefixKeys:
             if s == stream and st + (total - b) == start:
                 self._set_total(total + n)   # the last run grows
                 return
-            self.chain.append(unit_key(self.chain[last], s, st, total - b))
+            self.chain = append(self.chain, unit_key(self.chain[last], s, st, total - b))
         else:
-            self.chain.append(ROOT)
-        self.streams.append(stream)
-        self.starts.append(start)
-        self.begins.append(total)
+            self.chain = append(self.chain, ROOT)
+        self.streams = append(self.streams, stream)
+        self.starts = append(self.starts, start)
+        self.begins = append(self.begins, total)
         self._set_total(total + n)
 
     def locate(self, e: int) -> int:
