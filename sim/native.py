@@ -37,6 +37,7 @@ from pathlib import Path
 # modules compiled by setup.py (the simulation hot path)
 NATIVE_MODULES = (
     "sim.cache.rules",
+    "sim.cache.key_map",
     "sim.cache.block_pool",
     "sim.cache.hashing",
     "sim.cache.prompt",

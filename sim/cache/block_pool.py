@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from sim.cache.key_map import KeyMap
+
 GROUP_BITS: Final = 5  # up to 32 KV-cache groups
 
 
@@ -74,9 +76,8 @@ class BlockPool:
             self._push_back(b)
         self.null_block = self._pop_front()
         self.null_block.is_null = True
-        # key -> Block, or dict[block_id, Block] when several blocks share a key
-        self.cached: dict[object, Block | dict[int, Block]] = {}   # (int keys; typed object
-        # so that a key boxed once serves several dict operations in the compiled build)
+        # the prefix-cache hash map: pool key -> the block(s) holding it
+        self.key_map = KeyMap(2 * num_blocks)
         self.evicted_keys = 0  # keys dropped because their block was reused
         # Memory accounting: a block is *occupied* from allocation until it is
         # freed without a key or reused; cached (hittable) free blocks count.
@@ -87,64 +88,37 @@ class BlockPool:
         self.peak = [0, 0]
 
     # -- lookups -------------------------------------------------------------
+    def cached_block(self, key: int) -> Block | None:
+        """The block a lookup of pool key ``key`` gets (the first inserted), or None."""
+        bid = self.key_map.first(key)
+        return None if bid < 0 else self.blocks[bid]
+
     def get_cached_block(self, block_hash: int, group_ids: list[int]) -> list[Block] | None:
         out = []
-        cached = self.cached
+        km = self.key_map
+        blocks = self.blocks
         base = block_hash << GROUP_BITS
         for gid in group_ids:
-            v = cached.get(base | gid)
-            if v is None:
+            bid = km.first(base | gid)
+            if bid < 0:
                 return None
-            out.append(v if isinstance(v, Block) else next(iter(v.values())))
+            out.append(blocks[bid])
         return out
 
     def contains(self, key: int, block_id: int) -> bool:
-        v = self.cached.get(key)
-        if v is None:
-            return False
-        if isinstance(v, Block):
-            return v.block_id == block_id
-        return block_id in v
+        return self.key_map.maps(key, block_id)
+
+    def cached_items(self) -> dict[int, list[int]]:
+        """Every cached pool key and the ids of the blocks holding it (tests, tools)."""
+        return self.key_map.items()
 
     # -- hash map maintenance -------------------------------------------------
-    def _map_pop(self, key: int, block_id: int) -> Block | None:
-        """Unmap ``key`` from block ``block_id``; the block, or None if it was not
-        mapped there.  (``get`` + ``del``: the compiled build has no native
-        ``dict.pop``; a generic method call costs ~600 CPU instructions.)"""
-        cached = self.cached
-        k: object = key
-        v = cached.get(k)
-        if v is None:
-            return None
-        if isinstance(v, Block):
-            if v.block_id == block_id:
-                del cached[k]
-                return v
-            return None
-        b = v.get(block_id)
-        if b is not None:
-            del v[block_id]
-            if not v:
-                del cached[k]
-        return b
-
     def insert_key(self, key: int, block: Block, num_tokens: int | None) -> None:
         bk = block.key
         if bk is not None and bk == key:
             return
-        cached = self.cached
-        k: object = key   # (boxed once for both dict operations)
-        v = cached.get(k)
-        if v is None:
-            cached[k] = block
-        elif isinstance(v, Block):
-            if v is block:
-                return
-            cached[k] = {v.block_id: v, block.block_id: block}
-        else:
-            if block.block_id in v:
-                return
-            v[block.block_id] = block
+        if not self.key_map.add(key, block.block_id):
+            return   # (already mapped to this block)
         if bk is None:
             block.key = key
             block.key_tokens = num_tokens
@@ -154,35 +128,32 @@ class BlockPool:
             block.extra.add(key)
 
     def remove_keys(self, block: Block) -> list[int]:
+        """Unmap every key of ``block``; the keys that were mapped to it."""
         key = block.key
         extra = block.extra
         block.key = None
         block.key_tokens = None
+        km = self.key_map
+        bid = block.block_id
         if extra is None:
-            # one key, usually mapped to this block alone
             if key is None:
                 return []
-            k: object = key
-            cached = self.cached
-            if cached.get(k) is block:
-                del cached[k]
-                return [key]
-            return [key] if self._map_pop(key, block.block_id) is not None else []
+            return [key] if km.remove(key, bid) else []
         block.extra = None
         keys = [key] if key is not None else []
         keys.extend(extra)
-        return [k for k in keys if self._map_pop(k, block.block_id) is not None]
+        return [k for k in keys if km.remove(k, bid)]
 
     def move_keys(self, src: Block, dst: Block) -> None:
         """Re-point every key of ``src`` to ``dst`` (Mamba partial-tail CoW)."""
         num_tokens = src.key_tokens
-        key: object = src.key
+        key = src.key
         if (key is not None and dst.key is None and src.extra is None and dst.extra is None
-                and self.cached.get(key) is src):
+                and self.key_map.only(key) == src.block_id):
             # the common case (one key, mapped to src alone; dst fresh): the same
-            # end state as remove + insert, in one dict operation
-            self.cached[key] = dst
-            dst.key = src.key
+            # end state as remove + insert, in one map operation
+            self.key_map.repoint(key, dst.block_id)
+            dst.key = key
             dst.key_tokens = num_tokens
             src.key = None
             src.key_tokens = None
@@ -274,7 +245,7 @@ class BlockPool:
         out = []
         occ = self.occupied
         kind = self.kind_of_group[group_id] if self.kind_of_group else 0
-        cached = self.cached
+        km = self.key_map
         head = self.head
         i = 0
         while i < n:
@@ -285,11 +256,10 @@ class BlockPool:
             nxt.prev_free = head
             b.prev_free = b
             b.next_free = b
-            key: object = b.key
+            key = b.key
             if key is not None:
-                if b.extra is None and cached.get(key) is b:
-                    # the common eviction: one key, mapped to this block alone
-                    del cached[key]
+                if b.extra is None and km.remove(key, b.block_id):
+                    # the common eviction: one key (mapped to this block)
                     b.key = None
                     b.key_tokens = None
                     self.evicted_keys += 1

@@ -55,7 +55,7 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
     scale = block_size // h
     computed: list[list[Block]] = [[] for _ in group_ids]
     n_view = hashes.count // scale
-    cached = pool.cached
+    km = pool.key_map
     g0 = group_ids[0]
     nb = min(max_length // block_size, n_view)
     if len(group_ids) == 1 and nb > 0:
@@ -83,10 +83,10 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
                 st = hashes.starts[r]
                 b0 = begins[r]
                 nxt = begins[r + 1] if r < last else hashes.total
-            v = cached.get((unit_key(ch, s, st, e - b0) << GROUP_BITS) | g0)
-            if v is None:
+            bid = km.first((unit_key(ch, s, st, e - b0) << GROUP_BITS) | g0)
+            if bid < 0:
                 break
-            c0.append(v if isinstance(v, Block) else next(iter(v.values())))
+            c0.append(pool.blocks[bid])
             j += 1
             e += step
     elif len(group_ids) > 1:
@@ -115,7 +115,7 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
             found = False
             while fi >= first and e > b0:
                 kf = unit_key(ch, s, st, e - b0)
-                if ((kf << GROUP_BITS) | g0) in cached:
+                if km.has((kf << GROUP_BITS) | g0):
                     got = pool.get_cached_block(kf, group_ids)
                     if got:
                         for c, b in zip(computed, got):
@@ -192,7 +192,7 @@ def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: 
     h = pool.hash_block_size
     computed: list[list[Block]] = [[] for _ in group_ids]
     null = pool.null_block
-    cached = pool.cached
+    km = pool.key_map
     g0 = group_ids[0]
     if align < block_size and block_size % align == 0:
         sf = block_size // align
@@ -210,7 +210,7 @@ def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: 
             while fi >= 0 and e > b0:
                 kf = unit_key(ch, s, st, e - b0)
                 # cheap membership probe on the first group before the full lookup
-                if ((kf << GROUP_BITS) | g0) in cached:
+                if km.has((kf << GROUP_BITS) | g0):
                     got = pool.get_cached_block(kf, group_ids)
                     if got:
                         k = fi // sf
@@ -227,7 +227,7 @@ def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: 
         if idx >= hashes.count:
             raise IndexError("list index out of range")
         kx = hashes.key(idx)
-        if ((kx << GROUP_BITS) | g0) not in cached:
+        if not km.has((kx << GROUP_BITS) | g0):
             continue
         got = pool.get_cached_block(kx, group_ids)
         if got:

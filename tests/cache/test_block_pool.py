@@ -70,7 +70,7 @@ def test_move_keys_equals_remove_then_insert():
     import random
 
     def state(pool):
-        m = {k: (v.block_id if isinstance(v, Block) else sorted(v)) for k, v in pool.cached.items()}
+        m = {k: sorted(ids) for k, ids in pool.cached_items().items()}
         return m, [(b.key, b.key_tokens) for b in pool.blocks], \
             {b.block_id: sorted(b.extra) for b in pool.blocks if b.extra}
 

@@ -1,0 +1,200 @@
+"""The prefix-cache hash map: pool key -> the blocks holding it.
+
+vLLM's ``BlockPool.cached_block_hash_to_block`` maps a ``BlockHashWithGroupId``
+to one block, or to several (keyed by block id, in insertion order) when
+blocks with equal contents were cached apart; a lookup returns the block
+inserted first.  Here a pool key is a non-negative machine integer (the
+prefix key with the group id in its low bits, ``block_pool.make_key``) and a
+block is named by its id.
+
+It is an open-addressing table (linear probing, deletion by backward shift,
+so no tombstones) over two ``librt`` vecs of machine integers: a probe is a
+few dozen CPU instructions in the compiled build, where a ``dict`` with int
+keys costs several hundred (a boxed key, its hash, the generic lookup).  The
+rare keys held by several blocks keep their ids in a side dict.
+"""
+from __future__ import annotations
+
+from typing import Final
+
+from librt.vecs import vec
+from mypy_extensions import i64
+
+EMPTY: Final = -1    # a free slot (pool keys are >= 0)
+MULTI: Final = -2    # the key is held by several blocks: see KeyMap.multi
+MIX: Final = 2654435761   # spreads the group bits (equal prefix keys of several groups)
+
+
+def _home(key: i64, mask: i64) -> i64:
+    """The slot a key probes first.  The low five bits are the group id: they
+    are spread over the table so a key's groups do not probe the same run."""
+    return ((key >> 5) ^ ((key & 31) * MIX)) & mask
+
+
+class KeyMap:
+    """Pool key -> block id(s); see the module docstring."""
+
+    def __init__(self, capacity: int = 16):
+        cap = 16
+        while cap < 2 * capacity:
+            cap *= 2
+        self.mask: i64 = cap - 1
+        self.keys = vec[i64]([EMPTY] * cap)
+        self.vals = vec[i64]([EMPTY] * cap)   # block id, or MULTI
+        self.size: i64 = 0
+        self.multi: dict[int, list[int]] = {}  # key -> block ids, first inserted first
+
+    def __len__(self) -> int:
+        return self.size
+
+    # -- reading ---------------------------------------------------------------
+    def _slot(self, key: i64) -> i64:
+        """The slot holding ``key``, or -1."""
+        mask = self.mask
+        keys = self.keys
+        i = _home(key, mask)
+        while True:
+            k = keys[i]
+            if k == key:
+                return i
+            if k == EMPTY:
+                return -1
+            i = (i + 1) & mask
+
+    def has(self, key: i64) -> bool:
+        return self._slot(key) >= 0
+
+    def first(self, key: i64) -> i64:
+        """The id of the first block inserted under ``key`` still holding it, or -1."""
+        i = self._slot(key)
+        if i < 0:
+            return -1
+        v = self.vals[i]
+        if v == MULTI:
+            return self.multi[key][0]
+        return v
+
+    def only(self, key: i64) -> i64:
+        """The id of the one block holding ``key``; -1 if none, MULTI if several."""
+        i = self._slot(key)
+        return -1 if i < 0 else self.vals[i]
+
+    def maps(self, key: i64, block_id: i64) -> bool:
+        """Whether block ``block_id`` holds ``key``."""
+        i = self._slot(key)
+        if i < 0:
+            return False
+        v = self.vals[i]
+        if v == MULTI:
+            return block_id in self.multi[key]
+        return v == block_id
+
+    def items(self) -> dict[int, list[int]]:
+        """Every key and its block ids (first inserted first): tests and tools."""
+        out: dict[int, list[int]] = {}
+        keys = self.keys
+        vals = self.vals
+        for i in range(len(keys)):
+            k = keys[i]
+            if k != EMPTY:
+                v = vals[i]
+                out[k] = list(self.multi[k]) if v == MULTI else [v]
+        return out
+
+    # -- writing ---------------------------------------------------------------
+    def add(self, key: i64, block_id: i64) -> bool:
+        """Map ``key`` to ``block_id`` too; False if it already was."""
+        mask = self.mask
+        keys = self.keys
+        i = _home(key, mask)
+        while True:
+            k = keys[i]
+            if k == key:
+                v = self.vals[i]
+                if v == MULTI:
+                    ids = self.multi[key]
+                    if block_id in ids:
+                        return False
+                    ids.append(block_id)
+                    return True
+                if v == block_id:
+                    return False
+                self.multi[key] = [v, block_id]
+                self.vals[i] = MULTI
+                return True
+            if k == EMPTY:
+                break
+            i = (i + 1) & mask
+        keys[i] = key
+        self.vals[i] = block_id
+        self.size += 1
+        if 10 * self.size > 7 * (mask + 1):
+            self._grow()
+        return True
+
+    def remove(self, key: i64, block_id: i64) -> bool:
+        """Unmap ``key`` from ``block_id``; False if it was not mapped there."""
+        i = self._slot(key)
+        if i < 0:
+            return False
+        v = self.vals[i]
+        if v == MULTI:
+            ids = self.multi[key]
+            if block_id not in ids:
+                return False
+            ids.remove(block_id)
+            if len(ids) == 1:   # one holder left: back to a plain slot
+                self.vals[i] = ids[0]
+                del self.multi[key]
+            return True
+        if v != block_id:
+            return False
+        self._delete(i)
+        return True
+
+    def repoint(self, key: i64, block_id: i64) -> None:
+        """The one block holding ``key`` is now ``block_id`` (the caller checked
+        with ``only`` that exactly one block held it)."""
+        self.vals[self._slot(key)] = block_id
+
+    def _delete(self, i: i64) -> None:
+        """Empty slot ``i`` and shift later members of its probe run back, so
+        every key stays reachable from its home slot without tombstones."""
+        keys = self.keys
+        vals = self.vals
+        mask = self.mask
+        j = i
+        while True:
+            j = (j + 1) & mask
+            k = keys[j]
+            if k == EMPTY:
+                break
+            h = _home(k, mask)
+            # k may fill the hole at i iff i lies cyclically in [h, j)
+            if (h <= i < j) or (j < h <= i) or (i < j < h):
+                keys[i] = k
+                vals[i] = vals[j]
+                i = j
+        keys[i] = EMPTY
+        vals[i] = EMPTY
+        self.size -= 1
+
+    def _grow(self) -> None:
+        old_keys = self.keys
+        old_vals = self.vals
+        cap = 2 * (self.mask + 1)
+        self.mask = cap - 1
+        self.keys = vec[i64]([EMPTY] * cap)
+        self.vals = vec[i64]([EMPTY] * cap)
+        mask = self.mask
+        keys = self.keys
+        vals = self.vals
+        for j in range(len(old_keys)):
+            k = old_keys[j]
+            if k == EMPTY:
+                continue
+            i = _home(k, mask)
+            while keys[i] != EMPTY:
+                i = (i + 1) & mask
+            keys[i] = k
+            vals[i] = old_vals[j]
