@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from typing import Final
 
+from librt.vecs import vec
+from mypy_extensions import i64
+
 from sim.cache.key_map import KeyMap
 
 GROUP_BITS: Final = 5  # up to 32 KV-cache groups
@@ -84,8 +87,8 @@ class BlockPool:
         # ``kind_of_group`` maps a group id to an accounting kind (set by the
         # coordinator: 0 attention, 1 Mamba).
         self.kind_of_group: list[int] = []
-        self.occupied = [0, 0]
-        self.peak = [0, 0]
+        self.occupied = vec[i64]([0, 0])   # (machine integers: no boxing per update)
+        self.peak = vec[i64]([0, 0])
 
     # -- lookups -------------------------------------------------------------
     def cached_block(self, key: int) -> Block | None:
@@ -266,7 +269,7 @@ class BlockPool:
                 else:
                     self.evicted_keys += len(self.remove_keys(b))
                 k = b.kind
-                occ[k] = occ[k] - 1   # (not ``-=``: the compiled build would go generic)
+                occ[k] = occ[k] - 1
             b.ref_cnt += 1
             b.kind = kind
             out.append(b)
@@ -306,6 +309,9 @@ class BlockPool:
         after the separate calls.
         """
         occ = self.occupied
+        tail = self.tail
+        head = self.head
+        pushed = 0
         fronts: list[list[Block]] | None = None
         for ordered in lists:
             first: list[Block] | None = None
@@ -320,7 +326,13 @@ class BlockPool:
                         first.append(b)
                         occ[b.kind] -= 1
                     else:
-                        self._push_back(b)
+                        # to the back of the free queue (``_push_back`` inlined)
+                        p = tail.prev_free
+                        p.next_free = b
+                        b.prev_free = p
+                        b.next_free = tail
+                        tail.prev_free = b
+                        pushed += 1
             if first is not None:
                 if fronts is None:
                     fronts = []
@@ -328,4 +340,11 @@ class BlockPool:
         if fronts is not None:
             for front in fronts:
                 for b in reversed(front):
-                    self._push_front(b)
+                    # to the front (``_push_front`` inlined)
+                    nx = head.next_free
+                    head.next_free = b
+                    b.prev_free = head
+                    b.next_free = nx
+                    nx.prev_free = b
+                    pushed += 1
+        self.num_free_blocks += pushed

@@ -444,7 +444,15 @@ class SingleTypeManager:
         i = 0
         while i < len(b0) and b0[i].is_null:
             i += 1
-        self.pool.free_blocks_each([(blocks[i:] if i else blocks)[::-1] for blocks in t])
+        lists: list[list[Block]] = []
+        for blocks in t:   # each member's blocks from i, tail first
+            rev: list[Block] = []
+            j = len(blocks) - 1
+            while j >= i:
+                rev.append(blocks[j])
+                j -= 1
+            lists.append(rev)
+        self.pool.free_blocks_each(lists)
 
     def _remove_range(self, rid: str, first: int, last: int) -> None:
         t = self.tables.get(rid)
