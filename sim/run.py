@@ -202,8 +202,8 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     attn_gids = [i for i, g in enumerate(dep.groups) if g == "full"]
 
     def make(trace, index: int) -> SimRequest:
-        runs = streams.runs_of(trace.segments)
-        r = SimRequest(kv.make_request(trace.request_id, runs), trace.output_tokens, index)
+        keys = streams.keys_of(trace.segments, kv.hasher)
+        r = SimRequest(kv.make_request(trace.request_id, keys), trace.output_tokens, index)
         r.out_stream = streams.id(f"out/{trace.request_id}")
         sessions[index] = trace.session
         return r

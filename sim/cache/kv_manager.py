@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sim.cache.block_pool import Block
 from sim.cache.config import CacheConfig
 from sim.cache.coordinator import Coordinator
-from sim.cache.hashing import PrefixHasher, Run
+from sim.cache.hashing import PrefixHasher, PrefixKeys, Run
 from sim.cache.managers import MambaManager
 from sim.cache.request import CacheRequest
 from sim.cache.split import SplitPolicy
@@ -81,8 +81,9 @@ class KVCacheManager:
     def partial_hits(self) -> bool:
         return self.coordinator.partial_hits
 
-    def make_request(self, rid: str, runs: list[Run],
+    def make_request(self, rid: str, runs: list[Run] | PrefixKeys,
                      report_mode: str | None = None) -> CacheRequest:
+        """A request over ``runs`` (or keys built with this manager's ``hasher``)."""
         return CacheRequest(rid, runs, self.hasher, report_mode)
 
     # ------------------------------------------------------------------ lookup --

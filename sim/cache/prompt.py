@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from sim.cache.hashing import LITERAL, Run
+from sim.cache.hashing import LITERAL, PrefixHasher, PrefixKeys, Run
 
 HASH_ID_BASE = -2   # stream id of hash id h: HASH_ID_BASE - h (see StreamRegistry.runs_of)
 
@@ -37,6 +37,19 @@ class StreamRegistry:
             else:
                 out.append((HASH_ID_BASE - name, off, n))
         return out
+
+
+    def keys_of(self, segments: list[tuple[str | int, int, int]],
+                hasher: PrefixHasher) -> PrefixKeys:
+        """``hasher.keys_of(self.runs_of(segments))`` without the intermediate
+        run tuples (the engine builds every request's keys this way)."""
+        keys = hasher.keys_of([])
+        for name, off, n in segments:
+            # (a name is registered even for an empty segment, as runs_of does)
+            sid = self.id(name) if isinstance(name, str) else HASH_ID_BASE - name
+            if n > 0:   # (an empty segment makes no run, as PrefixKeys drops it)
+                keys.append_run(sid, off, n)
+        return keys
 
 
 def parse_prompt(spec, streams: StreamRegistry) -> list[Run]:

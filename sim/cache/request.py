@@ -18,11 +18,14 @@ class CacheRequest:
                  "num_computed_tokens", "shared_prefix_boundary", "hasher", "report_mode",
                  "waiting")
 
-    def __init__(self, request_id: str, runs: list[Run], hasher: PrefixHasher,
+    def __init__(self, request_id: str, runs: list[Run] | PrefixKeys, hasher: PrefixHasher,
                  report_mode: str | None = None):
+        """``runs``: the prompt as runs, or its keys already built by ``hasher``
+        (``StreamRegistry.keys_of``)."""
         self.request_id = request_id
         self.hasher = hasher
-        self.block_hashes: PrefixKeys = hasher.keys_of(runs)
+        self.block_hashes: PrefixKeys = (runs if isinstance(runs, PrefixKeys)
+                                         else hasher.keys_of(runs))
         self.num_prompt_tokens = self.block_hashes.total
         self.num_tokens = self.num_prompt_tokens
         self.num_computed_tokens = 0

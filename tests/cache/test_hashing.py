@@ -146,3 +146,26 @@ def test_no_collisions_among_structured_units():
         keys.update(ks[i:])                        # (units before i are stream 1's)
         total += len(ks) - i
     assert total == len(keys) == 500_000 + sum(500 - i for i in range(500))
+
+
+def test_stream_registry_keys_of_equals_keys_of_its_runs():
+    """StreamRegistry.keys_of (segments straight to keys, as the engine builds
+    requests) equals hashing the runs runs_of gives: names, hash ids, offsets,
+    empty and continuing segments."""
+    from sim.cache.prompt import StreamRegistry
+
+    rng = random.Random(17)
+    for _ in range(300):
+        segs = []
+        for _ in range(rng.randint(1, 8)):
+            name = rng.choice(["S", "U", "out/r1", 0, 7, 2**40])
+            segs.append((name, rng.choice([0, 0, 16, 512]), rng.choice([0, 1, 5, 64, 512])))
+        if rng.random() < 0.3 and segs[-1][2]:           # a segment continuing the last
+            name, off, n = segs[-1]
+            segs.append((name, off + n, rng.randint(1, 40)))
+        unit, la = rng.choice([1, 16, 64]), rng.choice([0, 3])
+        reg_a, reg_b = StreamRegistry(), StreamRegistry()
+        a = reg_a.keys_of(segs, PrefixHasher(unit, la))
+        b = PrefixHasher(unit, la).keys_of(reg_b.runs_of(segs))
+        assert a.runs == b.runs and a.keys() == b.keys() and a.total == b.total
+        assert reg_a.ids == reg_b.ids
