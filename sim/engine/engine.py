@@ -139,40 +139,63 @@ class Engine:
     def _loop(self) -> Process:
         env = self.env
         sched = self.sched
+        # The engine's clock.  It runs ahead of env.now while nothing else can
+        # happen: when the next event on SimPy's queue lies after the end of a
+        # step, that step's timeout would be the next event anyway, so the
+        # engine applies the step at once and keeps going; it hands the time to
+        # SimPy (one timeout for all those steps) before anything another
+        # process could see: a finish (its done event), an idle wait, or an
+        # event due by the end of the next step.  Every schedule() and update
+        # sees the time it would have seen stepping one event at a time.
+        now = int(env.now)
         while True:
             if not sched.has_work():
+                if now > env.now:
+                    yield env.timeout(now - int(env.now))
                 self.wake = env.event()
                 yield self.wake
                 self.wake = None
-            items = sched.schedule(int(env.now))
+                now = int(env.now)
+            items = sched.schedule(now)
             if not items:
                 # Nothing fits this step (e.g. waiting on a state cached this
                 # step): let time pass one step's overhead and retry.
+                if now > env.now:
+                    yield env.timeout(now - int(env.now))
                 self.wake = env.event()
                 yield self.wake | env.timeout(self.step_time([]))
                 self.wake = None
+                now = int(env.now)
                 continue
-            k, total = self._jump_steps(items) if self.jump else (1, 0)
+            k, total = self._jump_steps(items, now) if self.jump else (1, 0)
+            end = now + (total if k > 1 else self.step_time(items))
+            if end >= env.peek():
+                # another event is due by the end of this step: SimPy orders them
+                yield env.timeout(end - int(env.now))
+            now = end
             if k > 1:
-                yield env.timeout(total)
                 self._run_jump(items, k)
             else:
-                yield env.timeout(self.step_time(items))
                 self.steps += 1
-                for r in sched.update_from_output(items, int(env.now)):
-                    self.finished += 1
-                    self.on_finish(r)
-                    r.done_event.succeed()
-                    if self.progress is not None:
-                        self.progress(self.finished)
+                finished = sched.update_from_output(items, now)
+                if finished:
+                    if now > env.now:
+                        yield env.timeout(now - int(env.now))   # finish at its time
+                    for r in finished:
+                        self.finished += 1
+                        self.on_finish(r)
+                        r.done_event.succeed()
+                        if self.progress is not None:
+                            self.progress(self.finished)
             # Requests arriving at this very instant join before the next
             # schedule(), as vLLM adds new requests before each step: let every
             # event already queued for this instant run first (when there is
-            # none, yielding would resume this loop at once: skip it).
-            if env.peek() <= env.now:
+            # none, yielding would resume this loop at once: skip it).  (When
+            # the clock ran ahead, nothing is due before the next step's end.)
+            if now == env.now and env.peek() <= now:
                 yield env.timeout(0)
 
-    def _jump_steps(self, items: list[ScheduledItem]) -> tuple[int, int]:
+    def _jump_steps(self, items: list[ScheduledItem], now: int) -> tuple[int, int]:
         """How many identical pure-decode steps can run as one jump, and their
         total duration (ns).  Returns (1, 0) when the next step must run alone.
 
@@ -219,7 +242,6 @@ class Engine:
         TT = n * t * (t + 1)
         horizon = min(self.next_arrival,
                       self.pending_followups[0] if self.pending_followups else NEVER)
-        now = int(self.env.now)
         total = 0
         k = 0
         s0 = sched.step_index
