@@ -27,6 +27,7 @@ from mypy_extensions import i64
 from sim.cache.key_map import KeyMap
 
 GROUP_BITS: Final = 5  # up to 32 KV-cache groups
+NO_KEY: Final = -1     # Block.key / key_tokens of a block without a key (keys are >= 0)
 
 
 def make_key(block_hash: int, group_id: int) -> int:
@@ -35,7 +36,9 @@ def make_key(block_hash: int, group_id: int) -> int:
 
 
 class Block:
-    """One physical block. ``key`` is its primary hash key (or None)."""
+    """One physical block. ``key`` is its primary pool key (``NO_KEY`` if none) and
+    ``key_tokens`` the prefix length that key covers (machine integers: no boxed
+    int per key in the compiled build)."""
 
     __slots__ = ("block_id", "ref_cnt", "key", "key_tokens", "is_null", "kind",
                  "prev_free", "next_free", "extra")
@@ -43,8 +46,8 @@ class Block:
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_cnt = 0
-        self.key: int | None = None
-        self.key_tokens: int | None = None
+        self.key: i64 = NO_KEY
+        self.key_tokens: i64 = NO_KEY
         self.is_null = False
         self.kind = 0  # memory-accounting kind of the group that last allocated it
         # free-queue neighbours (meaningful only while the block is in the queue;
@@ -116,13 +119,13 @@ class BlockPool:
         return self.key_map.items()
 
     # -- hash map maintenance -------------------------------------------------
-    def insert_key(self, key: int, block: Block, num_tokens: int | None) -> None:
+    def insert_key(self, key: int, block: Block, num_tokens: int) -> None:
         bk = block.key
-        if bk is not None and bk == key:
+        if bk == key:
             return
         if not self.key_map.add(key, block.block_id):
             return   # (already mapped to this block)
-        if bk is None:
+        if bk < 0:
             block.key = key
             block.key_tokens = num_tokens
         else:
@@ -134,16 +137,16 @@ class BlockPool:
         """Unmap every key of ``block``; the keys that were mapped to it."""
         key = block.key
         extra = block.extra
-        block.key = None
-        block.key_tokens = None
+        block.key = NO_KEY
+        block.key_tokens = NO_KEY
         km = self.key_map
         bid = block.block_id
         if extra is None:
-            if key is None:
+            if key < 0:
                 return []
             return [key] if km.remove(key, bid) else []
         block.extra = None
-        keys = [key] if key is not None else []
+        keys = [key] if key >= 0 else []
         keys.extend(extra)
         return [k for k in keys if km.remove(k, bid)]
 
@@ -151,15 +154,15 @@ class BlockPool:
         """Re-point every key of ``src`` to ``dst`` (Mamba partial-tail CoW)."""
         num_tokens = src.key_tokens
         key = src.key
-        if (key is not None and dst.key is None and src.extra is None and dst.extra is None
+        if (key >= 0 and dst.key < 0 and src.extra is None and dst.extra is None
                 and self.key_map.only(key) == src.block_id):
             # the common case (one key, mapped to src alone; dst fresh): the same
             # end state as remove + insert, in one map operation
             self.key_map.repoint(key, dst.block_id)
             dst.key = key
             dst.key_tokens = num_tokens
-            src.key = None
-            src.key_tokens = None
+            src.key = NO_KEY
+            src.key_tokens = NO_KEY
             return
         for k in self.remove_keys(src):
             self.insert_key(k, dst, num_tokens)
@@ -177,7 +180,7 @@ class BlockPool:
             if blk.is_null:
                 continue
             key = make_key(h, group_id)
-            if blk.key is not None:
+            if blk.key >= 0:
                 # partial -> full promotion of the same block drops its old keys
                 self.remove_keys(blk)
             self.insert_key(key, blk, (i + 1) * block_size)
@@ -191,9 +194,9 @@ class BlockPool:
         end = num_tokens // self.hash_block_size * self.hash_block_size
         key = make_key(unit_hash, group_id)
         bk = block.key
-        if bk is not None and bk != key:   # (narrowed first: a machine compare of ints)
+        if bk >= 0 and bk != key:
             kt = block.key_tokens
-            if kt is not None and kt < end and not self.contains(key, block.block_id):
+            if kt >= 0 and kt < end and not self.contains(key, block.block_id):
                 self.remove_keys(block)
         self.insert_key(key, block, end)
         return key
@@ -260,11 +263,11 @@ class BlockPool:
             b.prev_free = b
             b.next_free = b
             key = b.key
-            if key is not None:
+            if key >= 0:
                 if b.extra is None and km.remove(key, b.block_id):
                     # the common eviction: one key (mapped to this block)
-                    b.key = None
-                    b.key_tokens = None
+                    b.key = NO_KEY
+                    b.key_tokens = NO_KEY
                     self.evicted_keys += 1
                 else:
                     self.evicted_keys += len(self.remove_keys(b))
@@ -320,7 +323,7 @@ class BlockPool:
                     continue
                 b.ref_cnt -= 1
                 if b.ref_cnt == 0:
-                    if b.key is None:
+                    if b.key < 0:
                         if first is None:
                             first = []
                         first.append(b)

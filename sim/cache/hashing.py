@@ -60,13 +60,13 @@ B2: Final = 223_891_578
 KEY_SPACE: Final = P1 * P2   # keys lie in [0, KEY_SPACE), below 2**57
 
 
-def unit_key(parent: int, stream: int, start: int, length: int) -> int:
+def unit_key(parent: i64, stream: i64, start: i64, length: i64) -> i64:
     """The key of a unit of ``length`` tokens of ``stream`` from ``start``, after
     the prefix keyed ``parent`` (see the module docstring).
 
     ``i64``: 64-bit machine integers in the compiled build, plain ints in the
     source; no intermediate value reaches 2**62, so both compute the same."""
-    p: i64 = parent
+    p = parent
     a: i64 = p // P2
     b: i64 = p - a * P2
     a = (a * B1 + b + stream) % P1
@@ -212,9 +212,16 @@ class PrefixKeys:
         if r > last:
             r = last
         if r < last and begins[r + 1] < e:
+            # forward: a few runs by scanning (block-end keys of a walk often skip
+            # one or two short runs), then by bisection
             r += 1
-            if r < last and begins[r + 1] < e:
-                r = _last_below(begins, e, r + 1, last)
+            steps = 0
+            while r < last and begins[r + 1] < e:
+                if steps == 4:
+                    r = _last_below(begins, e, r + 1, last)
+                    break
+                r += 1
+                steps += 1
         elif begins[r] >= e:
             r -= 1
             if begins[r] >= e:

@@ -712,7 +712,7 @@ class MambaManager(SingleTypeManager):
                     self.pending_cow[mi].append((src, cow))
                     self.has_pending_cow = True
                     src.ref_cnt += 1
-                    if cow.key is not None:
+                    if cow.key >= 0:
                         self.cached_this_step.add(cow.key)
                 else:
                     self._apply_cow(blocks, mi, idx, src, cow)
@@ -745,7 +745,7 @@ class MambaManager(SingleTypeManager):
             for mi, blocks in enumerate(self.tables[rid]):
                 for i in range(before, after):
                     b = blocks[i]
-                    if b.is_null or b.key is None:
+                    if b.is_null or b.key < 0:
                         continue
                     cts.add(b.key)
                     if mi == 0:
