@@ -132,20 +132,56 @@ class PrefixKeys:
         self.lookahead = lookahead
         # The columns are librt vecs of machine integers: no boxed int per value in
         # the compiled build (every value lies in [-2**62, 2**62); keys below 2**57)
-        streams = vec[i64]()
-        starts = vec[i64]()
-        begins = vec[i64]()            # begins[r]: first token of run r in the sequence
-        chain = vec[i64]()             # chain[r]: key of the runs before run r
-        p = ROOT                       # key of the runs before the current one
-        ps = pst = pb = 0              # the current run: stream, start, first token
-        have = False
-        total = 0
-        for s, st, n in runs:
+        self.streams = vec[i64]()
+        self.starts = vec[i64]()
+        self.begins = vec[i64]()       # begins[r]: first token of run r in the sequence
+        self.chain = vec[i64]()        # chain[r]: key of the runs before run r
+        self.cursor = 0                # run of the last key asked for (walks are local)
+        self.total = 0
+        self.count = 0
+        if runs:
+            streams = vec[i64]()
+            starts = vec[i64]()
+            lengths = vec[i64]()
+            for s, st, n in runs:
+                streams = append(streams, s)
+                starts = append(starts, st)
+                lengths = append(lengths, n)
+            self.extend_columns(streams, starts, lengths)
+        else:
+            self._set_total(0)
+
+    def extend_columns(self, streams_in: vec[i64], starts_in: vec[i64],
+                       lengths_in: vec[i64]) -> None:
+        """Append the runs ``(streams_in[i], starts_in[i], lengths_in[i])`` in
+        order, kept canonical: an empty run is dropped, a run continuing the
+        last one is merged into it (``canonical_runs``'s rule; one ``append_run``
+        per run, without a call per run)."""
+        streams = self.streams
+        starts = self.starts
+        begins = self.begins
+        chain = self.chain
+        total: i64 = self.total
+        last = len(begins) - 1
+        have = last >= 0
+        ps: i64 = 0                    # the last run: stream, start, first token, chain key
+        pst: i64 = 0
+        pb: i64 = 0
+        p: i64 = ROOT
+        if have:
+            ps = streams[last]
+            pst = starts[last]
+            pb = begins[last]
+            p = chain[last]
+        for i in range(len(lengths_in)):
+            n = lengths_in[i]
             if n <= 0:
                 continue
+            s = streams_in[i]
+            st = starts_in[i]
             if have:
                 if s == ps and pst + (total - pb) == st:
-                    total += n         # continues the current run: merged
+                    total += n         # continues the last run: merged
                     continue
                 p = unit_key(p, ps, pst, total - pb)
             streams = append(streams, s)
@@ -157,13 +193,10 @@ class PrefixKeys:
             pb = total
             have = True
             total += n
-        self.streams: vec[i64] = streams
-        self.starts: vec[i64] = starts
-        self.begins: vec[i64] = begins
-        self.chain: vec[i64] = chain
-        self.cursor = 0                # run of the last key asked for (walks are local)
-        self.total = 0
-        self.count = 0
+        self.streams = streams
+        self.starts = starts
+        self.begins = begins
+        self.chain = chain
         self._set_total(total)
 
     def _set_total(self, total: int) -> None:

@@ -4,10 +4,14 @@ list of integer token ids is also accepted."""
 from __future__ import annotations
 
 import re
+from typing import Final
+
+from librt.vecs import append, vec
+from mypy_extensions import i64
 
 from sim.cache.hashing import LITERAL, PrefixHasher, PrefixKeys, Run
 
-HASH_ID_BASE = -2   # stream id of hash id h: HASH_ID_BASE - h (see StreamRegistry.runs_of)
+HASH_ID_BASE: Final = -2   # stream id of hash id h: HASH_ID_BASE - h (see StreamRegistry.runs_of)
 
 _SEG = re.compile(r"^([A-Za-z_][A-Za-z0-9_.\-]*)(?:@(\d+))?:(\d+)$")
 
@@ -43,12 +47,17 @@ class StreamRegistry:
                 hasher: PrefixHasher) -> PrefixKeys:
         """``hasher.keys_of(self.runs_of(segments))`` without the intermediate
         run tuples (the engine builds every request's keys this way)."""
-        keys = hasher.keys_of([])
+        streams = vec[i64]()
+        starts = vec[i64]()
+        lengths = vec[i64]()
         for name, off, n in segments:
             # (a name is registered even for an empty segment, as runs_of does)
-            sid = self.id(name) if isinstance(name, str) else HASH_ID_BASE - name
-            if n > 0:   # (an empty segment makes no run, as PrefixKeys drops it)
-                keys.append_run(sid, off, n)
+            streams = append(streams, self.id(name) if isinstance(name, str)
+                             else HASH_ID_BASE - name)
+            starts = append(starts, off)
+            lengths = append(lengths, n)
+        keys = hasher.keys_of([])
+        keys.extend_columns(streams, starts, lengths)
         return keys
 
 
