@@ -413,8 +413,11 @@ class SingleTypeManager:
         mask = self.reachable_mask(num_cached, num_full, retention, boundaries)
         if mask is None:
             indices = [i for i in range(num_cached, num_full)]
-        else:   # (decided once for every member)
-            indices = [i for i, keep in enumerate(mask, num_cached) if keep]
+        else:   # (decided once for every member; an index loop: enumerate is generic)
+            indices = []
+            for j in range(len(mask)):
+                if mask[j]:
+                    indices.append(num_cached + j)
         if indices:
             scale = self.block_size // self.pool.hash_block_size
             block_keys = keys.keys_at([(i + 1) * scale - 1 for i in indices])

@@ -112,7 +112,9 @@ class Engine:
         else:
             self._wake()
             yield done
-        self.done_events.pop(trace.request_id, None)
+        rid = trace.request_id
+        if rid in self.done_events:   # (in + del: dict.pop is a generic call when compiled)
+            del self.done_events[rid]
 
     def _feeder(self, traces: Iterator[Arrival]) -> Process:
         env = self.env
