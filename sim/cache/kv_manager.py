@@ -7,7 +7,6 @@ blocks tail first.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from sim.cache.block_pool import Block
 from sim.cache.config import CacheConfig
@@ -18,15 +17,24 @@ from sim.cache.request import CacheRequest
 from sim.cache.split import SplitPolicy
 
 
-@dataclass
 class Lookup:
-    """Result of a prefix lookup."""
+    """Result of a prefix lookup.  (A plain class: a dataclass's generated
+    ``__init__`` is interpreted Python even in the compiled build, ~2k CPU
+    instructions per lookup.)"""
 
-    blocks: list[list[Block]]
-    hit: int
-    junction: int
-    events: list[dict] | None = None
-    full_alone: int = -1   # full attention's hit alone (per_group_hits), when known
+    __slots__ = ("blocks", "hit", "junction", "events", "full_alone")
+
+    def __init__(self, blocks: list[list[Block]], hit: int, junction: int,
+                 events: list[dict] | None = None, full_alone: int = -1):
+        self.blocks = blocks
+        self.hit = hit
+        self.junction = junction
+        self.events = events
+        self.full_alone = full_alone   # full attention's hit alone (per_group_hits), when known
+
+    def __repr__(self) -> str:
+        return (f"Lookup(hit={self.hit}, junction={self.junction}, "
+                f"full_alone={self.full_alone})")
 
 
 def _any_hit(new_computed: list[list[Block]]) -> bool:

@@ -14,7 +14,7 @@ The scheduler knows nothing about time; the engine calls ``schedule`` and
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -34,29 +34,54 @@ class SchedulerConfig:
     max_model_len: int | None = None
 
 
-@dataclass(slots=True)
 class SimRequest:
-    """A request inside the engine: cache view plus serving progress."""
+    """A request inside the engine: cache view plus serving progress.
 
-    cache: CacheRequest
-    max_tokens: int
-    index: int                         # arrival order (tie-break, output order)
-    # engine clock (integer ns; one per step in `sim steps`), -1 until it happens
-    arrival_ns: int = -1
-    num_output: int = 0
-    hit_tokens: int = -1               # prefix hit at first admission
-    attention_hit_tokens: int = 0      # full attention alone
-    junction: int = 0
-    first_scheduled_ns: int = -1
-    first_token_ns: int = -1
-    finish_ns: int = -1
-    preemptions: int = 0
-    recomputed_tokens: int = 0
-    mamba_states_written: int = 0
-    chunk_ends: list[int] = field(default_factory=list)
-    chunk_end_steps: list[int] = field(default_factory=list)   # step index of each chunk end
-    first_prefill_done: bool = False
-    done_event: Any = None             # the engine's simpy.Event signalling the finish
+    A plain class with slots (not a dataclass: a dataclass's generated
+    ``__init__`` is interpreted Python even in the compiled build, several
+    thousand CPU instructions per request with this many fields)."""
+
+    __slots__ = ("cache", "max_tokens", "index", "arrival_ns", "num_output", "hit_tokens",
+                 "attention_hit_tokens", "junction", "first_scheduled_ns", "first_token_ns",
+                 "finish_ns", "preemptions", "recomputed_tokens", "mamba_states_written",
+                 "chunk_ends", "chunk_end_steps", "first_prefill_done", "done_event",
+                 "out_stream", "fast_n", "fast_until", "item", "has_drafts",
+                 "is_prefill_chunk", "recording", "cache_mark")
+
+    def __init__(self, cache: CacheRequest, max_tokens: int, index: int):
+        self.cache = cache
+        self.max_tokens = max_tokens
+        self.index = index                 # arrival order (tie-break, output order)
+        # engine clock (integer ns; one per step in `sim steps`), -1 until it happens
+        self.arrival_ns = -1
+        self.num_output = 0
+        self.hit_tokens = -1               # prefix hit at first admission
+        self.attention_hit_tokens = 0      # full attention alone
+        self.junction = 0
+        self.first_scheduled_ns = -1
+        self.first_token_ns = -1
+        self.finish_ns = -1
+        self.preemptions = 0
+        self.recomputed_tokens = 0
+        self.mamba_states_written = 0
+        self.chunk_ends: list[int] = []
+        self.chunk_end_steps: list[int] = []   # step index of each chunk end
+        self.first_prefill_done = False
+        self.done_event: Any = None        # the engine's simpy.Event signalling the finish
+        self.out_stream = 0                # stream id of this request's output tokens
+        self.fast_n = -1                   # decode fast path: tokens per step at the last allocation
+        self.fast_until = -1               # ... and the computed count up to which it stays valid
+        self.item: ScheduledItem | None = None   # reused per step (scheduled once per step)
+        self.has_drafts = False            # drafter proposed K tokens after its last sampling step
+        self.is_prefill_chunk = False      # its last scheduled step left prompt tokens uncomputed
+        self.recording = True              # first prefill's chunk ends (stops at a preemption)
+        self.cache_mark = -1               # block index of min(computed, hashed) at the last
+                                           # update-time cache_blocks (later calls before the
+                                           # next block completes are no-ops and are skipped)
+
+    def __repr__(self) -> str:
+        return (f"SimRequest({self.cache.request_id!r}, index={self.index}, "
+                f"output={self.num_output}/{self.max_tokens})")
 
     @property
     def rid(self) -> str:
@@ -66,32 +91,27 @@ class SimRequest:
     def num_computed(self) -> int:
         return self.cache.num_computed_tokens
 
-    out_stream: int = 0                # stream id of this request's output tokens
-    fast_n: int = -1                   # decode fast path: tokens per step at the last allocation
-    fast_until: int = -1               # ... and the computed count up to which it stays valid
-    item: "ScheduledItem | None" = None      # reused per step (a request is scheduled once per step)
-    has_drafts: bool = False           # drafter proposed K tokens after its last sampling step
-    is_prefill_chunk: bool = False     # its last scheduled step left prompt tokens uncomputed
-    recording: bool = True             # first prefill's chunk ends (stops at a preemption)
-    cache_mark: int = -1               # block index of min(computed, hashed) at the last
-                                       # update-time cache_blocks (later calls before the next
-                                       # block completes are no-ops and are skipped)
-
     @property
     def decoding(self) -> bool:
         """Prompt (and any replayed outputs) computed: each step samples."""
         return self.num_output > 0 and self.cache.num_computed_tokens >= self.cache.num_tokens - 1
 
 
-@dataclass(slots=True)
 class ScheduledItem:
-    req: SimRequest
-    num_tokens: int            # tokens computed this step (incl. drafts in decode)
-    context: int               # tokens already in the KV cache before this step
-    is_prefill: bool
-    spec_tokens: int = 0
-    new_hit: int = 0
-    padded: bool = False       # a new request padded to 1 + K with drafts never accepted
+    """One request's share of a step (the object is reused step after step)."""
+
+    __slots__ = ("req", "num_tokens", "context", "is_prefill", "spec_tokens", "new_hit",
+                 "padded")
+
+    def __init__(self, req: SimRequest, num_tokens: int, context: int, is_prefill: bool,
+                 spec_tokens: int = 0, new_hit: int = 0, padded: bool = False):
+        self.req = req
+        self.num_tokens = num_tokens       # tokens computed this step (incl. drafts in decode)
+        self.context = context             # tokens already in the KV cache before this step
+        self.is_prefill = is_prefill
+        self.spec_tokens = spec_tokens
+        self.new_hit = new_hit
+        self.padded = padded               # a new request padded to 1 + K with drafts never accepted
 
 
 class Scheduler:
