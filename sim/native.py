@@ -48,6 +48,7 @@ NATIVE_MODULES = (
     "sim.cache.split",
     "sim.engine.scheduler",
     "sim.engine.engine",
+    "sim.engine.record",
     "backends.analytical",
 )
 MANIFEST = "_native_build.json"

@@ -22,6 +22,7 @@ from sim.cache.config import ConfigError
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry
 from sim.engine.engine import Engine
+from sim.engine.record import Recorder, RequestMaker
 from sim.engine.scheduler import Scheduler, SimRequest
 from sim.gpus import get_gpu, kv_budget
 from sim.models import derive_layout
@@ -137,24 +138,6 @@ def cost_model(sc: Scenario, layout, gpu) -> CostModel:
         mfu=mfu, mbu=mbu, overhead_s=overhead, **fitted)
 
 
-class Recorder:
-    """Collects one row per finished request and the run's counters."""
-
-    def __init__(self, kv: KVCacheManager):
-        self.rows: list[tuple] = []
-        self.kv = kv
-
-    def finish(self, r: SimRequest, session: str | None) -> None:
-        c = r.cache
-        ns = 1e-9  # engine times are integer nanoseconds
-        self.rows.append((
-            r.index, c.request_id, session or "", r.arrival_ns * ns, c.num_prompt_tokens,
-            r.hit_tokens, r.attention_hit_tokens, max(r.attention_hit_tokens - r.hit_tokens, 0),
-            r.junction, r.recomputed_tokens, (r.first_scheduled_ns - r.arrival_ns) * ns,
-            (r.first_token_ns - r.arrival_ns) * ns, (r.finish_ns - r.arrival_ns) * ns,
-            r.num_output, r.preemptions, r.mamba_states_written))
-
-
 def _pct(sorted_vals: list[float], q: float) -> float:
     if not sorted_vals:
         return float("nan")
@@ -195,21 +178,11 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     kv = dep.kv
     sched = Scheduler(sc.scheduler, kv, accepted_per_step=sc.speculative.mean_accepted_tokens
                       if sc.speculative.method else 0.0, fast_decode=fast_decode)
-    streams = StreamRegistry()
-    rec = Recorder(kv)
-    sessions: dict[int, str | None] = {}
+    maker = RequestMaker(kv, StreamRegistry())
+    rec = Recorder(maker)
     mamba_gids = [i for i, g in enumerate(dep.groups) if g == "mamba"]
     attn_gids = [i for i, g in enumerate(dep.groups) if g == "full"]
-
-    def make(trace, index: int) -> SimRequest:
-        keys = streams.keys_of(trace.segments, kv.hasher)
-        r = SimRequest(kv.make_request(trace.request_id, keys), trace.output_tokens, index)
-        r.out_stream = streams.id(f"out/{trace.request_id}")
-        sessions[index] = trace.session
-        return r
-
-    def on_finish(r: SimRequest) -> None:
-        rec.finish(r, sessions.pop(r.index, None))
+    on_finish: Callable[[SimRequest], None] = rec.finish
 
     base_dir = sc.path.parent
     traces = build_workload(sc.workload, sc.seed, base_dir)
@@ -218,12 +191,14 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
         torch_backend = build_torch_backend(sc, dep, sched, plant)
         step_time, sums_time = torch_backend.step_time, None   # every step runs for real
 
-        def on_finish(r: SimRequest, _rec=on_finish) -> None:  # noqa: F811
+        def finish_and_forget(r: SimRequest) -> None:
             torch_backend.forget(r.rid)
-            _rec(r)
+            rec.finish(r)
+        on_finish = finish_and_forget
     else:
         step_time, sums_time = dep.cost.step_time, dep.cost.time_from_sums
-    eng = Engine(sched, step_time, sums_time, make, on_finish, jump=jump, progress=progress)
+    eng = Engine(sched, step_time, sums_time, maker.make, on_finish, jump=jump,
+                 progress=progress)
     with _quiet_gc():
         eng.run(traces)
     rows = sorted(rec.rows)
