@@ -68,12 +68,9 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
         e = step + hashes.lookahead
         begins = hashes.begins
         last = len(begins) - 1
-        r = hashes.locate(e)
-        ch = hashes.chain[r]
-        s = hashes.streams[r]
-        st = hashes.starts[r]
-        b0 = begins[r]
-        nxt = begins[r + 1] if r < last else hashes.total
+        r = 0
+        ch = s = st = b0 = 0
+        nxt = -1         # first token past run r (-1: no run located yet)
         j = 0
         while j < nb:
             if e > nxt:
