@@ -94,11 +94,6 @@ class BlockPool:
         self.peak = vec[i64]([0, 0])
 
     # -- lookups -------------------------------------------------------------
-    def cached_block(self, key: int) -> Block | None:
-        """The block a lookup of pool key ``key`` gets (the first inserted), or None."""
-        bid = self.key_map.first(key)
-        return None if bid < 0 else self.blocks[bid]
-
     def get_cached_block(self, block_hash: int, group_ids: list[int]) -> list[Block] | None:
         out = []
         km = self.key_map
@@ -212,9 +207,6 @@ class BlockPool:
 
     def _push_back(self, b: Block) -> None:
         self._insert(b, self.tail.prev_free, self.tail)
-
-    def _push_front(self, b: Block) -> None:
-        self._insert(b, self.head, self.head.next_free)
 
     def _unlink(self, b: Block) -> None:
         p = b.prev_free
@@ -343,7 +335,7 @@ class BlockPool:
         if fronts is not None:
             for front in fronts:
                 for b in reversed(front):
-                    # to the front (``_push_front`` inlined)
+                    # to the front of the free queue
                     nx = head.next_free
                     head.next_free = b
                     b.prev_free = head
