@@ -2,7 +2,7 @@
 
 The modules listed in ``sim/native.py`` (cache core and engine) are ordinary
 type-annotated Python; mypyc turns them into C extensions that run the same code
-about three times as fast (``bench/sim_bench.py`` measures it).  The SHA-256 of each
+about seven times as fast (``bench/sim_bench.py`` measures it).  The SHA-256 of each
 compiled source goes to ``sim/_native_build.json`` so that ``sim/native.py`` runs
 the source instead whenever a file changed after the build.
 
@@ -59,7 +59,7 @@ class BuildExt(build_ext):
             raise SystemExit(
                 f"error: compiling the hot path with mypyc failed ({type(e).__name__}: {e}). "
                 f"It needs a C compiler and the Python headers; or install the pure-Python "
-                f"build (same results, ~3x slower): HCS_PURE=1 pip install ...") from e
+                f"build (same results, ~7x slower): HCS_PURE=1 pip install ...") from e
         if not ext_modules:
             return
         text = json.dumps({"compiler": compiler, "modules": compiled_hashes},
