@@ -83,7 +83,7 @@ class BlockPool:
         self.null_block = self._pop_front()
         self.null_block.is_null = True
         # the prefix-cache hash map: pool key -> the block(s) holding it
-        self.key_map = KeyMap(2 * num_blocks)
+        self.key_map = KeyMap(2 * num_blocks)   # (a block may hold a partial key too)
         self.evicted_keys = 0  # keys dropped because their block was reused
         # Memory accounting: a block is *occupied* from allocation until it is
         # freed without a key or reused; cached (hittable) free blocks count.

@@ -262,14 +262,25 @@ class PrefixKeys:
         self.cursor = r
         return r
 
+    def run_at(self, e: int) -> tuple[i64, i64, i64, i64, i64]:
+        """What a key ending at token ``e`` needs of the run holding token ``e - 1``:
+        ``(chain, stream, start, begin, end)``; every key ending in ``(begin, end]``
+        is ``unit_key(chain, stream, start, key end - begin)``, so walks over
+        consecutive keys search the runs once per run (``keys_at``, and the
+        lookups in ``managers``)."""
+        r = self.locate(e)
+        begins = self.begins
+        end = begins[r + 1] if r < len(begins) - 1 else self.total
+        return self.chain[r], self.streams[r], self.starts[r], begins[r], end
+
     def key(self, i: int) -> int:
         """The key of unit ``i`` (``0 <= i < count``; IndexError otherwise, as
         vLLM's hash list raises)."""
         if i < 0 or i >= self.count:
             raise IndexError("list index out of range")
         e = (i + 1) * self.unit + self.lookahead
-        r = self.locate(e)
-        return unit_key(self.chain[r], self.streams[r], self.starts[r], e - self.begins[r])
+        ch, s, st, b0, _ = self.run_at(e)
+        return unit_key(ch, s, st, e - b0)
 
     def keys_at(self, units: list[int]) -> list[int]:
         """``[key(i) for i in units]`` for increasing ``units`` (each < ``count``),
@@ -281,20 +292,15 @@ class PrefixKeys:
             raise IndexError("list index out of range")
         unit = self.unit
         la = self.lookahead
-        begins = self.begins
-        last = len(begins) - 1
-        r = -1
-        nxt = 0          # first token of run r + 1 (tokens past it need the next run)
-        ch = s = st = b0 = 0
+        ch: i64 = 0
+        s: i64 = 0
+        st: i64 = 0
+        b0: i64 = 0
+        nxt: i64 = -1    # last token of the located run (-1: none located yet)
         for i in units:
             e = (i + 1) * unit + la
-            if r < 0 or e > nxt:
-                r = self.locate(e)
-                ch = self.chain[r]
-                s = self.streams[r]
-                st = self.starts[r]
-                b0 = begins[r]
-                nxt = begins[r + 1] if r < last else self.total
+            if e > nxt:
+                ch, s, st, b0, nxt = self.run_at(e)
             out.append(unit_key(ch, s, st, e - b0))
         return out
 

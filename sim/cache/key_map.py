@@ -35,6 +35,8 @@ class KeyMap:
     """Pool key -> block id(s); see the module docstring."""
 
     def __init__(self, capacity: int = 16):
+        """``capacity``: the keys expected; the table starts at a power of two at
+        least twice that (load <= 1/2) and doubles once it is 70% full."""
         cap = 16
         while cap < 2 * capacity:
             cap *= 2

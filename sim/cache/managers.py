@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from mypy_extensions import i64
+
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
 from sim.cache.hashing import PrefixKeys, unit_key
 from sim.cache.rules import cdiv, mamba_checkpoint_position
@@ -66,20 +68,15 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
         c0 = computed[0]
         step = scale * hashes.unit
         e = step + hashes.lookahead
-        begins = hashes.begins
-        last = len(begins) - 1
-        r = 0
-        ch = s = st = b0 = 0
-        nxt = -1         # first token past run r (-1: no run located yet)
+        ch: i64 = 0
+        s: i64 = 0
+        st: i64 = 0
+        b0: i64 = 0
+        nxt: i64 = -1    # last token of the located run (-1: none located yet)
         j = 0
         while j < nb:
             if e > nxt:
-                r = hashes.locate(e)
-                ch = hashes.chain[r]
-                s = hashes.streams[r]
-                st = hashes.starts[r]
-                b0 = begins[r]
-                nxt = begins[r + 1] if r < last else hashes.total
+                ch, s, st, b0, nxt = hashes.run_at(e)
             bid = km.first((unit_key(ch, s, st, e - b0) << GROUP_BITS) | g0)
             if bid < 0:
                 break
@@ -104,11 +101,7 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
         unit = hashes.unit
         e = (fi + 1) * unit + hashes.lookahead
         while fi >= first:
-            r = hashes.locate(e)
-            ch = hashes.chain[r]
-            s = hashes.streams[r]
-            st = hashes.starts[r]
-            b0 = hashes.begins[r]
+            ch, s, st, b0, _ = hashes.run_at(e)
             found = False
             while fi >= first and e > b0:
                 kf = unit_key(ch, s, st, e - b0)
@@ -199,11 +192,7 @@ def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: 
         unit = hashes.unit
         e = (fi + 1) * unit + hashes.lookahead
         while fi >= 0:
-            r = hashes.locate(e)
-            ch = hashes.chain[r]
-            s = hashes.streams[r]
-            st = hashes.starts[r]
-            b0 = hashes.begins[r]
+            ch, s, st, b0, _ = hashes.run_at(e)
             while fi >= 0 and e > b0:
                 kf = unit_key(ch, s, st, e - b0)
                 # cheap membership probe on the first group before the full lookup
