@@ -1,3 +1,3 @@
-from sim.cli import app
+from sim.cli import main
 
-app()
+main()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="hybrid-cache-sim: vLLM prefix caching for hybrid Mamba/attention models.")
 
 
@@ -482,5 +482,57 @@ def _main() -> None:
     """hybrid-cache-sim."""
 
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM turned into an exception, so every ``finally`` and atomic
+    write unwinds; a BaseException that is not KeyboardInterrupt, so neither an
+    ``except Exception`` nor typer's own Ctrl-C handling swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum, frame) -> None:
+    raise Interrupted(signum)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: the one place where bad input becomes one line and exit 2,
+    and an interrupt becomes one line and exit 130 (SIGINT) / 143 (SIGTERM).
+
+    Anything else that escapes is a bug and keeps its traceback.
+    """
+    import signal
+
+    from typer._click import ClickException
+
+    from sim.config.errors import InputError
+
+    try:
+        signal.signal(signal.SIGINT, _on_signal)
+        signal.signal(signal.SIGTERM, _on_signal)
+    except ValueError:          # not the main thread (embedded use): leave signals alone
+        pass
+    try:
+        # not standalone: click would print usage boxes and eat Ctrl-C itself
+        rc = app(args=argv, standalone_mode=False, prog_name="sim")
+    except InputError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except ClickException as e:         # usage errors: one line, click's exit code (2)
+        if not e.format_message():      # bare `sim`: the help was shown already
+            sys.exit(e.exit_code)
+        hint = ""
+        ctx = getattr(e, "ctx", None)
+        if ctx is not None:
+            hint = f" (see {ctx.command_path} --help)"
+        typer.echo(f"error: {e.format_message()}{hint}", err=True)
+        sys.exit(e.exit_code)
+    except (Interrupted, KeyboardInterrupt) as e:
+        typer.echo("interrupted; nothing written", err=True)
+        sys.exit(128 + (e.signum if isinstance(e, Interrupted) else signal.SIGINT))
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
 if __name__ == "__main__":
-    app()
+    main()

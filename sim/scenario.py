@@ -6,6 +6,8 @@ unlike case files, which default to the manager as vLLM's unit tests build it.
 """
 from __future__ import annotations
 
+from sim.config.errors import InputError
+
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ TOP_KEYS = {"name", "description", "seed", "model", "kv_cache", "gpu", "cache", 
             "speculative", "workload", "backend", "output"}
 
 
-class ScenarioError(ValueError):
+class ScenarioError(InputError):
     """One line: file, field, what is wrong."""
 
 

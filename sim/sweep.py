@@ -19,6 +19,8 @@ recorded with its error without losing the others.
 """
 from __future__ import annotations
 
+from sim.config.errors import InputError
+
 import csv
 import itertools
 import json
@@ -39,7 +41,7 @@ SWEEP_KEYS = {"name", "description", "base", "set", "grid", "points", "output"}
 TIMING = ("wall_s", "sim_requests_per_s")
 
 
-class SweepError(ValueError):
+class SweepError(InputError):
     """One line naming the file and field."""
 
 

@@ -15,6 +15,8 @@ entry per block (one run never mixes the two spellings of a stream).
 """
 from __future__ import annotations
 
+from sim.config.errors import InputError
+
 import difflib
 import math
 from collections.abc import Iterable, Mapping
@@ -54,7 +56,7 @@ def output_stream(request_id: str) -> str:
     return f"out/{request_id}"
 
 
-class WorkloadError(ValueError):
+class WorkloadError(InputError):
     """A bad workload config or trace line.  The message is one line naming the
     field (``workload.<field>``) or the file and line (``<path>:<lineno>``) and
     what is wrong."""

@@ -8,6 +8,8 @@ and the scheduler's split), so a hit length cannot differ between them.
 """
 from __future__ import annotations
 
+from sim.config.errors import InputError
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,7 @@ CASE_KEYS = {"schedule", "long_prefill_token_threshold", "max_num_batched_tokens
 TOP_KEYS = {"config", "requests", "source", "expect", "description"}
 
 
-class CaseError(ValueError):
+class CaseError(InputError):
     """Bad case input; the message names the field."""
 
 

@@ -5,13 +5,15 @@ Field names follow vLLM.  ``from_mapping`` validates once and raises
 """
 from __future__ import annotations
 
+from sim.config.errors import InputError
+
 import math
 from dataclasses import dataclass, field, fields
 
 from sim.cache.managers import GroupSpec
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """Invalid configuration; ``str()`` names the field and the problem."""
 
     def __init__(self, field_name: str, message: str):

@@ -1,0 +1,19 @@
+"""The one family of bad-input errors.
+
+Anything raised as an ``InputError`` is the user's input being wrong (a YAML typo, a
+negative size, a broken trace line, an output path that may not be used): the CLI
+prints its message as one line, ``error: <message>``, and exits 2, having written
+nothing.  Every other exception is a bug and keeps its traceback.
+
+The message names the file and the field path (or trace file and line) and what is
+wrong; subclasses exist only so callers can tell the sources apart.
+"""
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """Bad input: one line naming file, field (or line) and the problem."""
+
+    def __init__(self, message: str = ""):
+        # one line, whatever the parts that built it held
+        super().__init__(" ".join(str(message).split()))
