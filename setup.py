@@ -6,7 +6,11 @@ about seven times as fast (``bench/sim_bench.py`` measures it).  The SHA-256 of 
 compiled source goes to ``sim/_native_build.json`` so that ``sim/native.py`` runs
 the source instead whenever a file changed after the build.
 
-``HCS_PURE=1 pip install ...`` builds nothing (pure Python, same results).
+``HCS_PURE=1 pip install ...`` builds nothing (pure Python, same results).  Where the
+compile cannot run (no C compiler or Python headers) the install falls back to the same
+pure-Python build with one warning, and records why in the manifest (``sim/native.py``
+``describe()`` says it); ``HCS_NATIVE=1 pip install ...`` demands the compiled build
+instead (a failed compile stops the install).
 Everything else about the package is in ``pyproject.toml``.
 """
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -24,6 +29,43 @@ native = runpy.run_path(str(ROOT / "sim" / "native.py"))
 manifest = ROOT / "sim" / native["MANIFEST"]
 
 ext_modules = []
+compiler = "mypyc"
+compiled_hashes: dict = {}
+# install-time HCS_NATIVE=1: the compiled build or nothing (no pure-Python fallback)
+DEMAND_NATIVE = os.environ.get("HCS_NATIVE", "").strip() == "1"
+
+
+def _reason(error: BaseException) -> str:
+    """One short line: the exception's type and message (a compiler command line is long:
+    its start and its end, which says how it failed)."""
+    msg = " ".join(str(error).split())
+    if len(msg) > 160:
+        msg = f"{msg[:80]} ... {msg[-60:]}"
+    return f"{type(error).__name__}: {msg}"
+
+
+def _fallback_message(error: BaseException) -> str:
+    return (f"hybrid-cache-sim: WARNING: could not compile the simulation hot path with mypyc "
+            f"({_reason(error)}); installed the "
+            f"pure-Python build instead: same results, ~7x slower. For the compiled build install "
+            f"a C compiler and the Python headers (e.g. apt-get install gcc python3-dev) and run "
+            f"pip install -e . again; HCS_NATIVE=1 pip install ... stops the install when the "
+            f"compile fails.")
+
+
+def _record_fallback(error: BaseException, build_lib: str | None = None) -> None:
+    """The pure-Python fallback: say so on stderr and in the manifest, which
+    ``sim/native.py`` reads to tell why the source runs."""
+    print(_fallback_message(error), file=sys.stderr, flush=True)
+    text = json.dumps({"compiler": compiler, "failed": _reason(error)}, indent=1,
+                      sort_keys=True) + "\n"
+    manifest.write_text(text)
+    if build_lib is not None:
+        built = Path(build_lib) / "sim" / native["MANIFEST"]
+        built.parent.mkdir(parents=True, exist_ok=True)
+        built.write_text(text)
+
+
 if os.environ.get("HCS_PURE", "") not in ("", "0"):
     # a pure install: drop the manifest and any extension an earlier build left
     # beside the sources (sim/native.py would distrust them anyway)
@@ -34,18 +76,23 @@ if os.environ.get("HCS_PURE", "") not in ("", "0"):
     for shared in ROOT.glob("*__mypyc.*.so"):
         shared.unlink()
 else:
-    from mypyc.build import mypycify
-
-    import mypy.version
-
     sources = [str(native["source_path"](m, ROOT).relative_to(ROOT))
                for m in native["NATIVE_MODULES"]]
     # the hashes of the sources mypyc just read; recorded only once the extensions
-    # exist (a failed build must leave no manifest: old extensions stay distrusted)
+    # exist (a failed build must leave no trusted manifest: old extensions stay distrusted)
     compiled_hashes = native["source_hashes"](ROOT)
-    compiler = f"mypyc {mypy.version.__version__}"
     manifest.unlink(missing_ok=True)
-    ext_modules = mypycify(sources, opt_level="3")
+    try:
+        from mypyc.build import mypycify
+
+        import mypy.version
+
+        compiler = f"mypyc {mypy.version.__version__}"
+        ext_modules = mypycify(sources, opt_level="3")
+    except Exception as e:  # noqa: BLE001 - mypyc missing or failing: the pure build
+        if DEMAND_NATIVE:
+            raise
+        _record_fallback(e)
 
 
 class BuildExt(build_ext):
@@ -53,14 +100,21 @@ class BuildExt(build_ext):
     compiler failure says how to install without compiling."""
 
     def run(self) -> None:
+        if not ext_modules:
+            return
+        print(f"hybrid-cache-sim: compiling the simulation hot path ({len(ext_modules)} "
+              f"extensions) with {compiler} and the C compiler, about 90 s "
+              f"(HCS_PURE=1 skips it: pure Python, ~7x slower)", file=sys.stderr, flush=True)
         try:
             super().run()
         except Exception as e:  # CompileError, a missing compiler or Python headers
-            raise SystemExit(
-                f"error: compiling the hot path with mypyc failed ({type(e).__name__}: {e}). "
-                f"It needs a C compiler and the Python headers; or install the pure-Python "
-                f"build (same results, ~7x slower): HCS_PURE=1 pip install ...") from e
-        if not ext_modules:
+            if DEMAND_NATIVE:
+                raise SystemExit(
+                    f"error: compiling the hot path with mypyc failed ({type(e).__name__}: {e}). "
+                    f"It needs a C compiler and the Python headers; HCS_NATIVE=1 demands the "
+                    f"compiled build (without it the install falls back to the pure-Python "
+                    f"build: same results, ~7x slower)") from e
+            _record_fallback(e, None if self.inplace else self.build_lib)
             return
         text = json.dumps({"compiler": compiler, "modules": compiled_hashes},
                           indent=1, sort_keys=True) + "\n"

@@ -72,7 +72,7 @@ def main() -> None:
     if args.profile < 0:
         ap.error("--profile must be >= 0")
     if args.which == "mooncake":
-        over = {"workload.limit": args.requests} if args.requests else None
+        over = {"workload.num_requests": args.requests} if args.requests else None
         sc = load_scenario(ROOT / "scenarios" / "mooncake-conversation.yaml", over)
     elif args.which == "athena":
         over = {"workload.num_requests": args.requests} if args.requests else None

@@ -99,9 +99,14 @@ def read_rows(folder: Path) -> list[tuple]:
         header = next(rd)
         ints = {"prompt_tokens", "hit_tokens", "attention_hit_tokens", "lost_tokens", "junction",
                 "recomputed_tokens", "output_tokens", "preemptions", "mamba_states_written"}
+        refused = header.index("rejected") if "rejected" in header else -1
         for i, rec in enumerate(rd):
+            if refused >= 0 and rec[refused]:
+                continue        # refused on arrival: no measurements (see summary.json)
             vals = []
             for name, v in zip(header, rec):
+                if name == "rejected":
+                    continue
                 if name in ("request_id", "session"):
                     vals.append(v)
                 elif name in ints:
@@ -113,21 +118,72 @@ def read_rows(folder: Path) -> list[tuple]:
 
 
 def _rejected(s: dict) -> str:
-    """Requests refused on arrival (scheduler.max_model_len), when there were any; run
-    folders written before the field existed have none."""
+    """Requests refused on arrival (a prompt of max_model_len tokens or more, or a
+    request the pool can never hold), when there were any; run folders written before
+    the field existed have none."""
     n = s.get("rejected_requests", 0)
-    return f" served, {n:,} rejected (prompt >= max_model_len)" if n else ""
+    return f" served, {n:,} rejected (requests.csv `rejected`)" if n else ""
+
+
+# what the report reads from summary.json (numbers) and run.json (present)
+SUMMARY_NUMBERS = ("requests", "hash_block_size", "num_gpu_blocks", "token_hit_rate", "hit_tokens",
+                   "prompt_tokens", "request_hit_rate", "lost_token_rate", "lost_tokens",
+                   "mamba_state_bytes_peak", "kv_bytes_peak", "evictions", "preemptions",
+                   "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "throughput_tok_s")
+RUN_KEYS = ("name", "description", "model", "block_size", "policy", "retention",
+            "shared_prefix_checkpoint", "lookahead_hashes", "speculative", "gpu", "workload")
+
+
+def load_run_folder(folder: Path) -> tuple[dict, dict, list[tuple]]:
+    """summary.json, run.json and requests.csv of a run folder, checked before anything is
+    drawn: a corrupt or foreign file is one ``InputError`` naming it."""
+    import csv
+    import math
+
+    from sim.config.errors import InputError
+    from sim.config.loader import load_file
+
+    folder = Path(folder)
+    s = load_file(folder / "summary.json", fmt="json")
+    h = load_file(folder / "run.json", fmt="json")
+    for path, data in ((folder / "summary.json", s), (folder / "run.json", h)):
+        if not isinstance(data, dict):
+            raise InputError(f"{path}: expected a JSON object (as sim run writes it)")
+    for k in SUMMARY_NUMBERS:
+        v = s.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise InputError(f"{folder / 'summary.json'}: {k}: "
+                             f"{'missing' if k not in s else f'expected a finite number, got {v!r}'}")
+    for k in RUN_KEYS:
+        if k not in h:
+            raise InputError(f"{folder / 'run.json'}: {k}: missing")
+    if isinstance(h["block_size"], bool) or not isinstance(h["block_size"], int) \
+            or h["block_size"] < 1:
+        raise InputError(f"{folder / 'run.json'}: block_size: expected an integer >= 1, "
+                         f"got {h['block_size']!r}")
+    req = folder / "requests.csv"
+    try:
+        rows = read_rows(folder)
+    except OSError as e:
+        raise InputError(f"{req}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{req}: not UTF-8 text") from None
+    except (ValueError, IndexError, StopIteration, csv.Error) as e:
+        raise InputError(f"{req}: not a run's requests table "
+                         f"({type(e).__name__}: {str(e) or 'empty file'})") from None
+    for i, r in enumerate(rows):
+        # the figures read hit (5), lost (7) and TTFT (11) by position
+        if len(r) < 13 or not all(isinstance(r[k], (int, float)) and math.isfinite(r[k])
+                                  for k in (5, 7, 11)):
+            raise InputError(f"{req}:{r[0] + 2}: not a row of sim run's requests table")
+    return s, h, rows
 
 
 def write_report(folder: Path) -> None:
     """Rebuild report.md and its figures from a run folder (requests.csv,
     summary.json, run.json)."""
-    import json
-
     folder = Path(folder)
-    s = json.loads((folder / "summary.json").read_text())
-    h = json.loads((folder / "run.json").read_text())
-    rows = read_rows(folder)
+    s, h, rows = load_run_folder(folder)
     name = h["name"]
     ttft_cdf(rows, folder / "ttft_cdf.png", f"{name}: TTFT CDF ({s['requests']:,} requests)")
     hit_histogram(rows, folder / "hit_hist.png", f"{name}: prefix hit per request", h["block_size"])

@@ -181,6 +181,8 @@ def _read_requests(path: Path) -> Requests:
     cols = {"prompt_tokens": [], "lost_tokens": [], "ttft_s": [], "mamba_states_written": []}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
+            if row.get("rejected"):
+                continue        # refused on arrival: no measurements
             for k, acc in cols.items():
                 acc.append(float(row[k]))
     return Requests(**{k: np.asarray(v, dtype=float) for k, v in cols.items()})
@@ -189,13 +191,21 @@ def _read_requests(path: Path) -> Requests:
 def load_sweep(sweep_dir: Path) -> Sweep:
     """Read points.csv and every ok point's requests.csv."""
     sweep_dir = Path(sweep_dir)
-    with open(sweep_dir / "points.csv", newline="") as f:
-        reader = csv.DictReader(f)
+    import io
+
+    from sim.config.errors import InputError
+    from sim.config.loader import read_text
+
+    text = read_text(sweep_dir / "points.csv")          # unreadable / not UTF-8: one line
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
         header = list(reader.fieldnames or [])
         rows = list(reader)
+    except csv.Error as e:
+        raise InputError(f"{sweep_dir / 'points.csv'}: bad CSV ({e})") from None
     missing = [c for c in ("point", "status") if c not in header]
     if missing:
-        raise ValueError(f"{sweep_dir / 'points.csv'}: missing column(s) {', '.join(missing)}")
+        raise InputError(f"{sweep_dir / 'points.csv'}: missing column(s) {', '.join(missing)}")
     # axis columns: after the fixed columns, up to the first summary metric
     axes = []
     for c in header:

@@ -113,10 +113,24 @@ def _time_forward_chunk(model, t: int, c: int, device: str, repeats: int,
     return statistics.median(times)
 
 
+def check_settings(path: Path, force: bool, repeats: int, layers: int, width_div: int) -> None:
+    """Up front, before any timing: never overwrite an existing profile (the project tracks
+    some, e.g. ``profiles/cpu-tiny-hybrid.yaml``) unless ``--force``; counts >= 1."""
+    from sim.config.errors import InputError
+
+    for name, v in (("--repeats", repeats), ("--layers", layers), ("--width-div", width_div)):
+        if v < 1:
+            raise InputError(f"{name}: must be >= 1, got {v}")
+    if Path(path).exists() and not force:
+        raise InputError(f"{path}: exists; calibrate writes a new profile and does not replace "
+                         f"one unless asked: add --force to overwrite it, or give another --out")
+
+
 def write_profile(profile: dict, path: Path, command: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from sim.atomic import atomic_write_text
+
     text = f"# made by: {command}\n" + yaml.safe_dump(profile, sort_keys=False)
-    path.write_text(text)
+    atomic_write_text(path, text)      # temp file + os.replace: never a half-written profile
 
 
 def median_ttft_error(torch_rows, analytical_rows) -> tuple[float, int]:

@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sim.config.errors import InputError
+
 KEYS_CASE = ("hit", "per_group", "junction")
 KEYS_SCENARIO = ("hit", "attention", "junction")
 _LINE = re.compile(r"^(?P<id>[^:\s][^:]*):\s*(?P<vals>[^#]*?)(?:\s+want:\s*(?P<want>.*))?\s*$")
@@ -51,9 +53,9 @@ def _fmt(v) -> str:
 
 def compute(path: Path) -> tuple[str, dict[str, dict[str, str]]]:
     """Per-request hit lengths of a case file or a scenario (detected by its keys)."""
-    import yaml
+    from sim.config.loader import load_file
 
-    data = yaml.safe_load(Path(path).read_text())
+    data = load_file(path, InputError)
     if isinstance(data, dict) and "requests" in data and "config" in data:
         from sim.cache.case import run_case_data
 
@@ -73,14 +75,17 @@ def compute(path: Path) -> tuple[str, dict[str, dict[str, str]]]:
                         for r in rows}
 
 
-def parse_golden(text: str) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+def parse_golden(text: str, source: str = "<golden>"
+                 ) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
     out = {}
-    for line in text.splitlines():
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         m = _LINE.match(line)
-        if not m:
-            raise ValueError(f"bad golden line: {line!r}")
+        pairs = [] if m is None else m.group("vals").split() + (m.group("want") or "").split()
+        if not m or any("=" not in kv for kv in pairs):
+            raise InputError(f"{source}:{lineno}: bad golden line {line!r} (want "
+                             f"'<request>: key=value ...  want: key=value')")
         vals = dict(kv.split("=", 1) for kv in m.group("vals").split())
         want = dict(kv.split("=", 1) for kv in (m.group("want") or "").split())
         out[m.group("id").strip()] = (vals, want)
@@ -108,12 +113,24 @@ def golden_path(golden_dir: Path, path: Path, root: Path) -> Path:
 
 
 def check(paths: list[Path], golden_dir: Path, root: Path, update: bool = False) -> CheckResult:
+    """Compare (or with ``update`` rewrite) the goldens of ``paths``.  Checking nothing is
+    bad input, not a pass: no paths, or (without ``update``) a golden folder with no
+    golden files, is an ``InputError``."""
+    from sim.config.loader import read_text
+
+    if not paths:
+        raise InputError(f"nothing to check: no case files or scenarios given, and the defaults "
+                         f"(cases/*.yaml, scenarios/athena.yaml) are not in {root} (run from "
+                         f"the project root or name the files)")
+    if not update and not (golden_dir.is_dir() and any(golden_dir.glob("*.golden"))):
+        raise InputError(f"{golden_dir}: no golden files to check against (record them with "
+                         f"`sim check --update`, or point --golden at the folder holding them)")
     res = CheckResult()
     for path in paths:
         kind, values = compute(path)
         gp = golden_path(golden_dir, path, root)
         source = str(path)
-        old = parse_golden(gp.read_text()) if gp.exists() else {}
+        old = parse_golden(read_text(gp), str(gp)) if gp.exists() else {}
         wants = {rid: w for rid, (_, w) in old.items() if w}
         for rid, vals in values.items():
             res.checked += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from enum import Enum
 from pathlib import Path
 
 import typer
@@ -16,6 +17,48 @@ def fail(message: str) -> None:
     """One clear line on stderr, exit code 2 (bad input)."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
+
+
+#: the command line of this invocation (``main`` sets it), recorded in run.json
+COMMAND: list[str] | None = None
+
+
+# Options with fixed choices: typer lists them in --help and rejects anything else.
+class Executor(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Grid(str, Enum):
+    quick = "quick"
+    full = "full"
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class Plant(str, Enum):
+    state_off_by_one = "state_off_by_one"
+
+
+TORCH_INSTALL = ('pip install -e ".[torch]" (on a machine without a GPU first: pip install torch '
+                 '--index-url https://download.pytorch.org/whl/cpu)')
+
+
+def require_torch(command: str) -> None:
+    """``sim verify`` and ``sim calibrate`` run the real-compute backend: without PyTorch,
+    one line saying how to install it, exit 2."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        fail(f"sim {command} needs PyTorch, which is not installed: {TORCH_INSTALL}")
 
 
 @app.command()
@@ -60,27 +103,39 @@ def steps(files: list[Path] = typer.Argument(..., help="Step case files (YAML or
     _print_results(files, run_steps_file, compact)
 
 
-def _progress(enabled: bool):
-    """A live counter of finished requests, shown after ~2 s on a terminal."""
+def _progress(enabled: bool, what: str = "requests", total: int | None = None,
+              delay_s: float = 2.0):
+    """A progress bar on stderr (done / total, elapsed, ETA; a counter where the total is
+    unknown), shown after ``delay_s`` and only when stderr is a terminal and ``enabled``
+    (not ``--quiet``).  Returns ``(update(done), stop())``; ``update`` is cheap enough to
+    call per request (it redraws at most ~10 times a second)."""
     import time
 
     if not enabled or not sys.stderr.isatty():
-        return None, lambda: None
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        return (lambda done: None), (lambda: None)
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                               TextColumn, TimeElapsedColumn, TimeRemainingColumn)
 
-    prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                    transient=True, console=None)
-    state = {"task": None, "t0": time.monotonic()}
+    columns = [TextColumn(f"[bold]{what}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()] \
+        if total else [SpinnerColumn(), TextColumn("{task.completed:,} " + what + " done"),
+                       TimeElapsedColumn()]
+    prog = Progress(*columns, transient=True, console=Console(stderr=True))
+    t0 = time.monotonic()
+    state: dict = {"task": None, "next": t0 + delay_s}
 
     def update(done: int) -> None:
-        if done % 256:
+        now = time.monotonic()
+        if now < state["next"]:
             return
+        state["next"] = now + 0.1
         if state["task"] is None:
-            if time.monotonic() - state["t0"] < 2.0:
-                return
             prog.start()
-            state["task"] = prog.add_task("", total=None)
-        prog.update(state["task"], description=f"{done:,} requests finished")
+            state["task"] = prog.add_task(what, total=total or None)
+            # the rate (and so the ETA) counts from the start, not from the first redraw
+            prog.tasks[0].start_time = prog.get_time() - (now - t0)
+        prog.update(state["task"], completed=done)
 
     def stop() -> None:
         if state["task"] is not None:
@@ -89,54 +144,104 @@ def _progress(enabled: bool):
     return update, stop
 
 
+def _expected_requests(sc) -> int | None:
+    """How many requests a scenario's workload will issue, where that is known before
+    the run (for the progress bar's total); None otherwise."""
+    from workloads import load_config
+
+    try:
+        cfg = load_config(sc.workload)
+    except ValueError:
+        return None
+    n = getattr(cfg, "num_requests", None)
+    if getattr(cfg, "duration_s", None) is not None or getattr(cfg, "num_sessions", None):
+        return None
+    path = getattr(cfg, "path", None)
+    if path is None:
+        return n
+    from workloads.traces import resolve
+
+    try:
+        with open(resolve(path, sc.path.parent), "rb") as f:
+            lines = sum(1 for line in f if line.strip())
+    except OSError:
+        return None
+    lines -= cfg.KIND == "azure"            # the CSV header
+    return lines if n is None else min(n, lines)
+
+
 def _parse_sets(sets: list[str]) -> dict:
-    import yaml
+    from sim.config.loader import parse_set
 
     out = {}
     for item in sets:
-        if "=" not in item:
-            fail(f"--set {item!r}: expected FIELD.PATH=VALUE")
-        k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
+        k, v = parse_set(item)      # bad syntax: an InputError, one line
+        out[k] = v
     return out
 
 
+def _requests_override(over: dict, requests: int | None) -> dict:
+    """``--requests N``: ``workload.num_requests`` (the one name for how many requests;
+    an old name of it in the file is cleared, see ``workloads.RENAMED``)."""
+    if requests is not None:
+        from workloads import RENAMED
+
+        over["workload.num_requests"] = requests
+        for old, new in RENAMED.items():
+            if new == "num_requests":
+                over[f"workload.{old}"] = None
+    return over
+
+
+REQUESTS_HELP = ("Issue only the first N requests of the workload (sets workload.num_requests; "
+                 "multi_turn: N requests in all, the last session cut short).")
+
+
 @app.command()
-def run(scenario: Path = typer.Argument(..., help="Scenario YAML."),
+def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folder's run.json "
+                                        "(re-runs that run exactly)."),
         out: Path = typer.Option(None, "--out", help="Run folder (default runs/<scenario name>/)."),
         sets: list[str] = typer.Option([], "--set", help="Override a field: cache.prefix_match_unit=16 "
                                        "(repeatable)."),
+        requests: int = typer.Option(None, "--requests", min=1, metavar="N", help=REQUESTS_HELP),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress, no summary line."),
         no_report: bool = typer.Option(False, "--no-report", help="Skip report.md and figures."),
         ) -> None:
     """Replay a scenario's traffic through the scheduler and cache policy.
 
-    Writes requests.csv, summary.json and report.md (+ PNG figures) atomically.
+    Writes requests.csv, summary.json, run.json (the resolved scenario, seed, version and
+    command: `sim run FOLDER/run.json` re-runs it) and report.md (+ PNG figures) atomically.
     """
     from sim.cache.config import ConfigError
+    from sim.provenance import load_scenario_or_run
     from sim.run import simulate, write_run
-    from sim.scenario import ScenarioError, load_scenario
+    from sim.scenario import ScenarioError
     from workloads import WorkloadError
 
     try:
-        sc = load_scenario(scenario, _parse_sets(sets) or None)
+        sc = load_scenario_or_run(scenario, _requests_override(_parse_sets(sets), requests) or None)
     except (ScenarioError, ConfigError) as e:
         fail(str(e))
-    update, stop = _progress(not quiet)
+    from sim.atomic import check_output_folder
+
+    folder = out or Path(sc.output or Path("runs") / sc.name)
+    check_output_folder(folder)         # before any work: a bad path is one line, exit 2
+    update, stop = _progress(not quiet, "requests", _expected_requests(sc), delay_s=1.0)
     try:
         dep, rows, summary = simulate(sc, progress=update)
     except WorkloadError as e:
         stop()
-        fail(f"{scenario}: workload: {e}")
+        fail(f"{scenario}: {e}" if str(e).startswith("workload") else f"{scenario}: workload: {e}")
     except ValueError as e:
         stop()
         fail(f"{scenario}: {e}")
     stop()
-    folder = out or Path(sc.output or Path("runs") / sc.name)
-    write_run(folder, sc, dep, rows, summary, report=not no_report)
+    write_run(folder, sc, dep, rows, summary, report=not no_report, command=COMMAND)
     if not quiet:
         s = summary
-        typer.echo(f"{s['requests']:,} requests  token hit {s['token_hit_rate']:.2%}  "
+        refused = (f" ({s['rejected_requests']:,} rejected: requests.csv `rejected`)"
+                   if s.get("rejected_requests") else "")
+        typer.echo(f"{s['requests']:,} requests{refused}  token hit {s['token_hit_rate']:.2%}  "
                    f"lost {s['lost_token_rate']:.2%}  TTFT p50 {s['ttft_p50_s']:.3f}s "
                    f"p99 {s['ttft_p99_s']:.3f}s  ({s['sim_requests_per_s']:,.0f} req/s simulated)"
                    f"  -> {folder}/")
@@ -145,7 +250,10 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML."),
 @app.command()
 def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario + axes)."),
           out: Path = typer.Option(None, "--out", help="Sweep folder (default runs/sweeps/<name>/)."),
-          executor: str = typer.Option("local", "--executor", help="local (process pool) | ray."),
+          executor: Executor = typer.Option(Executor.local, "--executor",
+                                            help="local (a process pool) or ray."),
+          requests: int = typer.Option(None, "--requests", min=1, metavar="N",
+                                       help=REQUESTS_HELP + " Every point."),
           address: str = typer.Option(None, "--address", help="Ray cluster address (default: "
                                       "start a local Ray)."),
           workers: int = typer.Option(os.cpu_count() or 1, "--workers",
@@ -155,28 +263,32 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
     """Run every point of a sweep; write points.csv, each point's run folder and the report."""
     from sim.sweep import SweepError, load_sweep, run_sweep
 
-    if executor not in ("local", "ray"):
-        fail(f"--executor: must be local or ray, got {executor!r}")
+    executor = Executor(executor).value
     if workers < 1:
         fail(f"--workers: must be >= 1, got {workers}")
     try:
-        sw = load_sweep(sweep_file)
+        sw = load_sweep(sweep_file, _requests_override({}, requests) or None)
     except SweepError as e:
         fail(str(e))
-    folder = out or Path("runs") / "sweeps" / sw.name
+    from sim.atomic import check_output_folder
 
-    def progress(done: int, total: int) -> None:
-        if not quiet and sys.stderr.isatty():
-            typer.echo(f"\r{done}/{total} points", err=True, nl=False)
+    folder = out or Path(sw.output or Path("runs") / "sweeps" / sw.name)
+    check_output_folder(folder)         # before any point runs
 
+    update, stop = _progress(not quiet, "points", len(sw.points), delay_s=0.0)
+    update(0)
     try:
         results = run_sweep(sw, folder, executor=executor, workers=workers, address=address,
-                            progress=progress, report=not no_report)
+                            progress=lambda done, total: update(done), report=not no_report,
+                            command=COMMAND)
     except ImportError as e:
+        stop()
         fail(f"--executor ray: {e} (pip install ray)")
+    finally:
+        stop()
     failed = [(p.id, r["error"]) for p, r in zip(sw.points, results) if r["status"] != "ok"]
     if not quiet:
-        typer.echo(f"\n{len(results) - len(failed)}/{len(results)} points ok -> {folder}/")
+        typer.echo(f"{len(results) - len(failed)}/{len(results)} points ok -> {folder}/")
         for pid, err in failed:
             typer.echo(f"  {pid} failed: {err}")
     if failed:
@@ -195,11 +307,16 @@ def compare(scenario: Path = typer.Argument(..., help="Scenario YAML."),
     from sim.compare import compare as run_compare
     from sim.scenario import ScenarioError, load_scenario
 
+    from sim.atomic import OutputPathError, check_output_folder
+
     over = _parse_sets(sets)
     try:
         sc = load_scenario(scenario, over or None)
-        res = run_compare(scenario, flag, out or Path("runs") / f"{sc.name}-{flag.split('.')[-1]}",
-                          over)
+        folder = out or Path("runs") / f"{sc.name}-{flag.split('.')[-1]}"
+        check_output_folder(folder)     # before either run
+        res = run_compare(scenario, flag, folder, over, command=COMMAND)
+    except OutputPathError:
+        raise
     except (ScenarioError, ConfigError) as e:
         fail(str(e))
     except ValueError as e:
@@ -233,12 +350,13 @@ def report(folder: Path = typer.Argument(..., help="A run folder (requests.csv, 
 
 @app.command()
 def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with the torch backend)."),
-           plant: str = typer.Option(None, "--plant", help="Break resumes on purpose to see the "
-                                     "check fail: state_off_by_one."),
+           plant: Plant = typer.Option(None, "--plant", help="Break resumes on purpose to see "
+                                       "the check fail."),
            tol: float = typer.Option(None, "--tol", help="Max abs error (default: fp32 1e-4, "
                                      "bf16 3e-2)."),
            sets: list[str] = typer.Option([], "--set", help="Override a field (repeatable)."),
-           out: Path = typer.Option(None, "--out", help="Also write the run folder and verify.csv.")
+           out: Path = typer.Option(None, "--out", help="Also write the run folder and verify.csv."),
+           quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")
            ) -> None:
     """Prove that every cached-resume prefill equals a from-scratch prefill (torch backend).
 
@@ -251,15 +369,25 @@ def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with th
     from sim.run import simulate, write_run
     from sim.scenario import ScenarioError, load_scenario
 
-    if plant not in (None, "state_off_by_one"):
-        fail(f"--plant: unknown {plant!r} (state_off_by_one)")
+    require_torch("verify")
+    plant = Plant(plant).value if plant is not None else None
     over = _parse_sets(sets)
     over.update({"backend.kind": "torch", "backend.verify": True})
+    if out:
+        from sim.atomic import check_output_folder
+
+        check_output_folder(out)        # before any work
     try:
         sc = load_scenario(scenario, over)
-        dep, rows, summary = simulate(sc, plant=plant)
     except (ScenarioError, ConfigError) as e:
         fail(str(e))
+    update, stop = _progress(not quiet, "prefills verified", _expected_requests(sc), delay_s=0.5)
+    try:
+        dep, rows, summary = simulate(sc, plant=plant, progress=update)
+    except (ScenarioError, ConfigError) as e:
+        stop()
+        fail(str(e))
+    stop()
     from backends.torch_backend.backend import TOLERANCE
 
     limit = tol if tol is not None else TOLERANCE[sc.backend.dtype]
@@ -267,11 +395,14 @@ def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with th
     resumed = [v for v in recs if v.resumed_at > 0]
     worst = max(recs, key=lambda v: v.max_abs_err, default=None)
     if out:
-        write_run(out, sc, dep, rows, summary, report=False)
-        with open(out / "verify.csv", "w") as f:
-            f.write("request_id,prompt_tokens,resumed_at,max_abs_err\n")
-            for v in recs:
-                f.write(f"{v.request_id},{v.prompt_tokens},{v.resumed_at},{v.max_abs_err:.3e}\n")
+        def verify_csv(folder: Path) -> None:      # inside the run folder, before it lands
+            with open(folder / "verify.csv", "w") as f:
+                f.write("request_id,prompt_tokens,resumed_at,max_abs_err\n")
+                for v in recs:
+                    f.write(f"{v.request_id},{v.prompt_tokens},{v.resumed_at},"
+                            f"{v.max_abs_err:.3e}\n")
+
+        write_run(out, sc, dep, rows, summary, report=False, extra=verify_csv, command=COMMAND)
     typer.echo(f"{len(recs)} prefills verified ({len(resumed)} resumed from cached KV blocks and "
                f"Mamba states), {sc.backend.dtype}, tolerance {limit:g}")
     if worst is not None:
@@ -292,25 +423,31 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
                                         "--layers/--width-div)."),
               scenario: Path = typer.Option(None, "--scenario", help="Take the model and torch "
                                             "settings from a scenario's backend section."),
-              device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
+              device: Device = typer.Option(Device.cpu, "--device", help="Where to time."),
               layers: int = typer.Option(4, "--layers", help="Layers of the scaled model."),
               width_div: int = typer.Option(8, "--width-div", help="Width divisor of the scaled model."),
-              dtype: str = typer.Option("float32", "--dtype"),
-              grid: str = typer.Option("quick", "--grid", help="quick | full"),
+              dtype: DType = typer.Option(DType.float32, "--dtype", help="With --model: the "
+                                          "weights' dtype (the SSM state stays float32)."),
+              grid: Grid = typer.Option(Grid.quick, "--grid", help="The (new tokens, cached "
+                                        "tokens) grid to time: quick (36 points, up to 512 x "
+                                        "1,024) or full (35, up to 2,048 x 8,192)."),
               repeats: int = typer.Option(3, "--repeats"),
               out: Path = typer.Option(None, "--out", help="Profile YAML (default profiles/<device>-<model>.yaml)."),
               compare_ttft: bool = typer.Option(False, "--compare", help="With --scenario: also run "
                                                 "it on torch and on the fitted analytical backend "
-                                                "and print the per-request TTFT error.")) -> None:
+                                                "and print the per-request TTFT error."),
+              quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+              force: bool = typer.Option(False, "--force", help="Overwrite an existing profile "
+                                         "file (the default path or --out).")) -> None:
     """Time the torch backend's prefill on a grid and write a profile for the analytical backend."""
+    require_torch("calibrate")
     from backends.torch_backend.config import TorchModelConfig
     from sim import calibrate as cal
     from sim import models
 
     if (model is None) == (scenario is None):
         fail("give exactly one of --model NAME or --scenario FILE")
-    if device not in ("cpu", "cuda"):
-        fail(f"--device: must be cpu or cuda, got {device!r}")
+    device, dtype, grid = Device(device).value, DType(dtype).value, Grid(grid).value
     sc = None
     try:
         if scenario is not None:
@@ -327,18 +464,26 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
             cfg = TorchModelConfig.scaled(spec, num_layers=layers, width_div=width_div, dtype=dtype)
     except (KeyError, ValueError) as e:
         fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
-    g = cal.QUICK_GRID if grid == "quick" else cal.FULL_GRID
+    g = {"quick": cal.QUICK_GRID, "full": cal.FULL_GRID}[grid]
+    from sim.atomic import check_output_file
 
-    def progress(done, total):
-        if sys.stderr.isatty():
-            typer.echo(f"\r{done}/{total} grid points", err=True, nl=False)
+    # before the timing: a bad --out is one line, exit 2, at once
+    check_output_file(out or Path("profiles") / f"{device}-{sc.model.name if sc else spec.name}.yaml")
+    cal.check_settings(out or Path("profiles") / f"{device}-{sc.model.name if sc else spec.name}.yaml",
+                       force=force, repeats=repeats, layers=layers, width_div=width_div)
 
-    profile = cal.calibrate(cfg, device, g, repeats=repeats, progress=progress)
+    update, stop = _progress(not quiet, "grid points", len(g["new"]) * len(g["cached"]),
+                             delay_s=0.0)
+    try:
+        profile = cal.calibrate(cfg, device, g, repeats=repeats,
+                                progress=lambda done, total: update(done))
+    finally:
+        stop()
     name = (sc.model.name if sc else spec.name)
     path = out or Path("profiles") / f"{device}-{name}.yaml"
-    cal.write_profile(profile, path, "sim " + " ".join(sys.argv[1:]))
+    cal.write_profile(profile, path, " ".join(COMMAND or ["sim", *sys.argv[1:]]))
     c, f = profile["coefficients"], profile["fit"]
-    typer.echo(f"\nprofile {path}: per item {c['per_item_s'] * 1e3:.3f} ms, per token "
+    typer.echo(f"profile {path}: per item {c['per_item_s'] * 1e3:.3f} ms, per token "
                f"{c['per_token_s'] * 1e6:.2f} us, per attention pair {c['per_pair_s'] * 1e9:.3f} ns; "
                f"fit median error {f['fit_median_rel_err']:.1%}")
     if compare_ttft:
@@ -364,7 +509,8 @@ def validate(file: Path = typer.Argument(..., help="Case file (YAML or JSON)."),
              ) -> None:
     """Compare a case file's per-request hits with vLLM 0.33.0's real KV-cache manager.
 
-    Needs the oracle venv (../shared/vllm-oracle/setup.sh); without it, says so and exits 0.
+    Needs the optional vLLM oracle ($VLLM_ORACLE_DIR, and its venv built by its setup.sh);
+    without it, says so and exits 0.
     Exit 1 on any disagreement.
     """
     from sim.cache.case import CaseError, load_case_file
@@ -477,8 +623,20 @@ def model(name: str = typer.Argument(None, help="Catalogue name (see --list)."),
     typer.echo(models.describe(lay, m))
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from sim.native import describe
+        from sim.provenance import version_line
+
+        typer.echo(version_line())
+        typer.echo(f"build: {describe()}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _main() -> None:
+def _main(version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version,
+                                       help="Print the version (and git commit, and which build "
+                                       "of the hot path runs) and exit.")) -> None:
     """hybrid-cache-sim."""
 
 
@@ -513,6 +671,8 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGTERM, _on_signal)
     except ValueError:          # not the main thread (embedded use): leave signals alone
         pass
+    global COMMAND
+    COMMAND = ["sim", *(sys.argv[1:] if argv is None else argv)]
     try:
         # not standalone: click would print usage boxes and eat Ctrl-C itself
         rc = app(args=argv, standalone_mode=False, prog_name="sim")

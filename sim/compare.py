@@ -5,28 +5,73 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import yaml
-
 from sim.atomic import atomic_folder
 from sim.cache.config import ConfigError
 
 
 def resolve_flag(scenario_path: Path, flag: str) -> str:
-    """A bare field name (``enable_mamba_shared_prefix_checkpoint``) or a dotted path."""
-    if "." in flag:
-        return flag
-    data = yaml.safe_load(Path(scenario_path).read_text()) or {}
-    for section in ("cache", "scheduler", "speculative", "kv_cache", "backend", "gpu"):
-        if isinstance(data.get(section), dict) and flag in data[section]:
-            return f"{section}.{flag}"
+    """A bare field name (``enable_mamba_shared_prefix_checkpoint``) or a dotted path, which
+    must name a boolean field of a scenario section (checked here, up front)."""
+    dotted = flag if "." in flag else _find_flag(scenario_path, flag)
+    _check_boolean(dotted, flag)
+    return dotted
+
+
+def _sections() -> dict:
+    from sim.policies import CacheSection
+    from sim.scenario import BackendSection, GPUSection, KVCacheSection, SpeculativeSection
+
+    return {"cache": CacheSection, "speculative": SpeculativeSection, "kv_cache": KVCacheSection,
+            "backend": BackendSection, "gpu": GPUSection, "scheduler": None}
+
+
+def _find_flag(scenario_path: Path, flag: str) -> str:
+    from sim.config.errors import InputError
+    from sim.config.loader import load_file
+    from sim.scenario import ScenarioError
+
+    try:
+        data = load_file(scenario_path, ScenarioError, fmt="yaml") or {}
+    except InputError:
+        data = {}               # load_scenario reports the file's own problem
+    if isinstance(data, dict):
+        for section in ("cache", "scheduler", "speculative", "kv_cache", "backend", "gpu"):
+            if isinstance(data.get(section), dict) and flag in data[section]:
+                return f"{section}.{flag}"
     from sim.policies import CacheSection
 
     if flag in CacheSection.__dataclass_fields__:
         return f"cache.{flag}"
-    raise ConfigError(flag, "no such field in the scenario (give a dotted path like cache.FIELD)")
+    raise ConfigError(f"--flag {flag}", "no such field in the scenario (give a dotted path like "
+                      "cache.FIELD)")
 
 
-def compare(scenario_path: Path, flag: str, out: Path, sets: dict | None = None) -> dict:
+def _check_boolean(dotted: str, flag: str) -> None:
+    from sim.config.fields import field_kinds
+    from sim.scenario import SCHEDULER_TYPES
+
+    parts = dotted.split(".")
+    sections = _sections()
+    if len(parts) != 2 or parts[0] not in sections or not all(parts):
+        raise ConfigError(f"--flag {flag}", f"not a field of a scenario section (give SECTION."
+                          f"FIELD with SECTION one of {', '.join(sorted(sections))})")
+    section, name = parts
+    cls = sections[section]
+    if cls is None:
+        kinds = {k.strip() for k in SCHEDULER_TYPES[name].split("|")} \
+            if name in SCHEDULER_TYPES else None
+    else:
+        aliases = {"enable_mamba_fine_grained_prefix_cache": "enable_mamba_shared_prefix_checkpoint"}
+        kinds = field_kinds(cls, aliases.get(name, name))
+    if kinds is None:
+        raise ConfigError(f"--flag {flag}", f"{section} has no field {name!r}")
+    if kinds != {"bool"}:
+        raise ConfigError(f"--flag {flag}", f"{dotted} is not a boolean field ({' or '.join(sorted(kinds))}); "
+                          f"compare runs a true/false field off and on")
+
+
+def compare(scenario_path: Path, flag: str, out: Path, sets: dict | None = None,
+            command: list[str] | None = None) -> dict:
     from sim.run import simulate, write_run
     from sim.scenario import load_scenario
 
@@ -40,10 +85,10 @@ def compare(scenario_path: Path, flag: str, out: Path, sets: dict | None = None)
         for part in dotted.split("."):
             cur = cur.get(part) if isinstance(cur, dict) else None
         runs[value] = (sc, *simulate(sc))
-    with atomic_folder(out) as tmp:
+    with atomic_folder(out, kind="compare") as tmp:
         for value, name in ((False, "off"), (True, "on")):
             sc, dep, rows, summary = runs[value]
-            write_run(tmp / name, sc, dep, rows, summary, report=True)
+            write_run(tmp / name, sc, dep, rows, summary, report=True, command=command)
         off_rows = {r[1]: r for r in runs[False][2]}
         on_rows = {r[1]: r for r in runs[True][2]}
         with open(tmp / "paired.csv", "w", newline="") as f:

@@ -2,7 +2,7 @@
 
 ``memory_bytes`` is the total CUDA reports for the device (``nvidia-smi`` total), which is what
 vLLM multiplies by ``gpu_memory_utilization`` -- not the marketed capacity.  FLOP/s are dense
-(no 2:4 sparsity) datasheet peaks; H200 facts follow ``shared/docs/models.md`` §8.
+(no 2:4 sparsity) datasheet peaks; H200 facts follow ``docs/models.md`` §8.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Model catalogue and vLLM's KV-cache page / block-size derivation for hybrid models.
 
-Ground truth is ``shared/docs/models.md`` (§1 page sizing, §2 shapes, §3 bytes, §4 block sizes,
+Ground truth is ``docs/models.md`` (§1 page sizing, §2 shapes, §3 bytes, §4 block sizes,
 §5 MTP), cross-checked against the source of vLLM 0.33.0 (the release the cache model follows).
 Where the two disagree the vLLM 0.33.0 behaviour is implemented and the spot is marked
 ``vLLM 0.33.0:`` below.

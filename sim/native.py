@@ -77,12 +77,26 @@ def has_extension(module: str, root: Path = _ROOT) -> bool:
     return bool(extensions(module, root))
 
 
+def _failed_compile(manifest: Path) -> str | None:
+    """The reason ``setup.py`` recorded when it fell back to the pure-Python build."""
+    try:
+        failed = json.loads(manifest.read_text()).get("failed")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(failed) if failed else None
+
+
 def build_state(root: Path = _ROOT) -> tuple[bool, str]:
     """(usable, why): whether the compiled build exists and matches the sources."""
+    manifest = root / "sim" / MANIFEST
+    failed = _failed_compile(manifest)
+    if failed:
+        return False, (f"pure-Python build, ~7x slower: the compile failed at install "
+                       f"({failed}); install a C compiler and the Python headers and rerun "
+                       f"`pip install -e .` for the compiled build")
     missing = [m for m in NATIVE_MODULES if not has_extension(m, root)]
     if len(missing) == len(NATIVE_MODULES):
         return False, "no compiled build (installed with HCS_PURE=1, or not built)"
-    manifest = root / "sim" / MANIFEST
     try:
         recorded = json.loads(manifest.read_text())["modules"]
     except (OSError, ValueError, KeyError, TypeError):

@@ -28,16 +28,11 @@ class CacheSection:
 
     @classmethod
     def from_mapping(cls, d: dict, prefix: str = "cache.") -> "CacheSection":
-        names = {f for f in cls.__dataclass_fields__}
+        from sim.config.fields import build_section
+
         aliases = {"enable_mamba_fine_grained_prefix_cache": "enable_mamba_shared_prefix_checkpoint",
                    "hash_block_size": "prefix_match_unit"}
-        kw = {}
-        for k, v in (d or {}).items():
-            name = aliases.get(k, k)
-            if name not in names:
-                raise ConfigError(prefix + k, "unknown key")
-            kw[name] = v
-        sec = cls(**kw)
+        sec = build_section(cls, d, prefix, aliases)
         for b in ("enable_mamba_shared_prefix_checkpoint", "disable_lookahead_block_hashes"):
             if not isinstance(getattr(sec, b), bool):
                 raise ConfigError(prefix + b, f"must be true or false, got {getattr(sec, b)!r}")

@@ -12,7 +12,7 @@ import gc
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -21,9 +21,11 @@ from sim.atomic import atomic_folder
 from sim.cache.config import ConfigError
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry
+from sim.capacity import check_max_model_len, check_pool_memory
+from sim.config.errors import CapacityError
 from sim.engine.engine import Engine
 from sim.engine.record import Recorder, RequestMaker
-from sim.engine.scheduler import Scheduler, SimRequest
+from sim.engine.scheduler import TOO_LONG_FOR_POOL, Scheduler, SimRequest
 from sim.gpus import get_gpu, kv_budget
 from sim.models import derive_layout
 from sim.policies import get_policy
@@ -32,7 +34,9 @@ from sim.scenario import Scenario
 REQUEST_COLUMNS = ["request_id", "session", "arrival_s", "prompt_tokens", "hit_tokens",
                    "attention_hit_tokens", "lost_tokens", "junction", "recomputed_tokens",
                    "queue_s", "ttft_s", "e2e_s", "output_tokens", "preemptions",
-                   "mamba_states_written"]
+                   "mamba_states_written", "rejected"]
+# (rejected: "" for a served request, else why it was refused on arrival; such a row
+# holds only request_id, session, arrival_s and prompt_tokens)
 
 
 @dataclass
@@ -47,6 +51,8 @@ class Deployment:
     cost: CostModel
     kv: KVCacheManager
     verify: list | None = None       # torch backend: per-request resume-vs-scratch records
+    # requests refused on arrival: their requests.csv rows (index first, reason last)
+    rejected_rows: list = field(default_factory=list)
 
 
 def build_deployment(sc: Scenario) -> Deployment:
@@ -74,10 +80,19 @@ def build_deployment(sc: Scenario) -> Deployment:
             raise ConfigError("gpu", str(e)) from None
         num_blocks = budget.num_blocks
         block_bytes = budget.block_bytes
+    overridden = kvs.num_gpu_blocks_override is not None
+    check_pool_memory(num_blocks, "kv_cache.num_gpu_blocks_override" if overridden else "gpu",
+                      "" if overridden else " (the memory budget's pool: set "
+                      "kv_cache.num_gpu_blocks_override to simulate a smaller one)")
     groups = tuple(["full"] * layout.num_attention_groups + ["mamba"] * layout.num_mamba_groups)
     policy = get_policy(sc.cache.policy)
     kv = policy.build(sc.cache, groups, layout.block_size, num_blocks, spec.spec_decode(),
                       max_model_len=sc.scheduler.max_model_len)
+    if sc.scheduler.max_model_len is not None:
+        check_max_model_len(kv, sc.scheduler.max_model_len, block_bytes,
+                            "kv_cache.num_gpu_blocks_override" if overridden else
+                            f"the memory budget of {sc.gpu.count} x {sc.gpu.type} at "
+                            f"gpu_memory_utilization {sc.gpu.gpu_memory_utilization}")
     cost = cost_model(sc, layout, gpu)
     return Deployment(layout, groups, num_blocks, block_bytes, budget, cost, kv)
 
@@ -99,26 +114,7 @@ def cost_model(sc: Scenario, layout, gpu) -> CostModel:
     mfu, mbu, overhead = b.mfu, b.mbu, b.overhead_s
     fitted = {}
     if b.profile:
-        import yaml
-
-        ppath = sc.path.parent / b.profile
-        try:
-            prof = yaml.safe_load(ppath.read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError("backend.profile", f"cannot read {ppath}: {e}") from None
-        if prof.get("kind") == "fitted":
-            c = prof.get("coefficients") or {}
-            try:
-                fitted = {k: float(c[k]) for k in ("per_item_s", "per_token_s", "per_pair_s")}
-                fitted["per_chunk_s"] = float(c.get("per_chunk_s", 0.0))
-                fitted["chunk_tokens"] = int(c.get("chunk_tokens", 0))
-            except (KeyError, TypeError, ValueError):
-                raise ConfigError("backend.profile", f"{ppath}: coefficients need per_item_s, "
-                                  "per_token_s and per_pair_s") from None
-        else:
-            mfu = float(prof.get("mfu", mfu))
-            mbu = float(prof.get("mbu", mbu))
-            overhead = float(prof.get("overhead_s", overhead))
+        fitted, (mfu, mbu, overhead) = load_profile(sc.path.parent / b.profile, (mfu, mbu, overhead))
     if m.mamba_kind == "mamba2":
         state_elems = m.mamba_heads * m.mamba_head_dim * m.d_state
     elif m.mamba_kind == "gdn":
@@ -136,6 +132,53 @@ def cost_model(sc: Scenario, layout, gpu) -> CostModel:
         weight_bytes=m.active_params * m.dtype_bytes / tp,
         peak_flops=gpu.bf16_flops, hbm_bytes_per_s=gpu.hbm_bytes_per_s,
         mfu=mfu, mbu=mbu, overhead_s=overhead, **fitted)
+
+
+def load_profile(ppath: Path, defaults: tuple[float, float, float]) -> tuple[dict, tuple]:
+    """A calibration profile (``backend.profile``): fitted coefficients, or mfu/mbu/
+    overhead_s overrides.  Every problem is a ``ConfigError`` naming the file and key."""
+    from sim.config.errors import InputError
+    from sim.config.loader import load_file
+
+    try:
+        prof = load_file(ppath)
+    except InputError as e:
+        raise ConfigError("backend.profile", str(e)) from None
+    if prof is None:
+        prof = {}
+    if not isinstance(prof, dict):
+        raise ConfigError("backend.profile", f"{ppath}: expected a mapping (a profile written "
+                          f"by sim calibrate)")
+
+    def num(d: dict, key: str, where: str, default=None, lo: float = 0.0, hi: float | None = None):
+        v = d.get(key, default)
+        if v is None:
+            raise ConfigError("backend.profile", f"{ppath}: {where}{key}: missing")
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                or v < lo or (hi is not None and v > hi)):
+            rng = f">= {lo:g}" if hi is None else f"in [{lo:g}, {hi:g}]"
+            raise ConfigError("backend.profile", f"{ppath}: {where}{key}: must be a finite "
+                              f"number {rng}, got {v!r}")
+        return v
+
+    if prof.get("kind") == "fitted":
+        c = prof.get("coefficients")
+        if not isinstance(c, dict):
+            raise ConfigError("backend.profile", f"{ppath}: coefficients: missing or not a "
+                              "mapping (needs per_item_s, per_token_s and per_pair_s)")
+        fitted = {k: float(num(c, k, "coefficients.")) for k in
+                  ("per_item_s", "per_token_s", "per_pair_s")}
+        fitted["per_chunk_s"] = float(num(c, "per_chunk_s", "coefficients.", 0.0))
+        chunk = c.get("chunk_tokens", 0)
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+            raise ConfigError("backend.profile", f"{ppath}: coefficients.chunk_tokens: must be "
+                              f"an integer >= 0, got {chunk!r}")
+        fitted["chunk_tokens"] = chunk
+        return fitted, defaults
+    mfu, mbu, overhead = defaults
+    return {}, (float(num(prof, "mfu", "", mfu, 1e-6, 1.0)),
+                float(num(prof, "mbu", "", mbu, 1e-6, 1.0)),
+                float(num(prof, "overhead_s", "", overhead)))
 
 
 def _pct(sorted_vals: list[float], q: float) -> float:
@@ -170,14 +213,17 @@ def _quiet_gc():
 
 def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: bool = True,
              fast_decode: bool = True, plant: str | None = None):
-    """Run the scenario; returns (deployment, rows sorted by arrival, summary dict)."""
+    """Run the scenario; returns (deployment, rows sorted by arrival, summary dict).
+    ``rows`` are the served requests; those refused on arrival are in
+    ``deployment.rejected_rows`` (``write_run`` puts both in requests.csv)."""
     from workloads import build_workload
 
     t_wall = time.perf_counter()
     dep = build_deployment(sc)
     kv = dep.kv
     sched = Scheduler(sc.scheduler, kv, accepted_per_step=sc.speculative.mean_accepted_tokens
-                      if sc.speculative.method else 0.0, fast_decode=fast_decode)
+                      if sc.speculative.method else 0.0, fast_decode=fast_decode,
+                      reject_unservable=True)
     maker = RequestMaker(kv, StreamRegistry())
     rec = Recorder(maker)
     mamba_gids = [i for i, g in enumerate(dep.groups) if g == "mamba"]
@@ -200,8 +246,14 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     eng = Engine(sched, step_time, sums_time, maker.make, on_finish, jump=jump,
                  progress=progress)
     with _quiet_gc():
-        eng.run(traces)
+        eng.run(traces)     # (the engine's progress guard raises a CapacityError)
     rows = sorted(rec.rows)
+    if not rows and eng.rejected:
+        raise CapacityError(f"every request was rejected ({len(eng.rejected):,}); the first: "
+                            f"{why_rejected(sched, eng.rejected[0])}")
+    for r in eng.rejected:
+        rec.reject(r)
+    dep.rejected_rows = sorted(rec.rejected_rows, key=lambda row: row[0])
     wall = time.perf_counter() - t_wall
     summary = summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids)
     if torch_backend is not None:
@@ -215,13 +267,25 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     return dep, rows, summary
 
 
+def why_rejected(sched: Scheduler, r: SimRequest) -> str:
+    """One request's refusal on arrival, with its numbers."""
+    c = r.cache
+    if r.rejected == TOO_LONG_FOR_POOL:
+        return (f"request {c.request_id!r} (prompt {c.num_prompt_tokens:,} tokens, up to "
+                f"{r.max_tokens:,} output tokens) needs up to {sched.blocks_needed(r):,} pool "
+                f"blocks, more than the pool's {sched.usable_blocks:,} usable ({r.rejected})")
+    return (f"request {c.request_id!r}: prompt of {c.num_prompt_tokens:,} tokens >= "
+            f"scheduler.max_model_len {sched.max_model_len:,} ({r.rejected})")
+
+
 def build_torch_backend(sc: Scenario, dep, sched, plant: str | None = None):
     """The real-compute backend over this deployment's blocks (import torch lazily)."""
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise ConfigError("backend.kind", "torch is not installed (pip install torch==2.13.0)") \
-            from None
+        raise ConfigError("backend.kind", 'torch is not installed: pip install -e ".[torch]" (on a '
+                          'machine without a GPU first: pip install torch --index-url '
+                          'https://download.pytorch.org/whl/cpu)') from None
     import torch as _t
 
     from backends.torch_backend.backend import TorchBackend
@@ -259,7 +323,7 @@ def summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids) -> dict:
         "hash_block_size": dep.kv.coordinator.hash_block_size,
         "num_gpu_blocks": dep.num_blocks,
         "requests": n,
-        "rejected_requests": len(eng.rejected),   # prompt >= scheduler.max_model_len
+        "rejected_requests": len(eng.rejected),   # refused on arrival (requests.csv rejected)
         "prompt_tokens": prompt,
         "hit_tokens": hit,
         "token_hit_rate": hit / prompt if prompt else 0.0,
@@ -289,24 +353,39 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = True) -> Path:
-    """Write the run folder atomically (temp folder, then rename)."""
+def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = True,
+              extra: Callable[[Path], None] | None = None,
+              command: list[str] | None = None) -> Path:
+    """Write the run folder atomically (temp folder, then rename); ``extra(folder)``
+    may add files of its own before the folder moves into place.  ``run.json`` holds the
+    report header plus what re-runs the run (``sim/provenance.py``); ``command`` is the
+    command line recorded there."""
     from reports.run_report import header_from_scenario, write_report
+    from sim.provenance import run_record
 
-    with atomic_folder(out_dir) as tmp:
+    with atomic_folder(out_dir, kind="run") as tmp:
         with open(tmp / "requests.csv", "w", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(REQUEST_COLUMNS)
+            refused = list(getattr(dep, "rejected_rows", None) or [])
+            if refused:
+                rows = sorted([*rows, *refused], key=lambda row: row[0])
             for r in rows:
-                w.writerow([_fmt(v) for v in r[1:]])
-        # wall_s and sim_requests_per_s measure this machine; every other field
-        # (and every other file) is byte-identical for the same inputs and seed.
+                # a served row has no reason: its rejected column is empty
+                w.writerow([_fmt(v) for v in r[1:]] + ([""] if len(r) == len(REQUEST_COLUMNS)
+                                                       else []))
+        # wall_s and sim_requests_per_s measure this machine; every other field (and
+        # every other file but run.json's command and commit) is byte-identical for the
+        # same inputs and seed.
         with open(tmp / "summary.json", "w") as f:
-            json.dump(summary, f, indent=1, sort_keys=False)
+            # allow_nan=False: NaN is not JSON; a NaN here is a bug and must show
+            json.dump(summary, f, indent=1, sort_keys=False, allow_nan=False)
             f.write("\n")
         with open(tmp / "run.json", "w") as f:
-            json.dump(header_from_scenario(sc, dep), f, indent=1)
+            json.dump({**header_from_scenario(sc, dep), **run_record(sc, command)}, f, indent=1)
             f.write("\n")
         if report:
             write_report(tmp)
+        if extra is not None:
+            extra(tmp)
     return Path(out_dir)

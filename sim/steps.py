@@ -1,15 +1,16 @@
 """Step case files: the ``sim run`` engine and scheduler, unchanged, driven by a
 backend whose every step lasts one time unit, so times *are* step indices
 (one per ``schedule()`` call, from 0) and can be compared with vLLM's real
-scheduler (``../shared/vllm-oracle/sched_oracle.py``) step for step.
+scheduler (``sched_oracle.py`` of the optional vLLM oracle, ``$VLLM_ORACLE_DIR``) step for step.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.cache.case import CASE_KEYS, CaseError
-from sim.cache.config import CacheConfig, ConfigError
-from sim.cache.prompt import StreamRegistry, parse_prompt
+from sim.cache.case import CASE_KEYS, CaseError, parse_runs
+from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig, ConfigError
+from sim.cache.prompt import StreamRegistry
+from sim.config.errors import CapacityError
 from sim.engine.engine import Engine
 from sim.engine.scheduler import Scheduler, SchedulerConfig, SimRequest
 
@@ -29,9 +30,11 @@ class _Trace:
     think_s: float = 0.0
 
 
-def _int(name, v, lo):
+def _int(name, v, lo, prefix="config."):
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise CaseError(f"config.{name}: must be an integer >= {lo}, got {v!r}")
+        raise CaseError(f"{prefix}{name}: must be an integer >= {lo}, got {v!r}")
+    if v > NO_LENGTH_LIMIT:
+        raise CaseError(f"{prefix}{name}: must be below 2**62, got {v}")
     return v
 
 
@@ -41,13 +44,20 @@ def parse_steps(data):
     for k in data:
         if k not in ("config", "requests", "source", "expect", "description"):
             raise CaseError(f"{k}: unknown key")
-    cfg_in = dict(data.get("config") or {})
+    cfg_in = data.get("config") or {}
+    if not isinstance(cfg_in, dict):
+        raise CaseError(f"config: expected a mapping, got {cfg_in!r}")
+    cfg_in = dict(cfg_in)
     sched_keys = {k: cfg_in.pop(k) for k in list(cfg_in) if k in STEP_KEYS}
     for k in list(cfg_in):
         if k in CASE_KEYS - {"max_num_batched_tokens", "long_prefill_token_threshold"}:
             cfg_in.pop(k)  # schedule: the scheduler decides chunking here
     eagle = bool(cfg_in.get("eagle", False))
     lookahead_hashes = sched_keys.get("eagle_lookahead_hashes", False)
+    for name, v in (("eagle", cfg_in.get("eagle", False)),
+                    ("eagle_lookahead_hashes", lookahead_hashes)):
+        if not isinstance(v, bool):
+            raise CaseError(f"config.{name}: must be true or false, got {v!r}")
     if lookahead_hashes and eagle:
         cfg_in.setdefault("num_hash_lookahead_tokens", 1)
     if eagle:
@@ -69,7 +79,8 @@ def parse_steps(data):
         raise CaseError(str(e)) from None
     acc = sched_keys.get("accepted_tokens", 0)
     if isinstance(acc, list):
-        if not all(isinstance(a, int) and 0 <= a <= K for a in acc) or not acc:
+        if not acc or not all(isinstance(a, int) and not isinstance(a, bool) and 0 <= a <= K
+                              for a in acc):
             raise CaseError(f"config.accepted_tokens: a list of integers in [0, {K}]")
     elif isinstance(acc, bool) or not isinstance(acc, (int, float)) or not 0 <= acc <= K:
         raise CaseError(f"config.accepted_tokens: must be in [0, num_speculative_tokens={K}]")
@@ -94,15 +105,13 @@ def parse_steps(data):
         for k in r:
             if k not in ("id", "prompt", "arrival_step", "max_tokens"):
                 raise CaseError(f"{where}.{k}: unknown key")
-        try:
-            runs = parse_prompt(r.get("prompt"), streams)
-        except ValueError as e:
-            raise CaseError(f"{where}.prompt: {e}") from None
-        arrival = _int(f"{where}.arrival_step".replace("config.", ""), r.get("arrival_step", 0), 0)
-        mt = r.get("max_tokens", 16)
-        if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
-            raise CaseError(f"{where}.max_tokens: must be an integer >= 1, got {mt!r}")
-        traces.append((str(r.get("id", f"r{i}")), runs, arrival, mt))
+        runs = parse_runs(r.get("prompt"), streams, f"{where}.prompt")
+        arrival = _int(f"{where}.arrival_step", r.get("arrival_step", 0), 0, prefix="")
+        mt = _int(f"{where}.max_tokens", r.get("max_tokens", 16), 1, prefix="")
+        rid = str(r.get("id", f"r{i}"))
+        if any(t[0] == rid for t in traces):
+            raise CaseError(f"{where}.id: duplicate id {rid!r}")
+        traces.append((rid, runs, arrival, mt))
     order = sorted(range(len(traces)), key=lambda i: (traces[i][2], i))
     return cfg, sc, acc, streams, [traces[i] for i in order], [t[0] for t in traces]
 
@@ -134,7 +143,10 @@ def run_steps_data(data, source: str = "<steps>") -> list[dict]:
 
     eng = Engine(sched, lambda items: UNIT_S, lambda *a: UNIT_S, make, lambda r: None,
                  jump=not isinstance(acc, list))
-    eng.run(_Trace(rid, arrival * UNIT_S, [], mt) for rid, runs, arrival, mt in traces)
+    try:
+        eng.run(_Trace(rid, arrival * UNIT_S, [], mt) for rid, runs, arrival, mt in traces)
+    except CapacityError as e:   # the engine's progress guard: a request that never fits
+        raise CapacityError(f"{source}: {e}") from None
     rejected = {id(r) for r in eng.rejected}
     out = []
     for rid in file_order:

@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sim.atomic import atomic_folder
 from sim.cache.config import ConfigError
 
@@ -60,6 +58,7 @@ class Sweep:
     base: Path
     points: list[Point]
     axes: list[str]
+    output: str | None = None    # the sweep file's output: (folder, relative to the cwd)
 
 
 def _fmt_value(v: Any) -> str:
@@ -70,14 +69,14 @@ def _fmt_value(v: Any) -> str:
     return str(v)
 
 
-def load_sweep(path: str | Path) -> Sweep:
+def load_sweep(path: str | Path, overrides: dict | None = None) -> Sweep:
+    """Load and validate a sweep file; ``overrides`` (dotted field -> value, e.g. from
+    ``sim sweep --requests``) apply to every point, after the file's own values."""
+    from sim.config.loader import load_file
+
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise SweepError(f"{path}: cannot read: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise SweepError(f"{path}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    cli = dict(overrides or {})
+    data = load_file(p, SweepError, fmt="yaml")
     if not isinstance(data, dict):
         raise SweepError(f"{path}: expected a mapping with base and grid/points")
     for k in data:
@@ -85,6 +84,13 @@ def load_sweep(path: str | Path) -> Sweep:
             raise SweepError(f"{path}: {k}: unknown key (known: {', '.join(sorted(SWEEP_KEYS))})")
     if "base" not in data:
         raise SweepError(f"{path}: base: missing (path of the base scenario)")
+    if not isinstance(data["base"], str) or not data["base"].strip():
+        raise SweepError(f"{path}: base: expected the path of the base scenario, "
+                         f"got {data['base']!r}")
+    name = data.get("name")
+    if name is not None and (isinstance(name, bool) or not isinstance(name, (str, int))
+                             or not str(name).strip()):
+        raise SweepError(f"{path}: name: must be a non-empty string, got {name!r}")
     base = (p.parent / str(data["base"])).resolve()
     if not base.is_file():
         raise SweepError(f"{path}: base: no such scenario file {base}")
@@ -94,6 +100,8 @@ def load_sweep(path: str | Path) -> Sweep:
     grid = data.get("grid") or {}
     if not isinstance(grid, dict):
         raise SweepError(f"{path}: grid: expected a mapping of dotted fields to lists")
+    _check_paths(path, "set", common)
+    _check_paths(path, "grid", grid)
     for k, vals in grid.items():
         if not isinstance(vals, list) or not vals:
             raise SweepError(f"{path}: grid.{k}: expected a non-empty list of values")
@@ -104,6 +112,7 @@ def load_sweep(path: str | Path) -> Sweep:
     for i, pt in enumerate(named):
         if not isinstance(pt, dict) or set(pt) - {"name", "set"} or not isinstance(pt.get("set", {}), dict):
             raise SweepError(f"{path}: points[{i}]: expected {{name: ..., set: {{field: value}}}}")
+        _check_paths(path, f"points[{i}].set", pt.get("set", {}))
         for k in pt.get("set", {}):
             if k not in axes:
                 axes.append(k)
@@ -112,12 +121,12 @@ def load_sweep(path: str | Path) -> Sweep:
     for combo in combos:
         coords = dict(zip(grid, combo))
         label = ", ".join(f"{k.split('.')[-1]}={_fmt_value(v)}" for k, v in coords.items())
-        points.append(Point(f"p{len(points):03d}", label, {**common, **coords}, coords))
+        points.append(Point(f"p{len(points):03d}", label, {**common, **coords, **cli}, coords))
     for pt in named:
         coords = dict(pt.get("set", {}))
         label = str(pt.get("name") or ", ".join(f"{k.split('.')[-1]}={_fmt_value(v)}"
                                                 for k, v in coords.items()))
-        points.append(Point(f"p{len(points):03d}", label, {**common, **coords}, coords))
+        points.append(Point(f"p{len(points):03d}", label, {**common, **coords, **cli}, coords))
     if not points:
         raise SweepError(f"{path}: grid/points: the sweep has no points")
     # Validate every point's scenario up front: a typo fails the sweep before any run.
@@ -126,15 +135,27 @@ def load_sweep(path: str | Path) -> Sweep:
 
     for pt in points:
         try:
-            build_deployment(load_scenario(base, pt.overrides))
+            build_deployment(load_scenario(base, pt.overrides, set_label=""))
         except (ScenarioError, ConfigError, ValueError) as e:
             raise SweepError(f"{path}: point {pt.id} ({pt.label}): {e}") from None
-    return Sweep(p, str(data.get("name") or p.stem), base, points, axes)
+    output = data.get("output")
+    if output is not None and (not isinstance(output, str) or not output.strip()):
+        raise SweepError(f"{path}: output: must be a folder path, got {output!r}")
+    return Sweep(p, str(data.get("name") or p.stem), base, points, axes, output)
 
 
-def run_point(base: str, overrides: dict) -> dict:
+def _check_paths(path, where: str, mapping: dict) -> None:
+    """Keys of ``set`` / ``grid`` / a point's ``set`` are dotted scenario field paths."""
+    for k in mapping:
+        if not isinstance(k, str) or not k.strip() or any(not p.strip() for p in k.split(".")):
+            raise SweepError(f"{path}: {where}: {k!r} is not a dotted field path "
+                             f"(like cache.prefix_match_unit)")
+
+
+def run_point(base: str, overrides: dict, command: list[str] | None = None) -> dict:
     """Run one point; returns its status, summary and run-folder files (name ->
-    bytes), so a remote Ray worker needs no shared filesystem.  Never raises."""
+    bytes), so a remote Ray worker needs no shared filesystem.  Never raises.
+    ``command`` (the sweep's command line) goes into the point's run.json."""
     try:
         from sim.run import simulate, write_run
         from sim.scenario import load_scenario
@@ -142,7 +163,8 @@ def run_point(base: str, overrides: dict) -> dict:
         sc = load_scenario(base, overrides)
         dep, rows, summary = simulate(sc)
         with tempfile.TemporaryDirectory() as d:
-            folder = write_run(Path(d) / "run", sc, dep, rows, summary, report=True)
+            folder = write_run(Path(d) / "run", sc, dep, rows, summary, report=True,
+                               command=command)
             files = {f.name: f.read_bytes() for f in sorted(folder.iterdir()) if f.is_file()}
         return {"status": "ok", "summary": summary, "files": files}
     except Exception as e:  # noqa: BLE001 - a failed point must not lose the others
@@ -152,8 +174,8 @@ def run_point(base: str, overrides: dict) -> dict:
 
 
 def _execute(sweep: Sweep, tmp: Path, executor: str, workers: int, address: str | None,
-             progress) -> list[dict]:
-    jobs = [(str(sweep.base), pt.overrides) for pt in sweep.points]
+             progress, command: list[str] | None = None) -> list[dict]:
+    jobs = [(str(sweep.base), pt.overrides, command) for pt in sweep.points]
     if executor == "ray":
         import ray
 
@@ -184,13 +206,22 @@ def _execute(sweep: Sweep, tmp: Path, executor: str, workers: int, address: str 
         return results
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers)
+    try:
         futures = [pool.submit(run_point, *j) for j in jobs]
         results = []
         for i, f in enumerate(futures):
             results.append(f.result())
             progress(i + 1, len(jobs))
-        return results
+    except BaseException:
+        # interrupted (or failed): stop the workers now instead of letting the points
+        # under way run to their end; the caller removes the half-made sweep folder
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return results
 
 
 def write_points_csv(path: Path, sweep: Sweep, results: list[dict]) -> None:
@@ -214,7 +245,9 @@ def write_points_csv(path: Path, sweep: Sweep, results: list[dict]) -> None:
 
 def _base_value(sweep: Sweep, pt: Point, dotted: str):
     """An axis a named point does not set: report the base scenario's value."""
-    data = yaml.safe_load(sweep.base.read_text())
+    from sim.config.loader import load_file
+
+    data = load_file(sweep.base, SweepError, fmt="yaml")
     cur: Any = data
     for part in dotted.split("."):
         if not isinstance(cur, dict) or part not in cur:
@@ -225,12 +258,13 @@ def _base_value(sweep: Sweep, pt: Point, dotted: str):
 
 def run_sweep(sweep: Sweep, out: Path, executor: str = "local", workers: int = 1,
               address: str | None = None, progress=lambda done, total: None,
-              report: bool = True) -> list[dict]:
-    """Run every point; write the sweep folder atomically; return the results."""
-    with atomic_folder(out) as tmp:
+              report: bool = True, command: list[str] | None = None) -> list[dict]:
+    """Run every point; write the sweep folder atomically; return the results.
+    ``command``: the command line recorded in every point's run.json."""
+    with atomic_folder(out, kind="sweep") as tmp:
         (tmp / "points").mkdir()
         shutil.copyfile(sweep.path, tmp / "sweep.yaml")
-        results = _execute(sweep, tmp, executor, workers, address, progress)
+        results = _execute(sweep, tmp, executor, workers, address, progress, command)
         for pt, r in zip(sweep.points, results):
             files = r.pop("files", None)
             if files:

@@ -1,5 +1,5 @@
 """``sim validate --against-vllm``: replay a case file through vLLM's real KV-cache
-manager (``../shared/vllm-oracle/oracle.py`` in its own venv) and report every
+manager (``oracle.py`` of the optional vLLM oracle, ``$VLLM_ORACLE_DIR``, in its own venv) and report every
 per-request disagreement with our cache model.  Reuses the differential tester's
 machinery (``tools/diff_vllm.py``); needs a source checkout and the oracle venv."""
 from __future__ import annotations

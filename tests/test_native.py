@@ -110,7 +110,7 @@ def test_compiled_and_source_give_identical_outputs(tmp_path):
     junction flag) and the same `sim steps` answers on the golden step cases."""
     runs = [("athena-tiny.yaml", []),
             ("multi-turn.yaml", ["--set", "workload.num_sessions=60"]),
-            ("mooncake-conversation.yaml", ["--set", "workload.limit=400",
+            ("mooncake-conversation.yaml", ["--set", "workload.num_requests=400",
                                             "--set", "cache.enable_mamba_shared_prefix_checkpoint=true"])]
     for scenario, extra in runs:
         out = {}

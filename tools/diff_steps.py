@@ -8,7 +8,7 @@ Usage::
                                [--keep DIR] [--shrink] [--classify] [--show N] [--tables N]
                                [--assume NAME ...] [--ignore FIELD ...]
     python tools/diff_steps.py --replay DIR/NAME.oracle.json ... [--shrink]   # kept cases again
-    python tools/diff_steps.py --mooncake ../shared/traces/mooncake_fast25/conversation_trace.jsonl \
+    python tools/diff_steps.py --mooncake data/traces/mooncake_fast25/conversation_trace.jsonl \
         --cases 300 --start 2000 [--num-blocks 300] [--junction-flag] [--step-ms 30]
 
 ``--mooncake TRACE`` compares one case instead: ``--cases`` real requests from ``--start`` on
@@ -30,7 +30,7 @@ Both sides see identical literal token ids: token ``p`` of stream number ``k`` (
 numbered in order of first use) is ``(k + 1) * 100000 + p``.
 
 * ours: ``sim.steps.run_steps_data`` with ``prompt: [ids...]``;
-* the oracle: ``run_case`` of ``../shared/vllm-oracle/sched_oracle.py`` in persistent
+* the oracle: ``run_case`` of ``sched_oracle.py`` (oracle folder, ``$VLLM_ORACLE_DIR``) in persistent
   oracle-venv workers (exactly what ``sched_oracle.py --file`` does, one start-up per
   worker), ``tokens: {"ids": [...]}``.
 
@@ -313,7 +313,7 @@ def mooncake_case(path: Path, n: int, start: int = 0, step_ms: float = 30.0,
 
     reqs: list[dict] = []
     t0 = None
-    for i, tr in enumerate(MooncakeConfig(str(path), limit=start + n).requests()):
+    for i, tr in enumerate(MooncakeConfig(str(path), num_requests=start + n).requests()):
         if i < start:
             continue
         ms = tr.arrival_s * 1000.0
@@ -846,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
                          "the oracle's answer (golden files for tests/golden_steps)")
     ap.add_argument("--mooncake", type=Path, default=None, metavar="TRACE",
                     help="instead of random cases: one case from a Mooncake trace (e.g. "
-                         "../shared/traces/mooncake_fast25/conversation_trace.jsonl) on the "
+                         "data/traces/mooncake_fast25/conversation_trace.jsonl) on the "
                          "mooncake-conversation cache layout (7 groups); --cases = requests, "
                          "--start = first request")
     ap.add_argument("--step-ms", type=float, default=30.0,

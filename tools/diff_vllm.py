@@ -11,7 +11,7 @@ cache configuration plus a producer and 1-4 consumers.  It runs
 
 * on our side through ``sim.cache.case.run_case_data`` (request 0 = producer, 1 = consumer,
   2.. = the oracle's ``consumers``), prompts written in the ``NAME[@OFF]:LEN`` notation;
-* on the oracle side through ``oracle.run_case`` of ``../shared/vllm-oracle/oracle.py``
+* on the oracle side through ``oracle.run_case`` of ``oracle.py`` in the oracle folder (``$VLLM_ORACLE_DIR``)
   (a persistent worker in the oracle venv that imports ``oracle.py`` and calls ``run_case`` on
   each case, exactly what ``oracle.py --file`` does), with every prompt given as literal token
   ids (``{"ids": [...]}``): token ``p`` of stream number ``k`` is id ``(k + 1) * 100000 + p``,

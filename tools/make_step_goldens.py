@@ -43,7 +43,10 @@ def prompt(spec, rid: str) -> str:
 
 
 def main() -> None:
-    oracle = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "../shared/vllm-oracle"
+    sys.path.insert(0, str(REPO))
+    from tools.oracle_worker import default_oracle_dir
+
+    oracle = Path(sys.argv[1]) if len(sys.argv) > 1 else default_oracle_dir()
     OUT.mkdir(parents=True, exist_ok=True)
     for old in OUT.glob("*.yaml"):
         old.unlink()

@@ -15,7 +15,7 @@ from typing import Any, Union
 from workloads.base import Dist, TraceRequest, WorkloadError, is_int, output_stream, show
 from workloads.jsonl import JsonlConfig, parse_prompt, write_jsonl
 from workloads.synthetic import MultiTurnConfig, SystemPromptConfig
-from workloads.traces import AzureConfig, MooncakeConfig
+from workloads.traces import AzureConfig, MooncakeConfig, resolve
 
 __all__ = [
     "AzureConfig", "Dist", "JsonlConfig", "KINDS", "MooncakeConfig", "MultiTurnConfig",
@@ -31,6 +31,29 @@ KINDS: dict[str, type] = {c.KIND: c for c in (
 
 WHERE = "workload"
 
+#: The one table of old field names still accepted (deprecated, README "Deprecated names"):
+#: old name -> the name it now has, for every kind.  ``num_requests`` is the one name for
+#: how many requests a workload issues (the traces' first N records, system_prompt's
+#: requests, multi_turn's requests in all).
+RENAMED: dict[str, str] = {"limit": "num_requests"}
+
+
+def canonical_names(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg`` with every old name of :data:`RENAMED` under its new one.  An old name set
+    to null counts as absent (so ``--requests`` can clear it); both names set is an error."""
+    out = dict(cfg)
+    for old, new in RENAMED.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        if value is None:
+            continue
+        if out.get(new) is not None:
+            raise WorkloadError(f"{WHERE}.{old}: the old name of {WHERE}.{new}, which is set "
+                                f"too; give only {new}")
+        out[new] = value
+    return out
+
 
 def load_config(cfg: Mapping[str, Any]) -> WorkloadConfig:
     """Validate a workload mapping and return its typed config.  Raises
@@ -42,7 +65,11 @@ def load_config(cfg: Mapping[str, Any]) -> WorkloadConfig:
         raise WorkloadError(f"{WHERE}.kind: missing (one of {', '.join(KINDS)})")
     if kind not in KINDS:
         raise WorkloadError(f"{WHERE}.kind: must be one of {', '.join(KINDS)}, got {show(kind)}")
-    return KINDS[kind].from_mapping(cfg, WHERE)
+    config = KINDS[kind].from_mapping(canonical_names(cfg), WHERE)
+    for key in ("num_requests", "num_sessions", "limit"):
+        if getattr(config, key, None) == 0:
+            raise WorkloadError(f"{WHERE}.{key}: 0 makes the workload empty (give at least 1)")
+    return config
 
 
 def build_workload(cfg: Mapping[str, Any], seed: int, base_dir: Path | str | None = None
@@ -56,8 +83,23 @@ def build_workload(cfg: Mapping[str, Any], seed: int, base_dir: Path | str | Non
     if not is_int(seed):
         raise WorkloadError(f"seed: expected an integer, got {show(seed)}")
     if isinstance(config, (SystemPromptConfig, MultiTurnConfig)):
-        return config.requests(int(seed))
-    return config.requests(Path(base_dir) if base_dir is not None else None)
+        return _nonempty(config.requests(int(seed)),
+                         f"{WHERE}.duration_s: no request arrives within it: the workload is empty")
+    where = str(resolve(config.path, Path(base_dir) if base_dir is not None else None))
+    return _nonempty(config.requests(Path(base_dir) if base_dir is not None else None),
+                     f"{where}: the trace holds no requests (an empty file, blank lines only or a "
+                     f"header only)")
+
+
+def _nonempty(reqs: Iterator[TraceRequest], message: str) -> Iterator[TraceRequest]:
+    """The requests of ``reqs``; a workload that yields none is a ``WorkloadError``
+    (a run of no requests has no TTFT, no hit rate: nothing to report)."""
+    n = 0
+    for r in reqs:
+        n += 1
+        yield r
+    if n == 0:
+        raise WorkloadError(message)
 
 
 def describe(cfg: Mapping[str, Any] | WorkloadConfig) -> str:

@@ -148,9 +148,18 @@ class Fields:
         return value
 
 
+def _hint(value: Any, want_int: bool) -> str:
+    """``'1e6'`` (YAML 1.1 reads it as text): say so and how to write the number."""
+    if not isinstance(value, str):
+        return ""
+    from sim.config.fields import _number_hint
+
+    return _number_hint(value, want_int)
+
+
 def check_int(value: Any, name: str, minimum: int | None = None) -> int:
     if not is_int(value):
-        raise WorkloadError(f"{name}: expected an integer, got {show(value)}")
+        raise WorkloadError(f"{name}: expected an integer, got {show(value)}{_hint(value, True)}")
     value = int(value)
     if minimum is not None and value < minimum:
         raise WorkloadError(f"{name}: must be >= {minimum}, got {value}")
@@ -160,7 +169,8 @@ def check_int(value: Any, name: str, minimum: int | None = None) -> int:
 def check_number(value: Any, name: str, minimum: float | None = None,
                  positive: bool = False) -> float:
     if not is_number(value):
-        raise WorkloadError(f"{name}: expected a finite number, got {show(value)}")
+        raise WorkloadError(f"{name}: expected a finite number, got {show(value)}"
+                            f"{_hint(value, False)}")
     value = float(value)
     if positive and value <= 0:
         raise WorkloadError(f"{name}: must be > 0, got {value:g}")

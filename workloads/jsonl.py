@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
+from sim.config.loader import decode_line
 from workloads.base import (Fields, Segment, TraceRequest, WorkloadError, is_int, is_number,
                             segment_name, show)
 from workloads.traces import _suffix, _trace_fields, check_file, resolve
@@ -141,17 +142,26 @@ def parse_line(rec: Any, seen: set[str], last_arrival: float | None, time_scale:
                         think_s=float(think) * time_scale)
 
 
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class JsonlConfig:
     """``kind: jsonl`` — our format; ``time_scale`` multiplies ``arrival_s`` and
-    ``think_s``; ``limit`` keeps the first N requests."""
+    ``think_s``; ``num_requests`` keeps the first N requests."""
 
     KIND: ClassVar[str] = "jsonl"
-    KEYS: ClassVar[tuple[str, ...]] = ("kind", "path", "time_scale", "limit")
+    KEYS: ClassVar[tuple[str, ...]] = ("kind", "path", "time_scale", "num_requests")
 
     path: str
     time_scale: float = 1.0
-    limit: int | None = None
+    num_requests: int | None = None
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any], where: str = WHERE) -> JsonlConfig:
@@ -166,14 +176,15 @@ class JsonlConfig:
         seen: set[str] = set()
         last: float | None = None
         n = 0
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if self.limit is not None and n >= self.limit:
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                if self.num_requests is not None and n >= self.num_requests:
                     return
+                line = decode_line(raw, str(path), lineno, WorkloadError)
                 if not line.strip():
                     continue
                 try:
-                    rec = json.loads(line)
+                    rec = json.loads(line, object_pairs_hook=_no_duplicates)
                     req = parse_line(rec, seen, last, self.time_scale)
                 except json.JSONDecodeError as e:
                     raise WorkloadError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})"
@@ -187,4 +198,4 @@ class JsonlConfig:
                 n += 1
 
     def describe(self) -> str:
-        return f"jsonl: {self.path}{_suffix(self.limit, self.time_scale)}"
+        return f"jsonl: {self.path}{_suffix(self.num_requests, self.time_scale)}"

@@ -172,20 +172,27 @@ class MultiTurnConfig:
 
     KIND: ClassVar[str] = "multi_turn"
     KEYS: ClassVar[tuple[str, ...]] = (
-        "kind", "num_sessions", "session_rate_per_s", "turns", "system_prompt_tokens",
-        "user_tokens", "output_tokens", "think_time_s")
+        "kind", "num_sessions", "num_requests", "session_rate_per_s", "turns",
+        "system_prompt_tokens", "user_tokens", "output_tokens", "think_time_s")
 
-    num_sessions: int
+    num_sessions: int | None         # sessions started (None: as many as num_requests needs)
     session_rate_per_s: float
     turns: Dist
     user_tokens: Dist
     output_tokens: Dist
     think_time_s: Dist
     system_prompt_tokens: Dist | None = None   # one prompt (stream sys/0) shared by all sessions
+    num_requests: int | None = None  # requests in all (turns of every session); the last
+                                     # session is cut short there
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any], where: str = WHERE) -> MultiTurnConfig:
         f = Fields(m, where, cls.KEYS)
+        num_sessions = f.int("num_sessions", None, minimum=0)
+        num_requests = f.int("num_requests", None, minimum=0)
+        if num_sessions is None and num_requests is None:
+            raise WorkloadError(f"{f.name('num_requests')}: missing (give num_requests and/or "
+                                f"num_sessions)")
         sys_tokens = None
         if f.has("system_prompt_tokens"):
             sys_tokens = Dist.parse(f.raw("system_prompt_tokens"), f.name("system_prompt_tokens"),
@@ -195,20 +202,30 @@ class MultiTurnConfig:
             think = Dist.parse(f.raw("think_time_s"), f.name("think_time_s"), integer=False,
                                minimum=0.0)
         return cls(
-            num_sessions=f.int("num_sessions", minimum=0),
+            num_sessions=num_sessions,
             session_rate_per_s=f.number("session_rate_per_s", positive=True),
             turns=_int_dist(f, "turns", 1),
             user_tokens=_int_dist(f, "user_tokens", 1),
             output_tokens=_int_dist(f, "output_tokens", 1),
             think_time_s=think,
-            system_prompt_tokens=sys_tokens)
+            system_prompt_tokens=sys_tokens, num_requests=num_requests)
 
     def requests(self, seed: int) -> Iterator[TraceRequest]:
+        """Sessions in start order, each session's turns together; stops after
+        ``num_sessions`` sessions or ``num_requests`` requests, whichever comes first (the
+        draws do not depend on either, so a smaller count gives a prefix of a larger one)."""
         rng = np.random.default_rng(seed)
         sys_len = self.system_prompt_tokens.sample(rng) if self.system_prompt_tokens else 0
         t = 0.0
         mean_gap = 1.0 / self.session_rate_per_s
-        for s in range(self.num_sessions):
+        issued = 0
+        s = -1
+        while True:
+            s += 1
+            if self.num_sessions is not None and s >= self.num_sessions:
+                return
+            if self.num_requests is not None and issued >= self.num_requests:
+                return
             t += float(rng.exponential(mean_gap))
             session = f"s{s:07d}"
             turns = self.turns.sample(rng)
@@ -226,12 +243,18 @@ class MultiTurnConfig:
                     req = TraceRequest(rid, prev.arrival_s + think, segs, out, session=session,
                                        after=prev.request_id, think_s=think)
                 yield req
+                issued += 1
+                if self.num_requests is not None and issued >= self.num_requests:
+                    return
                 history = segs + [(output_stream(rid), 0, out)]
                 prev = req
 
     def describe(self) -> str:
         sys_part = (f"system {self.system_prompt_tokens.describe()} tokens, "
                     if self.system_prompt_tokens else "")
-        return (f"multi_turn: {self.num_sessions} sessions at {self.session_rate_per_s:g}/s,"
+        count = " and ".join(
+            ([f"{self.num_sessions} sessions"] if self.num_sessions is not None else [])
+            + ([f"{self.num_requests} requests"] if self.num_requests is not None else []))
+        return (f"multi_turn: {count} at {self.session_rate_per_s:g}/s,"
                 f" {self.turns.describe()} turns, {sys_part}user {self.user_tokens.describe()},"
                 f" output {self.output_tokens.describe()}, think {self.think_time_s.describe()} s")

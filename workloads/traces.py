@@ -15,6 +15,7 @@ from typing import Any, ClassVar, NoReturn
 import orjson
 
 from sim.cache.prompt import hash_id_segments
+from sim.config.loader import decode_line
 from workloads.base import Fields, TraceRequest, WorkloadError, is_int, is_number, show
 
 WHERE = "workload"
@@ -40,16 +41,16 @@ def check_file(path: Path, name: str) -> None:
 def _trace_fields(f: Fields) -> tuple[str, float, int | None]:
     path = f.str("path")
     time_scale = f.number("time_scale", 1.0, minimum=0.0)
-    limit = f.int("limit", None, minimum=0)
-    return path, time_scale, limit
+    num_requests = f.int("num_requests", None, minimum=0)
+    return path, time_scale, num_requests
 
 
-def _suffix(limit: int | None, time_scale: float) -> str:
+def _suffix(num_requests: int | None, time_scale: float) -> str:
     parts = []
     if time_scale != 1.0:
         parts.append(f"time x{time_scale:g}")
-    if limit is not None:
-        parts.append(f"first {limit}")
+    if num_requests is not None:
+        parts.append(f"first {num_requests}")
     return f" ({', '.join(parts)})" if parts else ""
 
 
@@ -67,18 +68,19 @@ class MooncakeConfig:
     ``("mcu/<request id>", 0, rest)``.  Arrival = ``timestamp / 1000 * time_scale``."""
 
     KIND: ClassVar[str] = "mooncake"
-    KEYS: ClassVar[tuple[str, ...]] = ("kind", "path", "time_scale", "limit", "block_tokens")
+    KEYS: ClassVar[tuple[str, ...]] = ("kind", "path", "time_scale", "num_requests",
+                                       "block_tokens")
 
     path: str
     time_scale: float = 1.0
-    limit: int | None = None
+    num_requests: int | None = None     # the first N records (default: all)
     block_tokens: int = 512
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any], where: str = WHERE) -> MooncakeConfig:
         f = Fields(m, where, cls.KEYS)
-        path, time_scale, limit = _trace_fields(f)
-        return cls(path, time_scale, limit, f.int("block_tokens", 512, minimum=1))
+        path, time_scale, num_requests = _trace_fields(f)
+        return cls(path, time_scale, num_requests, f.int("block_tokens", 512, minimum=1))
 
     def requests(self, base_dir: Path | None = None) -> Iterator[TraceRequest]:
         path = resolve(self.path, base_dir)
@@ -92,13 +94,13 @@ class MooncakeConfig:
         to int or float); every check is still made, and a failing one names
         ``path:line``."""
         block = self.block_tokens
-        limit = self.limit
+        limit = self.num_requests
         time_scale = self.time_scale
         prev_ts: float | None = None
         index = 0
         spath = str(path)
         loads = orjson.loads
-        with open(path, encoding="utf-8") as fh:
+        with open(path, "rb") as fh:      # orjson decodes (and checks) UTF-8 itself
             for lineno, line in enumerate(fh, 1):
                 if limit is not None and index >= limit:
                     return
@@ -107,6 +109,7 @@ class MooncakeConfig:
                 except json.JSONDecodeError as e:
                     if not line.strip():
                         continue   # blank line
+                    decode_line(line, spath, lineno, WorkloadError)   # names a non-UTF-8 byte
                     raise WorkloadError(f"{spath}:{lineno}: invalid JSON ({e.msg} at column "
                                         f"{e.colno})") from None
                 if type(rec) is not dict:
@@ -154,7 +157,7 @@ class MooncakeConfig:
 
     def describe(self) -> str:
         blk = "" if self.block_tokens == 512 else f", block {self.block_tokens}"
-        return f"mooncake: {self.path}{blk}{_suffix(self.limit, self.time_scale)}"
+        return f"mooncake: {self.path}{blk}{_suffix(self.num_requests, self.time_scale)}"
 
 
 # --------------------------------------------------------------------------- azure
@@ -180,11 +183,11 @@ class AzureConfig:
     ContextTokens)`` (the trace has no prefix information)."""
 
     KIND: ClassVar[str] = "azure"
-    KEYS: ClassVar[tuple[str, ...]] = ("kind", "path", "time_scale", "limit")
+    KEYS: ClassVar[tuple[str, ...]] = ("kind", "path", "time_scale", "num_requests")
 
     path: str
     time_scale: float = 1.0
-    limit: int | None = None
+    num_requests: int | None = None     # the first N rows (default: all)
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any], where: str = WHERE) -> AzureConfig:
@@ -197,8 +200,8 @@ class AzureConfig:
         return self._read(path)
 
     def _read(self, path: Path) -> Iterator[TraceRequest]:
-        with open(path, encoding="utf-8", newline="") as fh:
-            reader = csv.reader(fh)
+        with open(path, "rb") as fh:
+            reader = csv.reader(_text_lines(fh, str(path)))
             try:
                 header = next(reader)
             except StopIteration:
@@ -215,7 +218,7 @@ class AzureConfig:
             origin: tuple[int, float] | None = None
             prev = 0.0
             index = 0
-            while self.limit is None or index < self.limit:
+            while self.num_requests is None or index < self.num_requests:
                 try:
                     row = next(reader)
                 except StopIteration:
@@ -247,7 +250,14 @@ class AzureConfig:
                 index += 1
 
     def describe(self) -> str:
-        return f"azure: {self.path}{_suffix(self.limit, self.time_scale)}"
+        return f"azure: {self.path}{_suffix(self.num_requests, self.time_scale)}"
+
+
+def _text_lines(fh, source: str) -> Iterator[str]:
+    """A binary file's lines as text (endings kept, as csv wants); a line that is not
+    UTF-8 is a ``WorkloadError`` naming ``source:line``."""
+    for lineno, line in enumerate(fh, 1):
+        yield decode_line(line, source, lineno, WorkloadError)
 
 
 def _count(text: str, column: str, where: str) -> int:

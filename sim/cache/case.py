@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from sim.config.errors import InputError
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from sim.cache.config import CacheConfig, ConfigError
+from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig, ConfigError
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry, parse_prompt
 
@@ -81,12 +78,29 @@ def parse_case(data) -> tuple[CacheConfig, CaseSchedule, list[tuple[str, list, o
         seen.add(rid)
         if "prompt" not in r:
             raise CaseError(f"{where}.prompt: missing")
-        try:
-            runs = parse_prompt(r["prompt"], streams)
-        except ValueError as e:
-            raise CaseError(f"{where}.prompt: {e}") from None
-        reqs.append((rid, runs, r.get("report_mode")))
+        runs = parse_runs(r["prompt"], streams, f"{where}.prompt")
+        report_mode = r.get("report_mode")
+        if report_mode not in (None, "full", "incremental"):
+            raise CaseError(f"{where}.report_mode: must be full, incremental or null, "
+                            f"got {report_mode!r}")
+        reqs.append((rid, runs, report_mode))
     return cfg, CaseSchedule(sched, lpt, budget), reqs
+
+
+def parse_runs(prompt, streams: StreamRegistry, where: str) -> list:
+    """A request's prompt → runs; a bad prompt, or token ids / positions beyond the
+    machine-size integers of the compiled cache, is a ``CaseError`` naming ``where``."""
+    try:
+        runs = parse_prompt(prompt, streams)
+    except ValueError as e:
+        raise CaseError(f"{where}: {e}") from None
+    total = 0
+    for _, off, length in runs:
+        total += length
+        if off + length > NO_LENGTH_LIMIT or total > NO_LENGTH_LIMIT:
+            raise CaseError(f"{where}: token ids and lengths must stay below 2**62, got a "
+                            f"segment ending at {off + length:,}")
+    return runs
 
 
 def planned_chunk_ends(schedule, n: int, sched_bs: int, hash_bs: int) -> list[int]:
@@ -202,21 +216,11 @@ def _error_result(rid, runs, err, msg) -> dict:
 
 
 def load_case_file(path: str | Path):
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise CaseError(f"{path}: cannot read: {e.strerror}") from None
-    try:
-        if p.suffix == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        line = getattr(getattr(e, "problem_mark", None), "line", None)
-        where = f" line {line + 1}" if line is not None else (
-            f" line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "")
-        raise CaseError(f"{path}:{where} not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
-                        f"{getattr(e, 'problem', None) or getattr(e, 'msg', e)}") from None
+    """A case (or step case) file, YAML or JSON (``.json``), through the one loader:
+    unreadable, non-UTF-8, duplicate keys and syntax errors name the file and line."""
+    from sim.config.loader import load_file
+
+    return load_file(path, CaseError)
 
 
 def run_case_file(path: str | Path) -> list[dict]:

@@ -103,6 +103,8 @@ class CacheConfig:
                 return
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ConfigError(name, f"must be an integer, got {v!r}")
+            if v > NO_LENGTH_LIMIT:
+                raise ConfigError(name, f"must be below 2**62, got {v}")
             if v < 0 or (v == 0 and not allow_zero):
                 raise ConfigError(name, f"must be {'>= 0' if allow_zero else 'positive'}, got {v}")
 
@@ -119,6 +121,11 @@ class CacheConfig:
         pos_int("num_blocks", self.num_blocks)
         if self.num_blocks < 2:
             raise ConfigError("num_blocks", "must be at least 2 (block 0 is the null block)")
+        from sim.capacity import pool_memory_problem
+
+        problem = pool_memory_problem(self.num_blocks)   # (one object per block)
+        if problem is not None:
+            raise ConfigError("num_blocks", problem)
         pos_int("num_hash_lookahead_tokens", self.num_hash_lookahead_tokens, allow_zero=True)
         pos_int("num_prefill_lookahead", self.num_prefill_lookahead, allow_none=True, allow_zero=True)
         pos_int("mamba_num_speculative_blocks", self.mamba_num_speculative_blocks, allow_zero=True)
@@ -176,6 +183,8 @@ class CacheConfig:
         kwargs = {}
         names = cls.field_names()
         for key, value in data.items():
+            if not isinstance(key, str):
+                raise ConfigError(prefix + str(key), "unknown key (field names are strings)")
             name = ALIASES.get(key, key)
             if name not in names:
                 raise ConfigError(prefix + key, "unknown key")

@@ -17,3 +17,9 @@ class InputError(ValueError):
     def __init__(self, message: str = ""):
         # one line, whatever the parts that built it held
         super().__init__(" ".join(str(message).split()))
+
+
+class CapacityError(InputError):
+    """The deployment cannot serve the workload: a pool too small for
+    ``max_model_len`` or for a waiting request (the engine's progress guard), or
+    too large for this machine's memory.  Reported like any bad input."""

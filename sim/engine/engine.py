@@ -21,11 +21,17 @@ from typing import Any, Callable, Final, Generator, Iterable, Iterator, Protocol
 import simpy
 
 from backends.analytical import CostModel
+from sim.config.errors import CapacityError
 from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
 
 Process = Generator[simpy.Event, Any, None]
 NEVER: Final = (1 << 62) - 1   # "no such time" on the integer-ns clock (146 years; the
                                # largest machine-size int of the compiled build)
+# Empty steps in a row, with no other event pending, after which the replay cannot
+# progress: a retry sees the same state (the one thing an empty step changes is a Mamba
+# state cached in the step before, handed out one step later; a request that preempted
+# itself is re-admitted a step later).
+STALL_LIMIT: Final = 3
 
 
 def ns(seconds: float) -> int:
@@ -150,6 +156,7 @@ class Engine:
         # event due by the end of the next step.  Every schedule() and update
         # sees the time it would have seen stepping one event at a time.
         now = int(env.now)
+        stalls = 0
         while True:
             if not sched.has_work():
                 if now > env.now:
@@ -164,11 +171,21 @@ class Engine:
                 # step): let time pass one step's overhead and retry.
                 if now > env.now:
                     yield env.timeout(now - int(env.now))
+                # The progress guard: nothing else will ever happen (no arrival, no
+                # follow-up turn, nothing finishing) and retries keep scheduling nothing.
+                # vLLM would keep the request waiting forever; stop and say why.
+                if env.peek() == math.inf:
+                    stalls += 1
+                    if stalls >= STALL_LIMIT:
+                        raise CapacityError(self.stuck_reason())
+                else:
+                    stalls = 0
                 self.wake = env.event()
                 yield self.wake | env.timeout(self.step_time([]))
                 self.wake = None
                 now = int(env.now)
                 continue
+            stalls = 0
             k, total = self._jump_steps(items, now) if self.jump else (1, 0)
             end = now + (total if k > 1 else self.step_time(items))
             if end >= env.peek():
@@ -196,6 +213,24 @@ class Engine:
             # the clock ran ahead, nothing is due before the next step's end.)
             if now == env.now and env.peek() <= now:
                 yield env.timeout(0)
+
+    def stuck_reason(self) -> str:
+        """One line naming the request the replay is stuck on, and why."""
+        sched = self.sched
+        r = sched.waiting[0] if sched.waiting else sched.running[0]
+        c = r.cache
+        pool = sched.kv.pool
+        state = "running" if not sched.waiting else (
+            "waiting" + (f", {len(sched.waiting) - 1:,} more behind it"
+                         if len(sched.waiting) > 1 else ""))
+        return (f"no progress: request {c.request_id!r} (prompt {c.num_prompt_tokens:,} tokens, "
+                f"{r.num_output:,} of {r.max_tokens:,} output tokens, {state}) can never be "
+                f"scheduled: admitting it takes {sched.admission_blocks(r):,} pool blocks and "
+                f"its longest step up to {sched.blocks_needed(r):,}, but the pool has "
+                f"{pool.num_free():,} free or evictable of {pool.num_blocks - 1:,} usable and "
+                f"nothing else can change that (no other request running, arriving or finishing; "
+                f"vLLM would keep it waiting forever): give the pool more blocks or shorten "
+                f"the request")
 
     def _jump_steps(self, items: list[ScheduledItem], now: int) -> tuple[int, int]:
         """How many identical pure-decode steps can run as one jump, and their

@@ -38,6 +38,19 @@ class Recorder:
     def __init__(self, maker: RequestMaker):
         self.maker = maker
         self.rows: list[tuple] = []
+        self.rejected_rows: list[tuple] = []
+
+    def reject(self, r: SimRequest) -> None:
+        """The row of a request refused on arrival: what it asked for, no measurements
+        (empty fields), and why (the ``rejected`` column)."""
+        sessions = self.maker.sessions
+        session: str | None = None
+        if r.index in sessions:
+            session = sessions[r.index]
+            del sessions[r.index]
+        c = r.cache
+        self.rejected_rows.append((r.index, c.request_id, session or "", r.arrival_ns * NS,
+                                   c.num_prompt_tokens) + ("",) * 11 + (r.rejected,))
 
     def finish(self, r: SimRequest) -> None:
         sessions = self.maker.sessions

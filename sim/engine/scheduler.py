@@ -16,10 +16,35 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Final
 
 from sim.cache.kv_manager import KVCacheManager
+from sim.cache.managers import MambaManager
 from sim.cache.request import CacheRequest
+
+# why a request is refused on arrival (requests.csv ``rejected``)
+EXCEEDS_MAX_MODEL_LEN: Final = "exceeds_max_model_len"   # prompt >= max_model_len
+TOO_LONG_FOR_POOL: Final = "too_long_for_pool"           # the pool can never hold it
+
+
+def blocks_per_request(kv: KVCacheManager, num_slots: int) -> int:
+    """The most pool blocks one request of ``num_slots`` slots holds, over every group:
+    vLLM's per-request accounting (``max_memory_usage_bytes`` in pages, as its start-up
+    check and its max-concurrency figure count them).  A full-attention group holds a
+    block per ``block_size`` slots; a Mamba group (align mode) its running state, the
+    one before it and one block per speculative token (2 + K, whatever the length); a
+    sliding-window group at most its admission cap."""
+    n = 0
+    for m in kv.coordinator.managers:
+        blocks = -(-num_slots // m.block_size)
+        if isinstance(m, MambaManager):
+            blocks = 2 + m.num_spec_blocks
+        else:
+            cap = m.admission_cap
+            if cap is not None and cap < blocks:
+                blocks = cap
+        n += blocks * m.width
+    return n
 
 
 @dataclass(frozen=True)
@@ -46,7 +71,7 @@ class SimRequest:
                  "finish_ns", "preemptions", "recomputed_tokens", "mamba_states_written",
                  "chunk_ends", "chunk_end_steps", "first_prefill_done", "done_event",
                  "out_stream", "fast_n", "fast_until", "item", "has_drafts",
-                 "is_prefill_chunk", "recording", "cache_mark")
+                 "is_prefill_chunk", "recording", "cache_mark", "rejected")
 
     def __init__(self, cache: CacheRequest, max_tokens: int, index: int):
         self.cache = cache
@@ -78,6 +103,7 @@ class SimRequest:
         self.cache_mark = -1               # block index of min(computed, hashed) at the last
                                            # update-time cache_blocks (later calls before the
                                            # next block completes are no-ops and are skipped)
+        self.rejected = ""                 # why it was refused on arrival (a reason token), or ""
 
     def __repr__(self) -> str:
         return (f"SimRequest({self.cache.request_id!r}, index={self.index}, "
@@ -116,7 +142,8 @@ class ScheduledItem:
 
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, accepted_per_step: float = 0.0,
-                 fast_decode: bool = True, eagle_family: bool = True):
+                 fast_decode: bool = True, eagle_family: bool = True,
+                 reject_unservable: bool = False):
         self.cfg = cfg
         self.kv = kv
         self.split = kv.split_policy()
@@ -145,21 +172,56 @@ class Scheduler:
         self.waiting: deque[SimRequest] = deque()
         self.preemptions = 0
         self.max_model_len = cfg.max_model_len
+        # sim run: refuse on arrival a request the pool can never hold (vLLM refuses a
+        # max_model_len the pool cannot hold at start-up, and its API a request longer
+        # than max_model_len); step cases keep it waiting, as vLLM's scheduler would (the
+        # engine's progress guard then stops the replay)
+        self.reject_unservable = reject_unservable
+        self.usable_blocks = kv.pool.num_blocks - 1   # (block 0 is the null block)
 
     # ----------------------------------------------------------------- helpers --
     def add(self, req: SimRequest) -> bool:
-        """Queue an arriving request; False when vLLM's input checks reject it (a prompt
-        of ``max_model_len`` tokens or more: no room for one output token)."""
+        """Queue an arriving request; False (``req.rejected`` says why) when vLLM's input
+        checks reject it (a prompt of ``max_model_len`` tokens or more: no room for one
+        output token) or, with ``reject_unservable``, when the pool can never hold it."""
         mml = self.max_model_len
         if mml is not None:
             prompt = req.cache.num_prompt_tokens
             if prompt >= mml:
+                req.rejected = EXCEEDS_MAX_MODEL_LEN
                 return False
             # generation stops once prompt + outputs reach max_model_len (check_stop)
             if req.max_tokens > mml - prompt:
                 req.max_tokens = mml - prompt
+        if self.reject_unservable and self.blocks_needed(req) > self.usable_blocks:
+            req.rejected = TOO_LONG_FOR_POOL
+            return False
         self.waiting.append(req)
         return True
+
+    def longest_slots(self, req: SimRequest) -> int:
+        """The most slots ``req`` can ask for: at its last step (prompt + outputs - 1
+        tokens, K drafts to verify, the drafter's lookahead slots past them), or the
+        prompt plus lookahead when it samples one token only; capped at max_model_len."""
+        n = req.cache.num_prompt_tokens + self.num_lookahead
+        if req.max_tokens > 1:
+            n += req.max_tokens - 1 + self.cfg.num_speculative_tokens
+        mml = self.max_model_len
+        return n if mml is None or n < mml else mml
+
+    def blocks_needed(self, req: SimRequest) -> int:
+        """Pool blocks ``req`` holds at most if it runs alone (an upper bound: vLLM's
+        per-request accounting at its longest sequence, ``blocks_per_request``)."""
+        return blocks_per_request(self.kv, self.longest_slots(req))
+
+    def admission_blocks(self, req: SimRequest) -> int:
+        """Blocks the admission gate asks for ``req`` now without a prefix hit: its whole
+        sequence so far (what a waiting request is refused on)."""
+        c = req.cache
+        mml = self.kv.cfg.max_model_len
+        full = c.num_tokens if c.num_tokens < mml else mml
+        return self.kv.coordinator.blocks_to_allocate(c.request_id, full, self.kv.empty, 0, 0,
+                                                      full, True)
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)

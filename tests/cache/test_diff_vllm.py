@@ -2,7 +2,7 @@
 
 Drives ``tools/diff_vllm.py`` (see its docstring) on a small fixed-seed sample.  The oracle
 lives in a separate venv (``$HOME/.vllm-oracle/venv/bin/python``, or ``$VLLM_ORACLE_PYTHON``)
-built by ``../shared/vllm-oracle/setup.sh``; without it the differential tests are skipped.
+built by the oracle folder's ``setup.sh`` (``$VLLM_ORACLE_DIR``, see ``tools/oracle_worker.py``); without it the differential tests are skipped.
 The generator and mapping tests below need no oracle.
 """
 from __future__ import annotations

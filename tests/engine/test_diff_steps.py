@@ -1,7 +1,7 @@
 """Random differential test: our step engine against vLLM 0.33.0's real ``Scheduler``.
 
 Drives ``tools/diff_steps.py`` (see its docstring) on a small fixed-seed sample.  The oracle
-(``../shared/vllm-oracle/sched_oracle.py``) runs in its own venv
+(``sched_oracle.py`` in the oracle folder, see ``tools/oracle_worker.py``) runs in its own venv
 (``$HOME/.vllm-oracle/venv/bin/python``, or ``$VLLM_ORACLE_PYTHON``); without it the
 differential test is skipped.  The generator / mapping tests need no oracle.
 """
@@ -28,7 +28,7 @@ ds = _load_tool()
 
 SEED = 20250101
 N_CASES = 25
-MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_fast25" / \
+MOONCAKE = Path(__file__).resolve().parents[2] / "data" / "traces" / "mooncake_fast25" / \
     "conversation_trace.jsonl"
 
 
@@ -111,8 +111,6 @@ def test_compare_maps_the_oracle_fields():
 
 
 def test_mooncake_case_is_the_trace_on_the_seven_group_layout():
-    if not MOONCAKE.is_file():
-        pytest.skip(f"{MOONCAKE} not found")
     spec = ds.mooncake_case(MOONCAKE, 40, start=2000, num_blocks=300)
     cfg = spec["config"]
     assert cfg["groups"] == ["full"] + ["mamba"] * 6 and cfg["block_size"] == 1088
@@ -134,8 +132,6 @@ def test_mooncake_slice_matches_the_step_oracle(capsys):
     why = ds.oracle_unavailable("sched_oracle")
     if why:
         pytest.skip(why)
-    if not MOONCAKE.is_file():
-        pytest.skip(f"{MOONCAKE} not found")
     rc = ds.main(["--mooncake", str(MOONCAKE), "--cases", "60", "--start", "2000",
                   "--num-blocks", "300", "--show", "1", "--tables", "0", "--timeout", "120"])
     out = capsys.readouterr().out

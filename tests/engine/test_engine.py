@@ -230,8 +230,14 @@ def test_the_report_says_how_many_requests_were_rejected(tmp_path):
     sc = load_scenario(scenario(tmp_path, reqs, scheduler={"max_model_len": 2048}))
     dep, rows, s = simulate(sc)
     out = write_run(tmp_path / "run", sc, dep, rows, s)
-    assert "| requests | 1 served, 1 rejected (prompt >= max_model_len) |" in \
+    assert "| requests | 1 served, 1 rejected (requests.csv `rejected`) |" in \
         (out / "report.md").read_text()
+    # the refused request has its row, marked, with no measurements; the served one none
+    lines = (out / "requests.csv").read_text().splitlines()
+    assert lines[0].endswith(",mamba_states_written,rejected")
+    assert lines[1] == "a,,0.000000,3000" + "," * 11 + ",exceeds_max_model_len"
+    assert lines[2].startswith("b,,0.100000,100,") and lines[2].endswith(",")
+    assert len(lines[2].split(",")) == len(REQUEST_COLUMNS)
 
 
 def test_ns_rounds_exactly_as_round():

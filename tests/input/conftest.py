@@ -61,6 +61,20 @@ def sim_subprocess(*args: str, cwd: Path, env: dict | None = None,
     return Result(p.returncode, p.stdout, p.stderr)
 
 
+def sim_popen(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Popen:
+    """``python -m sim ARGS`` started in the background (send it signals, run several)."""
+    e = dict(os.environ, **(env or {}))
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    return subprocess.Popen([sys.executable, "-m", "sim", *args], cwd=cwd, env=e,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> Result:
+    """Wait for a ``sim_popen`` child; its exit code and output."""
+    out, err = proc.communicate(timeout=timeout)
+    return Result(proc.returncode, out, err)
+
+
 def assert_input_error(res: Result, *must_name: str) -> str:
     """Exit 2, exactly one non-empty line on stderr starting ``error:``, naming each of
     ``must_name`` (file, field path, line ...); no traceback.  Returns the line."""

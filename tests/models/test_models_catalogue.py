@@ -1,4 +1,4 @@
-"""The model catalogue (shared/docs/models.md §2, §5), lookup and inline definitions."""
+"""The model catalogue (docs/models.md §2, §5), lookup and inline definitions."""
 import dataclasses
 
 import pytest

@@ -1,4 +1,4 @@
-"""derive_layout against shared/docs/models.md §3 (bytes) and §4 (block sizes), plus vLLM rules."""
+"""derive_layout against docs/models.md §3 (bytes) and §4 (block sizes), plus vLLM rules."""
 import pytest
 
 from sim.models import derive_layout, get_model, pool_groups

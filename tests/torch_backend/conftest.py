@@ -2,7 +2,7 @@ import pytest
 
 try:
     import torch
-except ImportError:          # each test module skips itself via pytest.importorskip("torch")
+except ImportError:          # each test module skips itself (pytest.importorskip, with a reason)
     torch = None
 
 

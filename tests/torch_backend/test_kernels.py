@@ -1,7 +1,7 @@
 """SSD, conv and attention kernels against their plain references."""
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch not installed: pip install -e '.[torch]'")
 import torch.nn.functional as F  # noqa: E402
 
 from backends.torch_backend.kernels import (  # noqa: E402

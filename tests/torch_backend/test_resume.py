@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch not installed: pip install -e '.[torch]'")
 
 from backends.torch_backend import (  # noqa: E402
     HybridStack, KVPool, MambaState, StatePool, TorchModelConfig, forward_chunk, forward_scratch,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+pytest.importorskip("torch", reason="torch not installed: pip install -e '.[torch]'")
 
 from typer.testing import CliRunner  # noqa: E402
 

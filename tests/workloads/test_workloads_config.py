@@ -116,13 +116,12 @@ def test_slice_runs_as_a_module(tmp_path, fixtures):
     assert len(list(build_workload({"kind": "mooncake", "path": str(out)}, 0))) == 5
 
 
-def test_fixtures_are_heads_of_the_shared_traces(fixtures):
-    shared = ROOT.parent / "shared" / "traces"
+def test_fixtures_are_heads_of_the_shipped_traces(fixtures):
+    shipped = ROOT / "data" / "traces"
     pairs = [("mooncake_conversation_head.jsonl", "mooncake_fast25/conversation_trace.jsonl", 200),
              ("azure_conv_head.csv", "azure_llm_2023/AzureLLMInferenceTrace_conv.csv", 51)]
     for fixture, original, n in pairs:
         lines = (fixtures / fixture).read_text().splitlines()
         assert len(lines) == n
-        if (shared / original).exists():
-            with open(shared / original) as fh:
-                assert lines == [next(fh).rstrip("\n") for _ in range(n)]
+        with open(shipped / original) as fh:
+            assert lines == [next(fh).rstrip("\n") for _ in range(n)]

@@ -1,0 +1,125 @@
+"""Type checks for configuration sections, read off the dataclass annotations, so a
+section is never constructed from a value of the wrong type (``max_num_seqs: lots``)
+and no number is NaN or infinite.  Errors are ``ConfigError(field path, problem)``."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import fields
+from typing import Any
+
+from sim.cache.config import ConfigError
+
+_YAML11_NUMBER = re.compile(r"^[-+]?(\d[\d_]*)?\.?\d*([eE][-+]?\d+)?$")
+
+
+def show(value: Any, limit: int = 60) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _kinds(annotation: Any) -> set[str]:
+    """``int | None`` (string or type) → {"int", "None"}; unknown parts are kept by name."""
+    if isinstance(annotation, type):
+        return {annotation.__name__}
+    text = str(annotation).replace("typing.", "").replace("NoneType", "None")
+    m = re.fullmatch(r"Optional\[(.*)\]", text)
+    if m:
+        text = m.group(1) + " | None"
+    return {p.strip() for p in text.split("|")}
+
+
+def _number_hint(value: str, want_int: bool) -> str:
+    """``'1e6'`` (YAML 1.1 reads it as text) → a spelling YAML reads as a number."""
+    if (not _YAML11_NUMBER.match(value.strip()) or not any(c.isdigit() for c in value)
+            or not any(c in "eE" for c in value)):
+        return ""         # only exponent forms (1e6) are numbers YAML 1.1 leaves as text
+    try:
+        f = float(value.replace("_", ""))
+    except ValueError:
+        return ""
+    if not math.isfinite(f):
+        return ""
+    if f.is_integer() and abs(f) < 2**63:
+        good = str(int(f))
+    elif want_int:
+        return f" (a string: YAML reads {value} as text)"
+    else:
+        good = repr(f)
+        mant, _, exp = good.partition("e")
+        if exp:
+            good = (mant if "." in mant else mant + ".0") + "e" + (exp if exp[0] in "+-" else "+" + exp)
+    return f" (a string: YAML reads {value} as text; write {good})"
+
+
+def type_problem(value: Any, kinds: set[str]) -> str | None:
+    """Why ``value`` does not fit a field of these kinds, or None when it does."""
+    if value is None:
+        return None if "None" in kinds else "must be set (null is not allowed)"
+    if "bool" in kinds and isinstance(value, bool):
+        return None
+    if "int" in kinds and isinstance(value, int) and not isinstance(value, bool):
+        return None
+    if "float" in kinds and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isfinite(value):
+            return None
+        return f"must be a finite number, got {value}"
+    if "str" in kinds and isinstance(value, str):
+        return None
+    known = {"bool", "int", "float", "str", "None"}
+    if kinds - known:
+        return None          # a type this check does not know: the section's own validate
+    wants = []
+    if "int" in kinds and "float" not in kinds:
+        wants.append("an integer")
+    if "float" in kinds:
+        wants.append("a number")
+    if "bool" in kinds:
+        wants.append("true or false")
+    if "str" in kinds:
+        wants.append("a string")
+    if "None" in kinds:
+        wants.append("null")
+    hint = ""
+    if isinstance(value, str) and ("int" in kinds or "float" in kinds):
+        hint = _number_hint(value, "float" not in kinds)
+    return f"must be {' or '.join(wants)}, got {show(value)}{hint}"
+
+
+def check_type(name: str, value: Any, annotation: Any) -> None:
+    problem = type_problem(value, _kinds(annotation))
+    if problem:
+        raise ConfigError(name, problem)
+
+
+def build_section(cls, data: Any, prefix: str, aliases: dict | None = None,
+                  types: dict[str, str] | None = None):
+    """A (frozen) dataclass from a mapping: unknown keys, and values whose type does not
+    match the field's annotation, are a ``ConfigError`` naming ``prefix + key``.
+
+    ``types`` gives the annotations by hand where the class cannot (a compiled class
+    reports ``int | None`` as ``type``)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(prefix.rstrip("."), f"expected a mapping of fields, got {show(data)}")
+    types = {f.name: (types or {}).get(f.name, f.type) for f in fields(cls) if f.init}
+    kw = {}
+    for k, v in data.items():
+        if not isinstance(k, str):
+            raise ConfigError(prefix + str(k), f"field names are strings, got {show(k)} "
+                              f"(known: {', '.join(sorted(types))})")
+        name = (aliases or {}).get(k, k)
+        if name not in types:
+            raise ConfigError(prefix + k, f"unknown key (known: {', '.join(sorted(types))})")
+        check_type(prefix + k, v, types[name])
+        kw[name] = v
+    return cls(**kw)
+
+
+def field_kinds(cls, name: str) -> set[str] | None:
+    """The kinds of a dataclass field (None when there is no such field)."""
+    for f in fields(cls):
+        if f.name == name:
+            return _kinds(f.type)
+    return None

@@ -1,0 +1,176 @@
+"""What produced a run: the project's version and git commit, the command line, and the
+fully resolved scenario, so that ``run.json`` can re-run a run exactly.
+
+``run.json`` is a JSON object; readers ignore keys they do not know.  The keys this
+module writes (beside the report header of ``reports/run_report.header_from_scenario``):
+
+* ``scenario`` -- the scenario mapping as it ran: the file's fields after ``--set`` and a
+  sweep point's overrides, with ``seed`` and ``name`` filled in and every file path in it
+  (``workload.path``, ``backend.profile``) rewritten so that it no longer depends on the
+  scenario's folder: relative to the project root when the file lies inside it (``data/...``),
+  else absolute.
+* ``paths_relative_to`` -- ``"project root"``: how to read those relative paths.
+* ``scenario_file`` -- the scenario file the run started from (informational).
+* ``seed``, ``version``, ``commit`` (``null`` outside a git checkout), ``commit_dirty``
+  (tracked files differ from the commit), ``command`` (the command line, a list).
+
+``sim run RUN_FOLDER/run.json`` loads ``scenario`` back (``load_run_record``) and
+replays it; requests.csv and summary.json come out byte-identical apart from the two
+wall-clock fields of summary.json.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+PROJECT = "hybrid-cache-sim"
+ROOT = Path(__file__).resolve().parents[1]       # the project root (a source checkout)
+RELATIVE_TO = "project root"
+
+#: scenario fields that name a file, resolved against the scenario's folder at run time
+PATH_FIELDS = (("workload", "path"), ("backend", "profile"))
+
+
+def version() -> str:
+    """The installed distribution's version (``pyproject.toml``), ``unknown`` when the
+    package runs from a checkout that was never installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version(PROJECT)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit(root: Path = ROOT) -> tuple[str | None, bool]:
+    """(commit, dirty) of the checkout the code runs from; (None, False) when it is not a
+    git checkout or git is unavailable.  ``dirty``: tracked files differ from the commit."""
+    if not (root / ".git").exists():
+        return None, False
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=5)
+        if head.returncode:
+            return None, False
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                 "--untracked-files=no"], capture_output=True, text=True,
+                                timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None, False
+    return head.stdout.strip() or None, bool(status.stdout.strip())
+
+
+def version_line() -> str:
+    """What ``sim --version`` prints."""
+    commit, dirty = git_commit()
+    extra = f" (git {commit[:12]}{', modified' if dirty else ''})" if commit else ""
+    return f"{PROJECT} {version()}{extra}"
+
+
+def _portable(path: str, base: Path) -> str:
+    """``path`` as the scenario at ``base`` resolves it, relative to the project root
+    when inside it, else absolute."""
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        p = base / p
+    p = p.resolve()
+    try:
+        return p.relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def resolved_scenario(sc) -> dict:
+    """The scenario mapping as it ran (see the module docstring)."""
+    data = copy.deepcopy(sc.raw) if isinstance(sc.raw, dict) else {}
+    data["name"] = sc.name
+    data["seed"] = sc.seed
+    base = Path(sc.path).parent
+    for section, key in PATH_FIELDS:
+        sect = data.get(section)
+        if isinstance(sect, dict) and isinstance(sect.get(key), str):
+            sect[key] = _portable(sect[key], base)
+    wl = data.get("workload")
+    if isinstance(wl, dict):
+        from workloads import RENAMED
+
+        for old in RENAMED:                 # an old name cleared by --requests: drop it
+            if old in wl and wl[old] is None:
+                del wl[old]
+    return data
+
+
+def run_record(sc, command: list[str] | None) -> dict:
+    """The provenance keys of ``run.json``."""
+    commit, dirty = git_commit()
+    return {
+        "scenario": resolved_scenario(sc),
+        "paths_relative_to": RELATIVE_TO,
+        "scenario_file": _portable(str(sc.path), Path.cwd()),
+        "seed": sc.seed,
+        "version": version(),
+        "commit": commit,
+        "commit_dirty": dirty,
+        "command": list(command) if command is not None else None,
+    }
+
+
+def is_run_record(path: Path) -> bool:
+    """Whether ``path`` is (meant as) a run folder's ``run.json`` rather than a scenario:
+    a file named run.json, or a JSON object with a ``scenario`` or ``paths_relative_to``."""
+    path = Path(path)
+    if path.suffix.lower() != ".json":
+        return False
+    if path.name == "run.json":
+        return True
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and ("scenario" in data or "paths_relative_to" in data)
+
+
+def load_run_record(path: Path, overrides: dict | None = None):
+    """The scenario a ``run.json`` records, ready to run again (``overrides`` as ``--set``)."""
+    from sim.cache.config import ConfigError
+    from sim.scenario import ScenarioError, apply_overrides, scenario_from_mapping
+
+    path = Path(path)
+    try:
+        data: Any = json.loads(path.read_text())
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read: {e.strerror}") from None
+    except ValueError as e:
+        raise ScenarioError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("scenario"), dict):
+        raise ScenarioError(f"{path}: scenario: missing or not a mapping (a run.json from before "
+                            f"run folders recorded their scenario cannot re-run; run the "
+                            f"scenario file)")
+    mapping = copy.deepcopy(data["scenario"])
+    # relative paths in a run record are relative to the project root: make them absolute
+    for section, key in PATH_FIELDS:
+        sect = mapping.get(section)
+        if isinstance(sect, dict) and isinstance(sect.get(key), str):
+            p = Path(sect[key]).expanduser()
+            sect[key] = str(p if p.is_absolute() else ROOT / p)
+    try:
+        if overrides:
+            mapping = apply_overrides(mapping, overrides)
+        return scenario_from_mapping(mapping, path)
+    except ConfigError as e:
+        raise ScenarioError(f"{path}: {e}") from None
+
+
+def load_scenario_or_run(path: Path, overrides: dict | None = None):
+    """A scenario file, or a run folder's ``run.json`` (re-run exactly)."""
+    from sim.scenario import load_scenario
+
+    if is_run_record(path):
+        return load_run_record(path, overrides)
+    return load_scenario(path, overrides)
