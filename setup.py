@@ -88,8 +88,12 @@ else:
         import mypy.version
 
         compiler = f"mypyc {mypy.version.__version__}"
-        ext_modules = mypycify(sources, opt_level="3")
-    except Exception as e:  # noqa: BLE001 - mypyc missing or failing: the pure build
+        # the compiled modules are type-checked strictly; the modules they merely
+        # import (sim.config, workloads' package init ...) are read for their types
+        # but their own errors do not stop the build (they run interpreted anyway)
+        ext_modules = mypycify(["--follow-imports=silent", *sources], opt_level="3")
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - mypyc missing or failing (mypy
+        # exits on type errors): the pure build
         if DEMAND_NATIVE:
             raise
         _record_fallback(e)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from sim import native  # noqa: E402
 from sim.run import simulate  # noqa: E402
-from sim.scenario import load_scenario  # noqa: E402
+from sim.config.scenario import load_scenario  # noqa: E402
 
 TARGET = 5000.0
 REFERENCES = {"Vidur": 670.0, "Marconi (cache-only replay)": 1500.0}

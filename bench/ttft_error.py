@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sim.run import simulate  # noqa: E402
-from sim.scenario import load_scenario  # noqa: E402
+from sim.config.scenario import load_scenario  # noqa: E402
 
 
 def main() -> None:
@@ -30,12 +30,12 @@ def main() -> None:
     prof = str(Path(args.profile).resolve())
     a = load_scenario(args.scenario, {"backend.kind": "analytical", "backend.profile": prof})
     _, rows_a, _ = simulate(a)
-    pred = {r[1]: r[11] for r in rows_a}
+    pred = {r.request_id: r.ttft_s for r in rows_a}
     medians = []
     for i in range(args.repeats):
         t = load_scenario(args.scenario, {"backend.kind": "torch"})
         _, rows_t, s = simulate(t)
-        errs = sorted(abs(pred[r[1]] - r[11]) / r[11] for r in rows_t if r[11] > 0)
+        errs = sorted(abs(pred[r.request_id] - r.ttft_s) / r.ttft_s for r in rows_t if r.ttft_s > 0)
         med = statistics.median(errs)
         p90 = errs[int(0.9 * (len(errs) - 1))]
         medians.append(med)

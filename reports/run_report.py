@@ -21,7 +21,7 @@ def _save(fig, path: Path) -> None:
 
 
 def ttft_cdf(rows, path: Path, title: str) -> None:
-    vals = sorted(r[11] for r in rows)
+    vals = sorted(r.ttft_s for r in rows)
     n = len(vals)
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     if n:
@@ -41,8 +41,8 @@ def ttft_cdf(rows, path: Path, title: str) -> None:
 def hit_histogram(rows, path: Path, title: str, block: int) -> None:
     """Left: reconciled hit per request (one bin per attention/Mamba block).
     Right: tokens full attention held but reconciliation gave up."""
-    hits = [r[5] for r in rows]
-    lost = [r[7] for r in rows]
+    hits = [r.hit_tokens for r in rows]
+    lost = [r.lost_tokens for r in rows]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10.5, 3.8))
     top = max(max(hits, default=0), 1)
     edges = list(range(0, top + 2 * block, block))
@@ -71,50 +71,12 @@ def _gib(b: float) -> str:
     return f"{b / 2**30:.2f} GiB"
 
 
-def header_from_scenario(sc, dep) -> dict:
-    """What the report says about the deployment; stored as ``run.json`` in the run
-    folder so ``sim report`` can rebuild the report from the folder alone."""
-    from workloads import describe
+def read_rows(folder: Path) -> list:
+    """The served requests of ``requests.csv`` (``sim.records.RequestRecord``, by column
+    name); those refused on arrival have no measurements (see summary.json)."""
+    from sim.records import read_request_records
 
-    return {
-        "name": sc.name, "description": sc.description.strip(), "model": sc.model.name,
-        "block_size": dep.layout.block_size, "policy": sc.cache.policy,
-        "retention": sc.cache.prefix_cache_retention_interval,
-        "shared_prefix_checkpoint": sc.cache.enable_mamba_shared_prefix_checkpoint,
-        "lookahead_hashes": not sc.cache.disable_lookahead_block_hashes,
-        "speculative": f"{sc.speculative.method or 'none'} k={sc.speculative.num_speculative_tokens}, "
-                       f"mean accepted {sc.speculative.mean_accepted_tokens}",
-        "gpu": f"{sc.gpu.count} x {sc.gpu.type}",
-        "workload": describe(sc.workload),
-    }
-
-
-def read_rows(folder: Path) -> list[tuple]:
-    """requests.csv back into the engine's row tuples (index first)."""
-    import csv
-
-    rows = []
-    with open(Path(folder) / "requests.csv", newline="") as f:
-        rd = csv.reader(f)
-        header = next(rd)
-        ints = {"prompt_tokens", "hit_tokens", "attention_hit_tokens", "lost_tokens", "junction",
-                "recomputed_tokens", "output_tokens", "preemptions", "mamba_states_written"}
-        refused = header.index("rejected") if "rejected" in header else -1
-        for i, rec in enumerate(rd):
-            if refused >= 0 and rec[refused]:
-                continue        # refused on arrival: no measurements (see summary.json)
-            vals = []
-            for name, v in zip(header, rec):
-                if name == "rejected":
-                    continue
-                if name in ("request_id", "session"):
-                    vals.append(v)
-                elif name in ints:
-                    vals.append(int(v))
-                else:
-                    vals.append(float(v))
-            rows.append((i, *vals))
-    return rows
+    return [r for r in read_request_records(Path(folder) / "requests.csv") if not r.rejected]
 
 
 def _rejected(s: dict) -> str:
@@ -134,7 +96,7 @@ RUN_KEYS = ("name", "description", "model", "block_size", "policy", "retention",
             "shared_prefix_checkpoint", "lookahead_hashes", "speculative", "gpu", "workload")
 
 
-def load_run_folder(folder: Path) -> tuple[dict, dict, list[tuple]]:
+def load_run_folder(folder: Path) -> tuple[dict, dict, list]:
     """summary.json, run.json and requests.csv of a run folder, checked before anything is
     drawn: a corrupt or foreign file is one ``InputError`` naming it."""
     import csv
@@ -168,14 +130,15 @@ def load_run_folder(folder: Path) -> tuple[dict, dict, list[tuple]]:
         raise InputError(f"{req}: cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise InputError(f"{req}: not UTF-8 text") from None
-    except (ValueError, IndexError, StopIteration, csv.Error) as e:
+    except (ValueError, IndexError, StopIteration, TypeError, csv.Error) as e:
         raise InputError(f"{req}: not a run's requests table "
                          f"({type(e).__name__}: {str(e) or 'empty file'})") from None
-    for i, r in enumerate(rows):
-        # the figures read hit (5), lost (7) and TTFT (11) by position
-        if len(r) < 13 or not all(isinstance(r[k], (int, float)) and math.isfinite(r[k])
-                                  for k in (5, 7, 11)):
-            raise InputError(f"{req}:{r[0] + 2}: not a row of sim run's requests table")
+    for r in rows:
+        # the figures read hit_tokens, lost_tokens and ttft_s
+        if not all(isinstance(v, (int, float)) and math.isfinite(v)
+                   for v in (r.hit_tokens, r.lost_tokens, r.ttft_s)):
+            raise InputError(f"{req}: request {r.request_id}: not a row of sim run's "
+                             f"requests table")
     return s, h, rows
 
 

@@ -135,6 +135,7 @@ def write_profile(profile: dict, path: Path, command: str) -> None:
 
 def median_ttft_error(torch_rows, analytical_rows) -> tuple[float, int]:
     """Median relative TTFT error of analytical vs torch, paired by request id."""
-    a = {r[1]: r[11] for r in analytical_rows}
-    errs = [abs(a[r[1]] - r[11]) / r[11] for r in torch_rows if r[1] in a and r[11] > 0]
+    a = {r.request_id: r.ttft_s for r in analytical_rows}
+    errs = [abs(a[r.request_id] - r.ttft_s) / r.ttft_s for r in torch_rows
+            if r.request_id in a and r.ttft_s > 0]
     return (statistics.median(errs) if errs else float("nan")), len(errs)

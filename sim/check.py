@@ -67,11 +67,13 @@ def compute(path: Path) -> tuple[str, dict[str, dict[str, str]]]:
             out[r["id"]] = vals
         return "case", out
     from sim.run import simulate
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
 
     sc = load_scenario(path)
     _, rows, _ = simulate(sc)
-    return "scenario", {r[1]: {"hit": str(r[5]), "attention": str(r[6]), "junction": str(r[8])}
+    return "scenario", {r.request_id: {"hit": str(r.hit_tokens),
+                                       "attention": str(r.attention_hit_tokens),
+                                       "junction": str(r.junction)}
                         for r in rows}
 
 

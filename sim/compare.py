@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 
 from sim.atomic import atomic_folder
-from sim.cache.config import ConfigError
+from sim.config.errors import ConfigError
 
 
 def resolve_flag(scenario_path: Path, flag: str) -> str:
@@ -18,17 +18,21 @@ def resolve_flag(scenario_path: Path, flag: str) -> str:
 
 
 def _sections() -> dict:
-    from sim.policies import CacheSection
-    from sim.scenario import BackendSection, GPUSection, KVCacheSection, SpeculativeSection
+    from sim.config.backend import BackendSection
+    from sim.config.cache import CacheSection
+    from sim.config.gpu import GPUSection
+    from sim.config.kv_cache import KVCacheSection
+    from sim.config.scheduler import SchedulerConfig
+    from sim.config.speculative import SpeculativeSection
 
     return {"cache": CacheSection, "speculative": SpeculativeSection, "kv_cache": KVCacheSection,
-            "backend": BackendSection, "gpu": GPUSection, "scheduler": None}
+            "backend": BackendSection, "gpu": GPUSection, "scheduler": SchedulerConfig}
 
 
 def _find_flag(scenario_path: Path, flag: str) -> str:
     from sim.config.errors import InputError
     from sim.config.loader import load_file
-    from sim.scenario import ScenarioError
+    from sim.config.scenario import ScenarioError
 
     try:
         data = load_file(scenario_path, ScenarioError, fmt="yaml") or {}
@@ -38,7 +42,7 @@ def _find_flag(scenario_path: Path, flag: str) -> str:
         for section in ("cache", "scheduler", "speculative", "kv_cache", "backend", "gpu"):
             if isinstance(data.get(section), dict) and flag in data[section]:
                 return f"{section}.{flag}"
-    from sim.policies import CacheSection
+    from sim.config.cache import CacheSection
 
     if flag in CacheSection.__dataclass_fields__:
         return f"cache.{flag}"
@@ -47,8 +51,8 @@ def _find_flag(scenario_path: Path, flag: str) -> str:
 
 
 def _check_boolean(dotted: str, flag: str) -> None:
+    from sim.cache.config import canonical_key
     from sim.config.fields import field_kinds
-    from sim.scenario import SCHEDULER_TYPES
 
     parts = dotted.split(".")
     sections = _sections()
@@ -56,13 +60,7 @@ def _check_boolean(dotted: str, flag: str) -> None:
         raise ConfigError(f"--flag {flag}", f"not a field of a scenario section (give SECTION."
                           f"FIELD with SECTION one of {', '.join(sorted(sections))})")
     section, name = parts
-    cls = sections[section]
-    if cls is None:
-        kinds = {k.strip() for k in SCHEDULER_TYPES[name].split("|")} \
-            if name in SCHEDULER_TYPES else None
-    else:
-        aliases = {"enable_mamba_fine_grained_prefix_cache": "enable_mamba_shared_prefix_checkpoint"}
-        kinds = field_kinds(cls, aliases.get(name, name))
+    kinds = field_kinds(sections[section], canonical_key(name))
     if kinds is None:
         raise ConfigError(f"--flag {flag}", f"{section} has no field {name!r}")
     if kinds != {"bool"}:
@@ -73,7 +71,7 @@ def _check_boolean(dotted: str, flag: str) -> None:
 def compare(scenario_path: Path, flag: str, out: Path, sets: dict | None = None,
             command: list[str] | None = None) -> dict:
     from sim.run import simulate, write_run
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
 
     dotted = resolve_flag(scenario_path, flag)
     runs = {}
@@ -89,18 +87,19 @@ def compare(scenario_path: Path, flag: str, out: Path, sets: dict | None = None,
         for value, name in ((False, "off"), (True, "on")):
             sc, dep, rows, summary = runs[value]
             write_run(tmp / name, sc, dep, rows, summary, report=True, command=command)
-        off_rows = {r[1]: r for r in runs[False][2]}
-        on_rows = {r[1]: r for r in runs[True][2]}
+        off_rows = {r.request_id: r for r in runs[False][2]}     # (in arrival order)
+        on_rows = {r.request_id: r for r in runs[True][2]}
         with open(tmp / "paired.csv", "w", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(["request_id", "prompt_tokens", "hit_off", "hit_on", "hit_delta",
                         "lost_off", "lost_on", "ttft_off_s", "ttft_on_s", "ttft_delta_s"])
-            for rid in sorted(off_rows, key=lambda k: off_rows[k][0]):
-                a, b = off_rows[rid], on_rows.get(rid)
+            for rid, a in off_rows.items():
+                b = on_rows.get(rid)
                 if b is None:
                     continue
-                w.writerow([rid, a[4], a[5], b[5], b[5] - a[5], a[7], b[7], f"{a[11]:.6f}",
-                            f"{b[11]:.6f}", f"{b[11] - a[11]:.6f}"])
+                w.writerow([rid, a.prompt_tokens, a.hit_tokens, b.hit_tokens,
+                            b.hit_tokens - a.hit_tokens, a.lost_tokens, b.lost_tokens,
+                            f"{a.ttft_s:.6f}", f"{b.ttft_s:.6f}", f"{b.ttft_s - a.ttft_s:.6f}"])
         s0, s1 = runs[False][3], runs[True][3]
         keys = ["token_hit_rate", "request_hit_rate", "lost_token_rate", "ttft_mean_s",
                 "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "throughput_tok_s",
@@ -114,8 +113,10 @@ def compare(scenario_path: Path, flag: str, out: Path, sets: dict | None = None,
                 rel = (b - a) / a if a else float("nan")
                 deltas.append((k, a, b, b - a, rel))
                 w.writerow([k, f"{a:.6g}", f"{b:.6g}", f"{b - a:.6g}", f"{rel:.4g}"])
-        improved = sum(1 for rid, a in off_rows.items() if rid in on_rows and on_rows[rid][5] > a[5])
-        worse = sum(1 for rid, a in off_rows.items() if rid in on_rows and on_rows[rid][5] < a[5])
+        improved = sum(1 for rid, a in off_rows.items()
+                       if rid in on_rows and on_rows[rid].hit_tokens > a.hit_tokens)
+        worse = sum(1 for rid, a in off_rows.items()
+                    if rid in on_rows and on_rows[rid].hit_tokens < a.hit_tokens)
         lines = [f"# {runs[False][0].name}: `{dotted}` off vs on", "",
                  f"Same scenario and seed; {len(off_rows):,} requests paired by id. "
                  f"{improved:,} requests reuse more with the flag on, {worse:,} reuse less.", "",

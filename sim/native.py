@@ -15,8 +15,8 @@ finder placed first on ``sys.path``'s search loads every listed module from its
 ``.py`` — all of them, because compiled modules call each other directly in C
 and a mix could still run a stale one.
 
-``backends/__init__.py`` imports ``sim`` first, so the same choice covers
-``backends.analytical``.
+``backends/__init__.py`` and ``workloads/base.py`` import ``sim`` first, so the same
+choice covers ``backends.analytical`` and ``workloads.hash_ids``.
 
 ``HCS_NATIVE`` chooses at run time: ``auto`` (default: compiled when fresh),
 ``0`` (always the source, e.g. to profile with cProfile or to debug), ``1``
@@ -37,6 +37,7 @@ from pathlib import Path
 # modules compiled by setup.py (the simulation hot path)
 NATIVE_MODULES = (
     "sim.cache.rules",
+    "sim.cache.specs",
     "sim.cache.key_map",
     "sim.cache.block_pool",
     "sim.cache.hashing",
@@ -50,6 +51,7 @@ NATIVE_MODULES = (
     "sim.engine.engine",
     "sim.engine.record",
     "backends.analytical",
+    "workloads.hash_ids",
 )
 MANIFEST = "_native_build.json"
 ENV = "HCS_NATIVE"

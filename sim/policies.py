@@ -7,58 +7,13 @@ variants, Marconi-style admission, an ideal cache) register here by name.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
-from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig, ConfigError
+from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig
 from sim.cache.kv_manager import KVCacheManager
-
-
-@dataclass(frozen=True)
-class CacheSection:
-    """The ``cache`` section of a scenario (vLLM ``CacheConfig`` names)."""
-
-    policy: str = "vllm"
-    prefix_match_unit: int | None = None
-    enable_mamba_shared_prefix_checkpoint: bool = False
-    prefix_cache_retention_interval: int | None = 0     # vllm serve's default
-    prompt_checkpoint: str = "v0.33"
-    disable_lookahead_block_hashes: bool = False
-    kv_connector: str | None = None
-
-    @classmethod
-    def from_mapping(cls, d: dict, prefix: str = "cache.") -> "CacheSection":
-        from sim.config.fields import build_section
-
-        aliases = {"enable_mamba_fine_grained_prefix_cache": "enable_mamba_shared_prefix_checkpoint",
-                   "hash_block_size": "prefix_match_unit"}
-        sec = build_section(cls, d, prefix, aliases)
-        for b in ("enable_mamba_shared_prefix_checkpoint", "disable_lookahead_block_hashes"):
-            if not isinstance(getattr(sec, b), bool):
-                raise ConfigError(prefix + b, f"must be true or false, got {getattr(sec, b)!r}")
-        if sec.policy not in POLICIES:
-            raise ConfigError(prefix + "policy",
-                              f"unknown policy {sec.policy!r} (known: {', '.join(sorted(POLICIES))})")
-        return sec
-
-
-@dataclass(frozen=True)
-class SpecDecode:
-    """Speculative decoding as the cache sees it."""
-
-    method: str | None = None          # eagle | eagle3 | mtp | None
-    num_speculative_tokens: int = 0
-    multi_module_mtp: bool = False     # vLLM: min(num_nextn_predict_layers, k) > 1
-
-    @property
-    def uses_eagle(self) -> bool:
-        return self.method in ("eagle", "eagle3", "mtp") and self.num_speculative_tokens > 0
-
-    @property
-    def num_prefill_lookahead(self) -> int:
-        if not self.uses_eagle:
-            return 0
-        return self.num_speculative_tokens if self.multi_module_mtp else 1
+from sim.config.cache import CacheSection
+from sim.config.errors import ConfigError
+from sim.config.speculative import SpecDecode
 
 
 class CachePolicy(Protocol):
@@ -82,7 +37,7 @@ class VllmPolicy:
             lookahead = 0
         try:
             return CacheConfig(
-                groups=groups, block_size=block_size, hash_block_size=cache.prefix_match_unit,
+                groups=groups, block_size=block_size, hash_block_size=cache.hash_block_size,
                 eagle=spec.uses_eagle,
                 shared_prefix_checkpoint=cache.enable_mamba_shared_prefix_checkpoint,
                 prompt_checkpoint=cache.prompt_checkpoint, num_blocks=num_blocks,
@@ -92,8 +47,7 @@ class VllmPolicy:
                 mamba_num_speculative_blocks=spec.num_speculative_tokens if spec.uses_eagle else 0,
                 max_model_len=max_model_len if max_model_len is not None else NO_LENGTH_LIMIT)
         except ConfigError as e:
-            field = {"hash_block_size": "prefix_match_unit",
-                     "shared_prefix_checkpoint": "enable_mamba_shared_prefix_checkpoint"
+            field = {"shared_prefix_checkpoint": "enable_mamba_shared_prefix_checkpoint"
                      }.get(e.field_name, e.field_name)
             raise ConfigError("cache." + field, str(e).split(": ", 1)[1]) from None
 

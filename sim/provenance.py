@@ -2,10 +2,11 @@
 fully resolved scenario, so that ``run.json`` can re-run a run exactly.
 
 ``run.json`` is a JSON object; readers ignore keys they do not know.  The keys this
-module writes (beside the report header of ``reports/run_report.header_from_scenario``):
+module writes (beside the report header of ``sim/run.py`` ``run_header``):
 
 * ``scenario`` -- the scenario mapping as it ran: the file's fields after ``--set`` and a
-  sweep point's overrides, with ``seed`` and ``name`` filled in and every file path in it
+  sweep point's overrides, with ``seed`` and ``name`` filled in, old field names written
+  as the one name (``sim/cache/config.py`` ``ALIASES``), and every file path in it
   (``workload.path``, ``backend.profile``) rewritten so that it no longer depends on the
   scenario's folder: relative to the project root when the file lies inside it (``data/...``),
   else absolute.
@@ -96,6 +97,12 @@ def resolved_scenario(sc) -> dict:
         sect = data.get(section)
         if isinstance(sect, dict) and isinstance(sect.get(key), str):
             sect[key] = _portable(sect[key], base)
+    cache = data.get("cache")
+    if isinstance(cache, dict):             # old names of cache fields: write the one name
+        from sim.cache.config import canonical_key
+
+        data["cache"] = {canonical_key(k) if isinstance(k, str) else k: v
+                         for k, v in cache.items()}
     wl = data.get("workload")
     if isinstance(wl, dict):
         from workloads import RENAMED
@@ -138,8 +145,8 @@ def is_run_record(path: Path) -> bool:
 
 def load_run_record(path: Path, overrides: dict | None = None):
     """The scenario a ``run.json`` records, ready to run again (``overrides`` as ``--set``)."""
-    from sim.cache.config import ConfigError
-    from sim.scenario import ScenarioError, apply_overrides, scenario_from_mapping
+    from sim.config.errors import ConfigError
+    from sim.config.scenario import ScenarioError, apply_overrides, scenario_from_mapping
 
     path = Path(path)
     try:
@@ -169,7 +176,7 @@ def load_run_record(path: Path, overrides: dict | None = None):
 
 def load_scenario_or_run(path: Path, overrides: dict | None = None):
     """A scenario file, or a run folder's ``run.json`` (re-run exactly)."""
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
 
     if is_run_record(path):
         return load_run_record(path, overrides)

@@ -18,25 +18,18 @@ from typing import Callable
 
 from backends.analytical import CostModel
 from sim.atomic import atomic_folder
-from sim.cache.config import ConfigError
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry
 from sim.capacity import check_max_model_len, check_pool_memory
-from sim.config.errors import CapacityError
+from sim.config.errors import CapacityError, ConfigError
+from sim.config.gpus import get_gpu, kv_budget
+from sim.config.scenario import Scenario
 from sim.engine.engine import Engine
 from sim.engine.record import Recorder, RequestMaker
 from sim.engine.scheduler import TOO_LONG_FOR_POOL, Scheduler, SimRequest
-from sim.gpus import get_gpu, kv_budget
-from sim.models import derive_layout
+from sim.models.layout import derive_layout
 from sim.policies import get_policy
-from sim.scenario import Scenario
-
-REQUEST_COLUMNS = ["request_id", "session", "arrival_s", "prompt_tokens", "hit_tokens",
-                   "attention_hit_tokens", "lost_tokens", "junction", "recomputed_tokens",
-                   "queue_s", "ttft_s", "e2e_s", "output_tokens", "preemptions",
-                   "mamba_states_written", "rejected"]
-# (rejected: "" for a served request, else why it was refused on arrival; such a row
-# holds only request_id, session, arrival_s and prompt_tokens)
+from sim.records import REQUEST_COLUMNS, SUMMARY_FIELDS, RequestRecord, records_in_arrival_order
 
 
 @dataclass
@@ -51,8 +44,8 @@ class Deployment:
     cost: CostModel
     kv: KVCacheManager
     verify: list | None = None       # torch backend: per-request resume-vs-scratch records
-    # requests refused on arrival: their requests.csv rows (index first, reason last)
-    rejected_rows: list = field(default_factory=list)
+    # every request in arrival order, served and refused on arrival (requests.csv)
+    records: list[RequestRecord] = field(default_factory=list)
 
 
 def build_deployment(sc: Scenario) -> Deployment:
@@ -213,9 +206,9 @@ def _quiet_gc():
 
 def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: bool = True,
              fast_decode: bool = True, plant: str | None = None):
-    """Run the scenario; returns (deployment, rows sorted by arrival, summary dict).
-    ``rows`` are the served requests; those refused on arrival are in
-    ``deployment.rejected_rows`` (``write_run`` puts both in requests.csv)."""
+    """Run the scenario; returns (deployment, records, summary dict).  ``records`` are the
+    served requests (``RequestRecord``, in arrival order); ``deployment.records`` holds
+    every request, those refused on arrival included (what ``write_run`` writes)."""
     from workloads import build_workload
 
     t_wall = time.perf_counter()
@@ -247,13 +240,13 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
                  progress=progress)
     with _quiet_gc():
         eng.run(traces)     # (the engine's progress guard raises a CapacityError)
-    rows = sorted(rec.rows)
-    if not rows and eng.rejected:
+    if not rec.rows and eng.rejected:
         raise CapacityError(f"every request was rejected ({len(eng.rejected):,}); the first: "
                             f"{why_rejected(sched, eng.rejected[0])}")
     for r in eng.rejected:
         rec.reject(r)
-    dep.rejected_rows = sorted(rec.rejected_rows, key=lambda row: row[0])
+    dep.records = records_in_arrival_order(rec.rows, rec.rejected_rows)
+    rows = [r for r in dep.records if not r.rejected]
     wall = time.perf_counter() - t_wall
     summary = summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids)
     if torch_backend is not None:
@@ -307,15 +300,16 @@ def build_torch_backend(sc: Scenario, dep, sched, plant: str | None = None):
 
 def summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids) -> dict:
     n = len(rows)
-    prompt = sum(r[4] for r in rows)
-    hit = sum(r[5] for r in rows)
-    lost = sum(r[7] for r in rows)
-    out_tokens = sum(r[13] for r in rows)
-    ttfts = sorted(r[11] for r in rows)
-    makespan = max((r[3] + r[12] for r in rows), default=0.0) - min((r[3] for r in rows), default=0.0)
+    prompt = sum(r.prompt_tokens for r in rows)
+    hit = sum(r.hit_tokens for r in rows)
+    lost = sum(r.lost_tokens for r in rows)
+    out_tokens = sum(r.output_tokens for r in rows)
+    ttfts = sorted(r.ttft_s for r in rows)
+    makespan = (max((r.arrival_s + r.e2e_s for r in rows), default=0.0)
+                - min((r.arrival_s for r in rows), default=0.0))
     pool = dep.kv.pool
     page = dep.block_bytes
-    return {
+    summary = {
         "scenario": sc.name,
         "model": sc.model.name,
         "policy": sc.cache.policy,
@@ -327,7 +321,7 @@ def summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids) -> dict:
         "prompt_tokens": prompt,
         "hit_tokens": hit,
         "token_hit_rate": hit / prompt if prompt else 0.0,
-        "request_hit_rate": sum(1 for r in rows if r[5] > 0) / n if n else 0.0,
+        "request_hit_rate": sum(1 for r in rows if r.hit_tokens > 0) / n if n else 0.0,
         "lost_tokens": lost,
         "lost_token_rate": lost / prompt if prompt else 0.0,
         "ttft_mean_s": sum(ttfts) / n if n else float("nan"),
@@ -345,6 +339,26 @@ def summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids) -> dict:
         "wall_s": wall,
         "sim_requests_per_s": n / wall if wall > 0 else 0.0,
     }
+    assert tuple(summary) == SUMMARY_FIELDS   # (sim/records.py names them, in file order)
+    return summary
+
+
+def run_header(sc: Scenario, dep) -> dict:
+    """What the report says about the deployment: the first keys of ``run.json``, so that
+    ``sim report`` rebuilds the report from the run folder alone."""
+    from workloads import describe
+
+    return {
+        "name": sc.name, "description": sc.description.strip(), "model": sc.model.name,
+        "block_size": dep.layout.block_size, "policy": sc.cache.policy,
+        "retention": sc.cache.prefix_cache_retention_interval,
+        "shared_prefix_checkpoint": sc.cache.enable_mamba_shared_prefix_checkpoint,
+        "lookahead_hashes": not sc.cache.disable_lookahead_block_hashes,
+        "speculative": f"{sc.speculative.method or 'none'} k={sc.speculative.num_speculative_tokens}, "
+                       f"mean accepted {sc.speculative.mean_accepted_tokens}",
+        "gpu": f"{sc.gpu.count} x {sc.gpu.type}",
+        "workload": describe(sc.workload),
+    }
 
 
 def _fmt(v) -> str:
@@ -360,20 +374,15 @@ def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = Tr
     may add files of its own before the folder moves into place.  ``run.json`` holds the
     report header plus what re-runs the run (``sim/provenance.py``); ``command`` is the
     command line recorded there."""
-    from reports.run_report import header_from_scenario, write_report
+    from reports.run_report import write_report
     from sim.provenance import run_record
 
     with atomic_folder(out_dir, kind="run") as tmp:
         with open(tmp / "requests.csv", "w", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(REQUEST_COLUMNS)
-            refused = list(getattr(dep, "rejected_rows", None) or [])
-            if refused:
-                rows = sorted([*rows, *refused], key=lambda row: row[0])
-            for r in rows:
-                # a served row has no reason: its rejected column is empty
-                w.writerow([_fmt(v) for v in r[1:]] + ([""] if len(r) == len(REQUEST_COLUMNS)
-                                                       else []))
+            for r in (getattr(dep, "records", None) or rows):
+                w.writerow([_fmt(v) for v in r])
         # wall_s and sim_requests_per_s measure this machine; every other field (and
         # every other file but run.json's command and commit) is byte-identical for the
         # same inputs and seed.
@@ -382,7 +391,7 @@ def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = Tr
             json.dump(summary, f, indent=1, sort_keys=False, allow_nan=False)
             f.write("\n")
         with open(tmp / "run.json", "w") as f:
-            json.dump({**header_from_scenario(sc, dep), **run_record(sc, command)}, f, indent=1)
+            json.dump({**run_header(sc, dep), **run_record(sc, command)}, f, indent=1)
             f.write("\n")
         if report:
             write_report(tmp)

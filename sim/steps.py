@@ -8,11 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.cache.case import CASE_KEYS, CaseError, parse_runs
-from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig, ConfigError
+from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig
 from sim.cache.prompt import StreamRegistry
-from sim.config.errors import CapacityError
+from sim.config.errors import CapacityError, ConfigError
+from sim.config.scheduler import SchedulerConfig
 from sim.engine.engine import Engine
-from sim.engine.scheduler import Scheduler, SchedulerConfig, SimRequest
+from sim.engine.scheduler import Scheduler, SimRequest
 
 STEP_KEYS = {"max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
              "num_speculative_tokens", "accepted_tokens", "eagle_lookahead_hashes"}

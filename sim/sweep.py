@@ -7,7 +7,7 @@ A sweep file::
     set: {workload.num_requests: 1000}   # applied to every point (optional)
     grid:                                # cartesian product of dotted scenario fields
       cache.enable_mamba_shared_prefix_checkpoint: [false, true]
-      cache.prefix_match_unit: [64, 192]
+      cache.hash_block_size: [64, 192]
     points:                              # and/or named points
       - {name: dense, set: {cache.prefix_cache_retention_interval: null}}
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.atomic import atomic_folder
-from sim.cache.config import ConfigError
+from sim.config.errors import ConfigError
 
 SWEEP_KEYS = {"name", "description", "base", "set", "grid", "points", "output"}
 TIMING = ("wall_s", "sim_requests_per_s")
@@ -131,7 +131,7 @@ def load_sweep(path: str | Path, overrides: dict | None = None) -> Sweep:
         raise SweepError(f"{path}: grid/points: the sweep has no points")
     # Validate every point's scenario up front: a typo fails the sweep before any run.
     from sim.run import build_deployment
-    from sim.scenario import ScenarioError, load_scenario
+    from sim.config.scenario import ScenarioError, load_scenario
 
     for pt in points:
         try:
@@ -149,7 +149,7 @@ def _check_paths(path, where: str, mapping: dict) -> None:
     for k in mapping:
         if not isinstance(k, str) or not k.strip() or any(not p.strip() for p in k.split(".")):
             raise SweepError(f"{path}: {where}: {k!r} is not a dotted field path "
-                             f"(like cache.prefix_match_unit)")
+                             f"(like cache.hash_block_size)")
 
 
 def run_point(base: str, overrides: dict, command: list[str] | None = None) -> dict:
@@ -158,7 +158,7 @@ def run_point(base: str, overrides: dict, command: list[str] | None = None) -> d
     ``command`` (the sweep's command line) goes into the point's run.json."""
     try:
         from sim.run import simulate, write_run
-        from sim.scenario import load_scenario
+        from sim.config.scenario import load_scenario
 
         sc = load_scenario(base, overrides)
         dep, rows, summary = simulate(sc)

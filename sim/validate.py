@@ -33,10 +33,10 @@ def case_to_spec(data: dict) -> tuple[dict, list[str]]:
     """Our case mapping -> the differential tester's spec (segments per request)."""
     from sim.cache.case import CaseError, parse_case
 
-    from sim.cache.config import ALIASES
+    from sim.cache.config import case_field
 
     parse_case(data)  # validates; raises CaseError with the field
-    cfg = {ALIASES.get(k, k): v for k, v in (data.get("config") or {}).items()}
+    cfg = {case_field(k): v for k, v in (data.get("config") or {}).items()}
     requests, ids = [], []
     for i, r in enumerate(data["requests"]):
         p = r["prompt"]

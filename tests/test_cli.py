@@ -63,9 +63,30 @@ def test_negative_size_is_one_line(tmp_path):
     _one_line_error(res, "scheduler.max_num_seqs")
 
 
-def test_bad_prefix_match_unit_names_the_field(tmp_path):
-    res = runner.invoke(app, ["run", str(_athena(tmp_path, **{"cache.prefix_match_unit": 100}))])
-    _one_line_error(res, "cache.prefix_match_unit", "divide")
+def test_bad_hash_block_size_names_the_field(tmp_path):
+    res = runner.invoke(app, ["run", str(_athena(tmp_path, **{"cache.hash_block_size": 100}))])
+    _one_line_error(res, "cache.hash_block_size", "divide")
+
+
+def test_old_hash_unit_name_is_accepted_and_errors_use_the_one_name(tmp_path):
+    # prefix_match_unit is an old name (sim/cache/config.py ALIASES) of hash_block_size
+    res = runner.invoke(app, ["run", str(_athena(tmp_path)), "--set",
+                              "cache.prefix_match_unit=100"])
+    _one_line_error(res, "cache.hash_block_size", "divide")
+    p = _athena(tmp_path)
+    data = yaml.safe_load(p.read_text())
+    data["cache"]["prefix_match_unit"] = data["cache"].pop("hash_block_size")
+    p.write_text(yaml.safe_dump(data))
+    res = runner.invoke(app, ["run", str(p), "--out", str(tmp_path / "o"), "-q", "--no-report"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "o" / "run.json").read_text())["scenario"]["cache"][
+        "hash_block_size"] == 64
+    data["cache"]["prefix_match_unit"] = 100
+    p.write_text(yaml.safe_dump(data))
+    _one_line_error(runner.invoke(app, ["run", str(p)]), "cache.hash_block_size", "divide")
+    data["cache"]["hash_block_size"] = 64
+    p.write_text(yaml.safe_dump(data))
+    _one_line_error(runner.invoke(app, ["run", str(p)]), "cache.", "set twice")
 
 
 def test_broken_trace_line_names_file_and_line(tmp_path):

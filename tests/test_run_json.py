@@ -50,7 +50,9 @@ def test_rerun_from_run_json_is_byte_identical(tmp_path):
                "--out", str(a), "-q", "--no-report", cwd=ROOT) == 0
     rec = json.loads((a / "run.json").read_text())
     sc = rec["scenario"]
-    assert sc["cache"]["prefix_match_unit"] == 1088 and sc["scheduler"]["max_num_seqs"] == 32
+    # (--set used the old name prefix_match_unit: run.json writes only the one name)
+    assert sc["cache"]["hash_block_size"] == 1088 and sc["scheduler"]["max_num_seqs"] == 32
+    assert "prefix_match_unit" not in sc["cache"]
     assert sc["workload"]["num_requests"] == 80 and "limit" not in sc["workload"]
     assert sc["workload"]["path"] == "data/traces/mooncake_fast25/conversation_trace.jsonl"
     assert rec["paths_relative_to"] == "project root"

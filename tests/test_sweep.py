@@ -35,7 +35,7 @@ def test_grid_runs_every_point_and_flag_on_reuses_more(tmp_path):
 def test_failed_point_is_reported_and_others_kept(tmp_path):
     # 100 does not divide the 4,416-token block: load_sweep refuses it up front...
     with pytest.raises(SweepError, match="p001"):
-        load_sweep(_sweep(tmp_path, {"cache.prefix_match_unit": [64, 100]}))
+        load_sweep(_sweep(tmp_path, {"cache.hash_block_size": [64, 100]}))
     # ...and so are weights that do not fit on one GPU.
     with pytest.raises(SweepError, match="gpu.count"):
         load_sweep(_sweep(tmp_path, {"gpu.count": [4, 1]}))

@@ -456,15 +456,15 @@ def compare(spec: dict, ours: Ours, ans: dict) -> Verdict:
     elif len(consumers) < n_req - 1:
         failed_at = len(consumers) + 1
 
-    # Our `error` field holds one message per request: the per-group lookup's IndexError,
-    # overwritten by the lookup's own error (then nothing is prefilled) or by a prefill
-    # failure ("RuntimeError: allocate_slots failed ...").  Take it apart again.
+    # Our `error` field holds the request's own failure: the lookup's error (then nothing
+    # is prefilled) or a prefill failure ("RuntimeError: allocate_slots failed ...").  The
+    # per-group probe's failure is in `per_group_error`.  Take them apart again.
     def lookup_err(i: int) -> str | None:
         r = res[i]
         return _cls(r.get("error")) if r.get("hit") is None and r.get("error") else None
 
     def per_group_err(i: int) -> str | None:
-        return "IndexError" if res[i].get("per_group") is None else None
+        return _cls(res[i].get("per_group_error"))
 
     def prefill_err(i: int) -> str | None:
         e = res[i].get("error")
@@ -564,8 +564,9 @@ def oracle_expect(spec: dict, ans: dict) -> dict:
     exp["producer"] = prod
     for j, c in enumerate(ans.get("consumers") or []):
         e: dict[str, Any] = {"hit": c.get("hit"), "per_group": c.get("per_group"),
+                             "per_group_error": c.get("per_group_exception"),
                              "junction": c.get("shared_prefix_boundary"),
-                             "error": c.get("exception") or _cls(c.get("per_group_exception"))}
+                             "error": c.get("exception")}
         if "chunk_ends" in c:
             e["chunk_ends"] = c["chunk_ends"]
         if "events" in c:
@@ -594,7 +595,8 @@ def _brief_ours(ours: Ours) -> Any:
         return {"CaseError": ours.case_error}
     if ours.crash:
         return {"crash": ours.crash}
-    keep = ("id", "hit", "per_group", "junction", "chunk_ends", "mamba_states", "error", "events")
+    keep = ("id", "hit", "per_group", "per_group_error", "junction", "chunk_ends", "mamba_states",
+            "error", "events")
     return [{k: r.get(k) for k in keep} for r in ours.results]
 
 

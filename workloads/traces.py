@@ -14,9 +14,9 @@ from typing import Any, ClassVar, NoReturn
 
 import orjson
 
-from sim.cache.prompt import hash_id_segments
 from sim.config.loader import decode_line
 from workloads.base import Fields, TraceRequest, WorkloadError, is_int, is_number, show
+from workloads.hash_ids import hash_id_segments
 
 WHERE = "workload"
 

@@ -3,7 +3,9 @@
 :class:`TorchModelConfig` describes a small hybrid Mamba2/attention model with seeded random
 weights.  ``pattern`` uses the NemotronH characters, one per residual block:
 
-* ``M`` Mamba2 mixer, ``*`` attention (RoPE, GQA), ``-`` MLP, ``E`` MoE (run as a dense MLP here).
+* ``M`` Mamba2 mixer, ``*`` attention (GQA; position embedding as the model family's own
+  attention has it, see :data:`ATTENTION_POSITIONS`), ``-`` MLP, ``E`` MoE (run as a dense MLP
+  here).
 
 :meth:`TorchModelConfig.scaled` derives a reduced copy of a catalogue model (``sim.models``).
 This module imports nothing from torch, so configs can be built where torch is missing.
@@ -15,6 +17,34 @@ from dataclasses import dataclass, replace
 
 _PATTERN_CHARS = set("M*-E")
 _DTYPES = ("float32", "bfloat16")
+
+# How each model family's attention layers encode positions: (rotary fraction of head_dim,
+# rope theta); fraction 0 = no position embedding at all (the Mamba layers carry order).
+ATTENTION_POSITIONS = {
+    # NemotronH (Nemotron-H, Nemotron-Nano-v2, Nemotron-3): NemotronHAttention applies no rotary
+    # embedding (transformers modeling_nemotron_h; the config has no rope fields)
+    "nemotron_h": (0.0, 10000.0),
+    # Granite-4.0-H (granitemoehybrid): config position_embedding_type "nope"
+    "granite_moe_hybrid": (0.0, 10000.0),
+    # Jamba: JambaAttention has no position embedding
+    "jamba": (0.0, 10000.0),
+    # Qwen3-Next: RoPE on the first quarter of each head (partial_rotary_factor 0.25),
+    # rope_theta 10,000,000 (HF config Qwen/Qwen3-Next-80B-A3B-Instruct)
+    "qwen3_next": (0.25, 10_000_000.0),
+}
+
+
+def model_family(model_spec) -> str:
+    """The family of a catalogue (or inline) model, from what the catalogue records: the mixer
+    kind (GDN = Qwen3-Next, Mamba1 = Jamba) and, for Mamba2, the layer layout (one block per
+    pattern character = NemotronH; a mixer plus an FFN in every layer = Granite-4.0-H)."""
+    kind = getattr(model_spec, "mamba_kind", "mamba2")
+    if kind == "gdn":
+        return "qwen3_next"
+    if kind == "mamba1":
+        return "jamba"
+    every = model_spec.num_layers == model_spec.num_mamba_layers + model_spec.num_attention_layers
+    return "granite_moe_hybrid" if every else "nemotron_h"
 
 
 def _largest_divisor_at_most(n: int, cap: int) -> int:
@@ -41,6 +71,7 @@ class TorchModelConfig:
     q_heads: int = 4
     kv_heads: int = 2
     head_dim: int = 16
+    rope_fraction: float = 0.0    # share of head_dim rotated by RoPE; 0 = no position embedding
     rope_theta: float = 10000.0
     # MLP (``-`` and ``E`` blocks)
     ffn_dim: int = 128
@@ -67,8 +98,16 @@ class TorchModelConfig:
             raise ValueError(f"n_groups {self.n_groups} must divide mamba_heads {self.mamba_heads}")
         if self.q_heads % self.kv_heads:
             raise ValueError(f"kv_heads {self.kv_heads} must divide q_heads {self.q_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim {self.head_dim} must be even (RoPE)")
+        if not 0.0 <= self.rope_fraction <= 1.0:
+            raise ValueError(f"rope_fraction must be in [0, 1], got {self.rope_fraction}")
+        if self.rope_fraction and (self.rotary_dim < 2 or self.rotary_dim % 2):
+            raise ValueError(f"rope_fraction {self.rope_fraction} x head_dim {self.head_dim} "
+                             f"must give an even rotary width >= 2")
+
+    @property
+    def rotary_dim(self) -> int:
+        """Leading channels of each head that RoPE rotates (0: no position embedding)."""
+        return int(round(self.head_dim * self.rope_fraction))
 
     # -- derived shapes --------------------------------------------------------------------
     @property
@@ -131,6 +170,9 @@ class TorchModelConfig:
           dividing q heads, hidden rounded up to a multiple of 8); per-head sizes (mamba_head_dim,
           d_state, head_dim) and conv_kernel are kept, so the Mamba-state / KV ratios stay.
         * Vocab capped at ``max_vocab`` (4096); chunk_size from the spec (64 when it has none).
+        * Attention positions as the family's own attention (:func:`model_family`,
+          :data:`ATTENTION_POSITIONS`): none for NemotronH, Granite-4.0-H and Jamba; RoPE on a
+          quarter of each head (theta 1e7) for Qwen3-Next.
         * Non-Mamba2 mixers are *stood in for* by a Mamba2 mixer with the same state shape: GDN
           (Qwen3-Next) as heads = v_heads, head_dim = v_dim, d_state = k_dim, groups = k_heads;
           Mamba1 (Jamba) as d_inner / 64 heads of 64 with its d_state and one group.
@@ -180,14 +222,20 @@ class TorchModelConfig:
             ffn = (max(1, m.top_k) * m.expert_ffn
                    + getattr(m, "shared_experts", 0) * getattr(m, "shared_expert_ffn", 0))
         ffn = div(ffn) if ffn > 0 else 4 * hidden
+        family = model_family(m)
+        rope_fraction, rope_theta = ATTENTION_POSITIONS[family]
         return cls(
             pattern=pattern, hidden=hidden, vocab=min(m.vocab, max_vocab),
             mamba_heads=mh, mamba_head_dim=hdim, d_state=dstate, n_groups=ng,
             conv_kernel=max(2, m.conv_kernel),
             chunk_size=chunk_size or m.chunk_size or 64,
             q_heads=qh, kv_heads=kvh, head_dim=m.head_dim, ffn_dim=ffn,
+            rope_fraction=rope_fraction, rope_theta=rope_theta,
             ffn_gated=getattr(m, "ffn_gated", True), dtype=dtype, seed=seed,
-            source=(f"scaled({m.name}, num_layers={num_layers}, width_div={width_div})"
+            source=(f"scaled({m.name}, num_layers={num_layers}, width_div={width_div}; "
+                    f"{family} attention: "
+                    + (f"RoPE on {rope_fraction:g} of each head" if rope_fraction
+                       else "no position embedding") + ")"
                     + ("" if kind == "mamba2" else f"; {kind} mixer stood in for by Mamba2")),
         )
 

@@ -5,6 +5,7 @@ Shapes use ``t`` = tokens of the chunk (one sequence, no batch dimension), ``h``
 
 * :func:`ssd_chunked` -- Mamba2 SSD (state-space duality) scan over chunks with an initial state.
 * :func:`ssd_sequential` -- the plain recurrence, the reference for the tests.
+* :func:`ssd_steps` -- the recurrence keeping every token's state (decode / speculative verify).
 * :func:`causal_conv1d` -- depthwise causal conv with a carried conv state.
 * :func:`rms_norm`, :func:`gated_rms_norm`, :func:`rope`, :func:`attention`.
 """
@@ -110,6 +111,20 @@ def ssd_sequential(x: Tensor, a: Tensor, b: Tensor, c: Tensor,
     return y, s
 
 
+def ssd_steps(x: Tensor, a: Tensor, b: Tensor, c: Tensor, initial_state: Tensor
+              ) -> tuple[Tensor, Tensor]:
+    """The recurrence token by token, keeping the state after every token (what a decode /
+    speculative-verify step computes: one state per scheduled position).  Same arguments as
+    :func:`ssd_sequential`; returns ``y (t, h, p)`` and ``states (t, h, p, n)``."""
+    s = initial_state.to(x.dtype)
+    ys, states = [], []
+    for i in range(x.shape[0]):
+        s = torch.exp(a[i])[:, None, None] * s + x[i][:, :, None] * b[i][:, None, :]
+        ys.append(torch.einsum("hpn,hn->hp", s, c[i]))
+        states.append(s)
+    return torch.stack(ys), torch.stack(states)
+
+
 # ----------------------------------------------------------------------------------------------
 # conv, norms, RoPE, attention
 
@@ -127,6 +142,14 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor, conv_state: Tensor
     out = F.conv1d(full.unsqueeze(0), weight.unsqueeze(1), bias, groups=weight.shape[0])
     new_state = full[:, full.shape[1] - (k - 1):]
     return out.squeeze(0).transpose(0, 1), new_state
+
+
+def conv_states(x: Tensor, conv_state: Tensor) -> Tensor:
+    """The conv state after each token of ``x (t, d)`` from ``conv_state (d, k-1)``:
+    ``(t, d, k-1)``, entry j = the last k-1 inputs up to and including token j."""
+    k1 = conv_state.shape[1]
+    full = torch.cat([conv_state, x.to(conv_state.dtype).transpose(0, 1)], dim=1)
+    return full.unfold(1, k1, 1)[:, 1:].permute(1, 0, 2)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

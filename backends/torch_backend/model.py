@@ -7,8 +7,10 @@
   (the last conv_kernel-1 inputs), SiLU; split x, B, C; dt = softplus(dt + dt_bias);
   A = -exp(A_log); chunked SSD from the carried SSM state (float32 always); + D * x; gated
   RMSNorm with z (per group); out_proj.
-* Attention block: QKV, RoPE at absolute positions, GQA, SDPA of the chunk's queries over the
-  cached K/V of [0, start) (read from a :class:`KVPool`) plus the chunk's own K/V.
+* Attention block: QKV, RoPE at absolute positions on the first ``cfg.rotary_dim`` channels of
+  each head (none when 0: NemotronH, Granite-4.0-H and Jamba attention have no position
+  embedding), GQA, SDPA of the chunk's queries over the cached K/V of [0, start) (read from a
+  :class:`KVPool`) plus the chunk's own K/V.
 * MLP block (``-`` and ``E``): SwiGLU, or squared-ReLU up/down when ``cfg.ffn_gated`` is False.
 
 Entry points: :func:`forward_chunk` (what the simulator calls), :func:`forward_scratch` (one
@@ -85,14 +87,22 @@ class Mamba2Mixer(nn.Module):
         cc = cc.reshape(t, c.n_groups, c.d_state).repeat_interleave(rep, dim=1)
         return x, x * dt[..., None], a, b, cc
 
-    def forward(self, h: Tensor, conv_state: Tensor, ssm_state: Tensor):
+    def forward(self, h: Tensor, conv_state: Tensor, ssm_state: Tensor, steps: bool = False):
+        """Output and the state after the last token; with ``steps`` the tokens run one by one
+        (a decode / speculative-verify step, as vLLM's state-update kernel does) and the state
+        after *every* token comes back: conv ``(t, d, k-1)``, ssm ``(t, h, p, n)``."""
         c = self.cfg
         t = h.shape[0]
         z, xbc, dt_raw = self.split_in(h)
         conv_out, new_conv = K.causal_conv1d(xbc, self.conv_w, self.conv_b, conv_state)
+        if steps:
+            new_conv = K.conv_states(xbc, conv_state.to(self.conv_w.dtype))
         xbc = F.silu(conv_out).to(h.dtype)            # activations in model dtype
         x, xdt, a, b, cc = self.ssd_inputs(xbc, dt_raw, torch.float32)
-        y, new_ssm = K.ssd_chunked(xdt, a, b, cc, c.chunk_size, ssm_state.float())
+        if steps:
+            y, new_ssm = K.ssd_steps(xdt, a, b, cc, ssm_state.float())
+        else:
+            y, new_ssm = K.ssd_chunked(xdt, a, b, cc, c.chunk_size, ssm_state.float())
         y = y + self.D.float()[:, None] * x
         y = y.reshape(t, c.d_inner).to(h.dtype)
         y = K.gated_rms_norm(y, z, self.norm_w, c.n_groups, c.norm_eps)
@@ -115,8 +125,7 @@ class Attention(nn.Module):
         q = F.linear(h, self.wq).view(t, c.q_heads, c.head_dim)
         k = F.linear(h, self.wk).view(t, c.kv_heads, c.head_dim)
         v = F.linear(h, self.wv).view(t, c.kv_heads, c.head_dim)
-        cos, sin = K.rope_tables(positions, c.head_dim, c.rope_theta, table_dtype)
-        return K.rope(q, cos, sin), K.rope(k, cos, sin), v
+        return _positions(q, k, positions, c, table_dtype) + (v,)
 
     def forward(self, h: Tensor, start: int, layer: int, kv_pool: KVPool | None, block_ids):
         t = h.shape[0]
@@ -130,6 +139,19 @@ class Attention(nn.Module):
             v = torch.cat([vp.to(v.dtype), v], dim=0)
         o = K.attention(q, k, v, start)
         return F.linear(o.reshape(t, -1), self.wo)
+
+
+def _positions(q: Tensor, k: Tensor, positions: Tensor, c: TorchModelConfig,
+               table_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """q, k with RoPE on their first ``c.rotary_dim`` channels (unchanged when 0)."""
+    r = c.rotary_dim
+    if r == 0:
+        return q, k
+    cos, sin = K.rope_tables(positions, r, c.rope_theta, table_dtype)
+    if r == c.head_dim:
+        return K.rope(q, cos, sin), K.rope(k, cos, sin)
+    return (torch.cat([K.rope(q[..., :r], cos, sin), q[..., r:]], dim=-1),
+            torch.cat([K.rope(k[..., :r], cos, sin), k[..., r:]], dim=-1))
 
 
 class MLP(nn.Module):
@@ -191,10 +213,15 @@ class HybridStack(nn.Module):
 
     @torch.no_grad()
     def run(self, token_ids: Tensor, start: int, kv_block_ids, kv_pool: KVPool | None,
-            state_in: MambaState | None, timer=None) -> tuple[Tensor, MambaState]:
+            state_in: MambaState | None, timer=None, steps: bool = False
+            ) -> tuple[Tensor, MambaState | list[MambaState]]:
         """Hidden states ``(t, hidden)`` of positions [start, start+t) and the Mamba state after
         the last token.  ``timer(kind)`` (optional) returns a context manager wrapped around each
-        block (kind ``mamba``/``attention``/``mlp``) and the rest (``other``)."""
+        block (kind ``mamba``/``attention``/``mlp``) and the rest (``other``).
+
+        ``steps``: run the Mamba layers token by token and return the Mamba state after *each*
+        token (a list of t states), as a speculative-decoding step keeps one per scheduled
+        position; the caller keeps the one of the last accepted token."""
         cfg = self.cfg
         timer = timer or (lambda kind: contextlib.nullcontext())
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device).reshape(-1)
@@ -221,7 +248,7 @@ class HybridStack(nn.Module):
                 h = K.rms_norm(x, norm_w, cfg.norm_eps)
                 if ch == "M":
                     conv, ssm = state_in.layers[mi]
-                    y, conv, ssm = mixer(h, conv.to(self.device), ssm.to(self.device))
+                    y, conv, ssm = mixer(h, conv.to(self.device), ssm.to(self.device), steps)
                     out_layers.append((conv, ssm))
                     mi += 1
                 elif ch == "*":
@@ -232,6 +259,8 @@ class HybridStack(nn.Module):
                 x = x + y
         with timer("other"):
             x = K.rms_norm(x, self.final_norm, cfg.norm_eps)
+        if steps:
+            return x, [MambaState([(c[j], s[j]) for c, s in out_layers]) for j in range(t)]
         return x, MambaState(out_layers)
 
 
@@ -303,8 +332,8 @@ def reference_forward(model: HybridStack, token_ids: Tensor, return_state: bool 
             q = F.linear(h, m.wq.to(f64)).view(t, cfg.q_heads, cfg.head_dim)
             k = F.linear(h, m.wk.to(f64)).view(t, cfg.kv_heads, cfg.head_dim)
             v = F.linear(h, m.wv.to(f64)).view(t, cfg.kv_heads, cfg.head_dim)
-            cos, sin = K.rope_tables(pos, cfg.head_dim, cfg.rope_theta, f64)
-            o = K.attention_reference(K.rope(q, cos, sin), K.rope(k, cos, sin), v)
+            q, k = _positions(q, k, pos, cfg, f64)
+            o = K.attention_reference(q, k, v)
             x = x + F.linear(o.reshape(t, -1), m.wo.to(f64))
         else:
             m = mixer

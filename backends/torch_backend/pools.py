@@ -1,8 +1,8 @@
 """Paged cache storage: attention K/V blocks and per-block Mamba states.
 
 * :class:`KVPool` -- per attention layer one tensor ``[num_blocks, 2, block_size, kv_heads,
-  head_dim]`` (index 0 = K after RoPE, 1 = V) in the model dtype.  A sequence's token at position
-  ``pos`` lives in block ``block_ids[pos // block_size]`` at offset ``pos % block_size``.
+  head_dim]`` (index 0 = K, after RoPE where the model has it; 1 = V) in the model dtype.  A
+  sequence's token at position ``pos`` lives in block ``block_ids[pos // block_size]`` at offset ``pos % block_size``.
 * :class:`StatePool` -- per Mamba layer a conv state ``[num_blocks, conv_dim, conv_kernel - 1]``
   (model dtype; it holds pre-conv inputs, so nothing is lost) and an SSM state
   ``[num_blocks, heads, head_dim, d_state]`` (always float32).

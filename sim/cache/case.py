@@ -179,13 +179,19 @@ def run_case_data(data, source: str = "<case>") -> list[dict]:
                 f"max_model_len {cfg.max_model_len} (vLLM rejects it)"))
             continue
         res = {"id": rid, "prompt_tokens": req.num_prompt_tokens, "hit": None,
-               "per_group": None, "junction": None, "chunk_ends": [], "mamba_states": [],
-               "error": None, "events": None if cfg.report_mode is None else []}
+               "per_group": None, "per_group_error": None, "junction": None,
+               "chunk_ends": [], "mamba_states": [], "error": None,
+               "events": None if cfg.report_mode is None else []}
         before = {g: set(mgr.cached_positions(req, g)) for g in mamba_gids}
+        # The per-group probe (each group alone, vLLM's
+        # find_longest_cache_hit_per_group) is a diagnostic, not part of the
+        # request's path: when it raises (it does with EAGLE lookahead >= 2 on
+        # some shapes) while the real lookup succeeds, the request is fine.
+        # Its failure goes in its own field; `error` is the request's own.
         try:
             res["per_group"] = mgr.per_group_hits(req)
         except IndexError as e:
-            res["error"] = type(e).__name__
+            res["per_group_error"] = f"{type(e).__name__}: {e}"
         try:
             lookup = mgr.get_computed_blocks(req)
         except IndexError as e:
@@ -211,7 +217,7 @@ def run_case_data(data, source: str = "<case>") -> list[dict]:
 
 def _error_result(rid, runs, err, msg) -> dict:
     return {"id": rid, "prompt_tokens": sum(r[2] for r in runs), "hit": None, "per_group": None,
-            "junction": None, "chunk_ends": None, "mamba_states": None, "error": err,
+            "per_group_error": None, "junction": None, "chunk_ends": None, "mamba_states": None, "error": err,
             "events": None, "error_message": msg}
 
 

@@ -5,29 +5,35 @@ Field names follow vLLM.  ``from_mapping`` validates once and raises
 """
 from __future__ import annotations
 
-from sim.config.errors import InputError
-
 import math
 from dataclasses import dataclass, field, fields
 
-from sim.cache.managers import GroupSpec
+from sim.cache.specs import GroupSpec
+from sim.config.errors import ConfigError
 
-
-class ConfigError(InputError):
-    """Invalid configuration; ``str()`` names the field and the problem."""
-
-    def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
-        self.field_name = field_name
-
-
-# Alternative spellings accepted on input (vLLM renamed the flag in 0.31).
+# The one table of renamed input keys: an old name -> the one name, vLLM 0.33.0's
+# (``hash_block_size``: ``vllm/v1/core/kv_cache_utils.py``; the flag was renamed in
+# vLLM 0.31).  Every input (scenario, ``--set``, sweep axis, case file, step case,
+# run.json record) accepts the old names; every output writes only the one name.
 ALIASES = {
-    "enable_mamba_shared_prefix_checkpoint": "shared_prefix_checkpoint",
-    "enable_mamba_fine_grained_prefix_cache": "shared_prefix_checkpoint",
     "prefix_match_unit": "hash_block_size",
+    "enable_mamba_fine_grained_prefix_cache": "enable_mamba_shared_prefix_checkpoint",
     "layout": "groups",
 }
+
+# case files name the checkpoint flag as vLLM's unit tests build the manager
+_CASE_FIELDS = {"enable_mamba_shared_prefix_checkpoint": "shared_prefix_checkpoint"}
+
+
+def canonical_key(key: str) -> str:
+    """The one name of an input key (old names from ``ALIASES``)."""
+    return ALIASES.get(key, key)
+
+
+def case_field(key: str) -> str:
+    """The ``CacheConfig`` field a case file's key sets."""
+    name = ALIASES.get(key, key)
+    return _CASE_FIELDS.get(name, name)
 
 
 # max_model_len of a deployment that sets no limit (sim run without scheduler.max_model_len)
@@ -185,7 +191,7 @@ class CacheConfig:
         for key, value in data.items():
             if not isinstance(key, str):
                 raise ConfigError(prefix + str(key), "unknown key (field names are strings)")
-            name = ALIASES.get(key, key)
+            name = case_field(key)
             if name not in names:
                 raise ConfigError(prefix + key, "unknown key")
             if name == "groups":

@@ -15,12 +15,12 @@ from sim.cache.block_pool import Block, BlockPool
 from sim.cache.hashing import PrefixKeys
 from sim.cache.managers import (
     FullAttentionManager,
-    GroupSpec,
     MambaManager,
     SingleTypeManager,
     SlidingWindowManager,
 )
 from sim.cache.rules import cdiv, eagle_proof_margin, replay_boundaries
+from sim.cache.specs import GroupSpec
 
 if TYPE_CHECKING:
     from sim.cache.request import CacheRequest

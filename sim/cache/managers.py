@@ -21,7 +21,6 @@ Behaviour that decides hit lengths, in one place:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mypy_extensions import i64
@@ -29,23 +28,10 @@ from mypy_extensions import i64
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
 from sim.cache.hashing import PrefixKeys, unit_key
 from sim.cache.rules import cdiv, mamba_checkpoint_position
+from sim.cache.specs import GroupSpec
 
 if TYPE_CHECKING:
     from sim.cache.request import CacheRequest
-
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """A KV-cache group: ``kind`` is full | swa | mamba."""
-
-    kind: str
-    block_size: int
-    window: int = 0
-    mamba_mode: str = "align"
-
-    @property
-    def label(self) -> str:
-        return f"swa:{self.window}" if self.kind == "swa" else self.kind
 
 
 # ----------------------------------------------------------------- lookups --

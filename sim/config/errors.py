@@ -23,3 +23,11 @@ class CapacityError(InputError):
     """The deployment cannot serve the workload: a pool too small for
     ``max_model_len`` or for a waiting request (the engine's progress guard), or
     too large for this machine's memory.  Reported like any bad input."""
+
+
+class ConfigError(InputError):
+    """Invalid configuration; ``str()`` names the field and the problem."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field_name = field_name

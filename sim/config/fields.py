@@ -8,7 +8,7 @@ import re
 from dataclasses import fields
 from typing import Any
 
-from sim.cache.config import ConfigError
+from sim.config.errors import ConfigError
 
 _YAML11_NUMBER = re.compile(r"^[-+]?(\d[\d_]*)?\.?\d*([eE][-+]?\d+)?$")
 
@@ -113,6 +113,8 @@ def build_section(cls, data: Any, prefix: str, aliases: dict | None = None,
         if name not in types:
             raise ConfigError(prefix + k, f"unknown key (known: {', '.join(sorted(types))})")
         check_type(prefix + k, v, types[name])
+        if name in kw:
+            raise ConfigError(prefix + k, f"set twice ({prefix}{name} under another name)")
         kw[name] = v
     return cls(**kw)
 
@@ -123,3 +125,24 @@ def field_kinds(cls, name: str) -> set[str] | None:
         if f.name == name:
             return _kinds(f.type)
     return None
+
+
+def check_int(prefix: str, name: str, v: Any, lo: int = 0, allow_none: bool = False) -> None:
+    """``prefix + name`` must be an integer >= ``lo`` (or None when allowed)."""
+    if v is None and allow_none:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        hint = _number_hint(v, True) if isinstance(v, str) else ""
+        raise ConfigError(prefix + name, f"must be an integer >= {lo}, got {v!r}{hint}")
+
+
+def check_num(prefix: str, name: str, v: Any, lo: float = 0.0, hi: float | None = None,
+              allow_none: bool = False) -> None:
+    """``prefix + name`` must be a finite number in [lo, hi] (or None when allowed)."""
+    if v is None and allow_none:
+        return
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo
+            or (hi is not None and v > hi)):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        hint = _number_hint(v, False) if isinstance(v, str) else ""
+        raise ConfigError(prefix + name, f"must be a finite number {rng}, got {v!r}{hint}")

@@ -190,7 +190,7 @@ def parse_set(item: str, error: type[InputError] = InputError) -> tuple[str, Any
     parts = k.split(".")
     if any(not p.strip() for p in parts):
         raise error(f"--set {item!r}: field path {k!r} has an empty part "
-                    f"(write dotted names like cache.prefix_match_unit)")
+                    f"(write dotted names like cache.hash_block_size)")
     if any(p != p.strip() for p in parts):
         raise error(f"--set {item!r}: field path {k!r} has spaces around a name")
     try:

@@ -247,7 +247,7 @@ class Engine:
         if sched.has_swa:
             return 1, 0  # the window slides inside a block: step it exactly
         fast = sched.fast_decode
-        K = sched.cfg.num_speculative_tokens
+        K = sched.num_speculative_tokens
         mml = sched.max_model_len
         grow = NEVER        # max advance A(k-1) keeping every allocation key
         fin = NEVER         # max advance A(k) with nobody finishing

@@ -33,7 +33,9 @@ class RequestMaker:
 
 
 class Recorder:
-    """One ``requests.csv`` row per finished request (tuples, sorted by the caller)."""
+    """One ``requests.csv`` row per finished request: a plain tuple, the arrival index
+    first, then the columns of ``sim.records.RequestRecord`` in order (a served row stops
+    before ``rejected``); ``sim/run.py`` makes the records once the replay is over."""
 
     def __init__(self, maker: RequestMaker):
         self.maker = maker

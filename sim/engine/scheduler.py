@@ -14,13 +14,13 @@ The scheduler knows nothing about time; the engine calls ``schedule`` and
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Final
 
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.managers import MambaManager
 from sim.cache.request import CacheRequest
+from sim.config.scheduler import SchedulerConfig
 
 # why a request is refused on arrival (requests.csv ``rejected``)
 EXCEEDS_MAX_MODEL_LEN: Final = "exceeds_max_model_len"   # prompt >= max_model_len
@@ -45,18 +45,6 @@ def blocks_per_request(kv: KVCacheManager, num_slots: int) -> int:
                 blocks = cap
         n += blocks * m.width
     return n
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    long_prefill_token_threshold: int = 0
-    num_speculative_tokens: int = 0
-    # vLLM's max_model_len: prompts of this length or more are rejected (as the API server
-    # does), outputs stop there, and positions of running requests stay below it.  None:
-    # no limit (a server started with a large --max-model-len).
-    max_model_len: int | None = None
 
 
 class SimRequest:
@@ -145,6 +133,11 @@ class Scheduler:
                  fast_decode: bool = True, eagle_family: bool = True,
                  reject_unservable: bool = False):
         self.cfg = cfg
+        # the config's fields as typed attributes of this (compiled) class: read every step
+        self.max_num_batched_tokens: int = cfg.max_num_batched_tokens
+        self.max_num_seqs: int = cfg.max_num_seqs
+        self.long_prefill_token_threshold: int = cfg.long_prefill_token_threshold
+        self.num_speculative_tokens: int = cfg.num_speculative_tokens
         self.kv = kv
         self.split = kv.split_policy()
         self.aligned = kv.needs_aligned_split
@@ -152,7 +145,7 @@ class Scheduler:
         # pattern: step s accepts P(s + 1) - P(s) with P(s) = floor(s x mean),
         # in exact integers (as the step oracle scripts ``accepted_tokens``).
         frac = Fraction(accepted_per_step).limit_denominator(1000)
-        if frac > cfg.num_speculative_tokens:
+        if frac > self.num_speculative_tokens:
             raise ValueError("mean accepted tokens exceed num_speculative_tokens")
         self.acc_num, self.acc_den = frac.numerator, frac.denominator
         self.step_index = 0
@@ -160,7 +153,7 @@ class Scheduler:
         self.sched_time = 0
         # drafter slots allocated past the scheduled tokens (vLLM's num_lookahead_tokens:
         # K for EAGLE-family and draft-model drafters, 0 for n-gram)
-        self.num_lookahead = cfg.num_speculative_tokens if eagle_family else 0
+        self.num_lookahead = self.num_speculative_tokens if eagle_family else 0
         # the fast path reasons about block boundaries only; a sliding window also
         # frees blocks as it slides, so step those exactly
         self.has_swa = any(sp.kind == "swa" for sp in kv.coordinator.specs)
@@ -205,7 +198,7 @@ class Scheduler:
         prompt plus lookahead when it samples one token only; capped at max_model_len."""
         n = req.cache.num_prompt_tokens + self.num_lookahead
         if req.max_tokens > 1:
-            n += req.max_tokens - 1 + self.cfg.num_speculative_tokens
+            n += req.max_tokens - 1 + self.num_speculative_tokens
         mml = self.max_model_len
         return n if mml is None or n < mml else mml
 
@@ -230,17 +223,16 @@ class Scheduler:
         c = r.cache
         return self.split.split(c.num_prompt_tokens, c.num_tokens, c.num_computed_tokens,
                                 c.shared_prefix_boundary, num_new, new_local,
-                                self.cfg.max_num_batched_tokens, lpt)
+                                self.max_num_batched_tokens, lpt)
 
     # ---------------------------------------------------------------- schedule --
     def schedule(self, now: int) -> list[ScheduledItem]:
         self.sched_time = now
         kv = self.kv
         kv.new_step_starts()
-        cfg = self.cfg
-        budget = cfg.max_num_batched_tokens
-        K = cfg.num_speculative_tokens
-        lpt = cfg.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+        budget = self.max_num_batched_tokens
+        K = self.num_speculative_tokens
+        lpt = self.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
         out: list[ScheduledItem] = []
         preempted = False
         i = 0
@@ -311,7 +303,7 @@ class Scheduler:
             i += 1
         if not preempted:
             while budget > 0 and self.waiting:
-                if len(self.running) >= cfg.max_num_seqs:
+                if len(self.running) >= self.max_num_seqs:
                     break
                 r = self.waiting[0]
                 c = r.cache
@@ -478,7 +470,7 @@ class Scheduler:
         """Advance every scheduled request; returns the requests that finished."""
         finished = []
         kv = self.kv
-        K = self.cfg.num_speculative_tokens
+        K = self.num_speculative_tokens
         drafts = K > 0
         unit = kv.hasher.unit
         min_block = self.min_block

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.run import REQUEST_COLUMNS, simulate, write_run
-from sim.scenario import load_scenario
+from sim.config.scenario import load_scenario
+from sim.records import REQUEST_COLUMNS
+from sim.run import simulate, write_run
 
 BASE = {
     "name": "tiny",
@@ -21,7 +22,7 @@ BASE = {
     "model": "nemotron-h-8b",
     "kv_cache": {"tensor_parallel_size": 1, "num_gpu_blocks_override": 400},
     "gpu": {"type": "H200"},
-    "cache": {"policy": "vllm", "prefix_match_unit": 16, "prefix_cache_retention_interval": 0},
+    "cache": {"policy": "vllm", "hash_block_size": 16, "prefix_cache_retention_interval": 0},
     "scheduler": {"max_num_batched_tokens": 4096, "max_num_seqs": 8},
     "backend": {"kind": "analytical", "mfu": 0.5, "mbu": 0.7, "overhead_s": 0.004},
 }
@@ -43,7 +44,7 @@ def scenario(tmp_path: Path, requests: list[dict], **over) -> Path:
 
 
 def by_id(rows):
-    return {r[1]: dict(zip(["index"] + REQUEST_COLUMNS, r)) for r in rows}
+    return {r.request_id: r._asdict() for r in rows}
 
 
 def roofline_ns(cost, items: list[tuple[int, int]]) -> int:
@@ -188,7 +189,7 @@ def test_max_model_len_rejects_long_prompts_and_caps_outputs(tmp_path):
 
 
 def test_max_model_len_is_validated(tmp_path):
-    from sim.scenario import ScenarioError
+    from sim.config.scenario import ScenarioError
 
     with pytest.raises(ScenarioError, match="scheduler.max_model_len: must be an integer >= 2"):
         load_scenario(scenario(tmp_path, [], scheduler={"max_model_len": 1}))
@@ -220,7 +221,7 @@ def test_a_follow_up_of_a_rejected_turn_still_arrives(tmp_path):
     dep, rows, s = simulate(load_scenario(scenario(tmp_path, reqs,
                                                    scheduler={"max_model_len": 2048})))
     assert s["rejected_requests"] == 1
-    assert [r[1] for r in rows] == ["b"]
+    assert [r.request_id for r in rows] == ["b"]
     assert by_id(rows)["b"]["arrival_s"] == pytest.approx(1.5, abs=2e-9)
 
 

@@ -60,6 +60,9 @@ def test_set_name_dot_keeps_earlier_runs(sim_inproc, tmp_path):
     assert (tmp_path / "runs" / "athena-tiny" / "requests.csv").is_file()
     before = snapshot(tmp_path)
     res = sim_inproc("run", TINY, "-q", "--set", "name=.", cwd=tmp_path)
+    _refused(res, tmp_path, before, "name", "plain folder name")
+    # the folder holding the earlier runs, given as the output, is not sim's to replace
+    res = sim_inproc("run", TINY, "-q", "--out", "runs", cwd=tmp_path)
     _refused(res, tmp_path, before, "runs", "athena-tiny")
 
 

@@ -1,9 +1,9 @@
-"""GPU presets and the KV-cache block pool size (sim.gpus)."""
+"""GPU presets and the KV-cache block pool size (sim.config.gpus)."""
 import math
 
 import pytest
 
-from sim.gpus import B200, H100, H200, DEFAULT_ACTIVATION_RESERVE_BYTES, get_gpu, gpu_names, kv_budget, \
+from sim.config.gpus import B200, H100, H200, DEFAULT_ACTIVATION_RESERVE_BYTES, get_gpu, gpu_names, kv_budget, \
     num_kv_blocks
 from sim.models import derive_layout, get_model
 

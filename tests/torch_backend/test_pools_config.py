@@ -6,6 +6,7 @@ torch = pytest.importorskip("torch", reason="torch not installed: pip install -e
 from backends.torch_backend import (  # noqa: E402
     HybridStack, KVPool, MambaState, StatePool, TorchModelConfig, forward_chunk, forward_scratch,
     reference_forward, time_prefill)
+from backends.torch_backend.config import model_family  # noqa: E402
 
 CFG = TorchModelConfig(pattern="M*-M*", chunk_size=16)
 
@@ -59,8 +60,9 @@ def test_statepool_store_load_copy():
 
 def test_config_validation():
     for bad in (dict(pattern="MX"), dict(pattern=""), dict(dtype="float16"),
-                dict(mamba_heads=6, n_groups=4), dict(q_heads=6, kv_heads=4), dict(head_dim=15),
-                dict(conv_kernel=1)):
+                dict(mamba_heads=6, n_groups=4), dict(q_heads=6, kv_heads=4),
+                dict(head_dim=15, rope_fraction=1.0), dict(rope_fraction=1.5),
+                dict(head_dim=16, rope_fraction=0.05), dict(conv_kernel=1)):
         with pytest.raises(ValueError):
             TorchModelConfig(**bad)
     c = TorchModelConfig(pattern="ME*-")
@@ -93,6 +95,39 @@ def test_scaled_catalogue_models():
     assert TorchModelConfig.scaled("nemotron-h-8b", num_layers=8).pattern == "M-M-M-M*"
     with pytest.raises(ValueError):
         TorchModelConfig.scaled("nemotron-h-8b", num_layers=1)
+
+
+def test_attention_positions_follow_the_model_family():
+    """NemotronH, Granite-4.0-H and Jamba attention has no position embedding; Qwen3-Next rotates
+    a quarter of each head (theta 1e7).  An inline model keeps its base family's layout."""
+    from sim.models import CATALOGUE
+    want = {"nemotron": ("nemotron_h", 0.0), "granite": ("granite_moe_hybrid", 0.0),
+            "jamba": ("jamba", 0.0), "qwen3-next": ("qwen3_next", 0.25)}
+    for name, spec in CATALOGUE.items():
+        fam, frac = next(v for k, v in want.items() if name.startswith(k))
+        assert model_family(spec) == fam, name
+        cfg = TorchModelConfig.scaled(spec)
+        assert cfg.rope_fraction == frac and fam in cfg.source, name
+    q = TorchModelConfig.scaled("qwen3-next-80b-a3b")
+    assert q.rotary_dim == q.head_dim // 4 and q.rope_theta == 1e7
+
+
+@pytest.mark.parametrize("rope_fraction", [0.0, 0.25, 1.0])
+def test_no_position_embedding_is_order_free_in_attention(rope_fraction):
+    """Without RoPE an attention layer's output for the last query does not depend on where
+    the sequence starts; with RoPE on any channel it does (positions enter q.k)."""
+    cfg = CFG.with_(pattern="*", rope_fraction=rope_fraction)
+    model = HybridStack(cfg)
+    att = model.mixers[0]
+    h = torch.randn(6, cfg.hidden, generator=torch.Generator().manual_seed(3))
+    q0, k0, _ = att.qkv(h, torch.arange(6), torch.float32)
+    q1, k1, _ = att.qkv(h, torch.arange(6) + 100, torch.float32)
+    same = torch.allclose(q0, q1) and torch.allclose(k0, k1)
+    assert same == (rope_fraction == 0.0)
+    rep = cfg.q_heads // cfg.kv_heads
+    s0 = torch.einsum("ihd,jhd->hij", q0, k0.repeat_interleave(rep, 1))
+    s1 = torch.einsum("ihd,jhd->hij", q1, k1.repeat_interleave(rep, 1))
+    assert torch.allclose(s0, s1, atol=1e-3)   # RoPE is relative: a common shift keeps q.k
 
 
 @pytest.mark.parametrize("name", ["nemotron-h-8b", "qwen3-next-80b-a3b"])

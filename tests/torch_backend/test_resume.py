@@ -199,3 +199,57 @@ def test_argument_checks(model32):
         forward_chunk(model32, ids, 0, [0, 1], kv, BS, None)
     with pytest.raises(ValueError, match="zero tokens"):
         forward_chunk(model32, ids[:0], 0, [0], kv, BS, None)
+
+
+# ------------------------------------------------------------------ speculative decode steps --
+def _spec_decode(model, true_ids, prompt, accepted, K, keep_last_draft=False):
+    """Prefill ``prompt`` tokens, then decode steps of 1 + K scheduled tokens each: the last
+    sampled token, ``acc`` accepted drafts (the sequence's own next tokens) and K - acc rejected
+    ones (other tokens).  K/V goes to paged blocks for every scheduled position; the Mamba state
+    kept is the one after the last accepted token (or, to show the test has teeth, after the
+    last draft).  Returns the last kept hidden state, the Mamba state and the end position."""
+    cfg = model.cfg
+    nb = -(-(len(true_ids) + K + 1) // BS)
+    blocks = random.Random(7).sample(range(POOL_BLOCKS), nb)
+    kv = KVPool(cfg, POOL_BLOCKS, BS, model.device)
+    pos = prompt - 1         # the prompt's last token is the first decode step's own token
+    _, state = forward_chunk(model, true_ids[:pos], 0, blocks, kv, BS, None)
+    last = None
+    for acc in accepted:
+        ids = true_ids[pos:pos + 1 + K].clone()
+        ids[1 + acc:] = (ids[1 + acc:] + 1) % cfg.vocab          # rejected drafts: wrong tokens
+        hs, states = model.run(ids, pos, blocks, kv, state, steps=True)
+        assert len(states) == 1 + K
+        state = states[-1 if keep_last_draft else acc]
+        last = hs[acc]
+        pos += 1 + acc
+    return last, state, pos
+
+
+@pytest.mark.parametrize("K,accepted", [(1, [0, 1, 0, 0, 1, 1, 0]), (3, [0, 3, 1, 2, 0, 0, 3, 1])])
+def test_spec_decode_rejected_drafts_leave_no_trace(model32, K, accepted):
+    """After speculative steps with rejected drafts (their K/V written, their Mamba states
+    computed), the kept hidden state and Mamba state equal a from-scratch pass over the
+    sequence's own tokens; keeping the last draft's state instead is caught."""
+    ids = _ids(120, seed=5)
+    last, state, end = _spec_decode(model32, ids, 70, accepted, K)
+    ref_last, ref_state = reference_forward(model32, ids[:end], return_state=True)
+    assert _err(last, forward_scratch(model32, ids[:end], BS)) < FP32_TOL
+    assert _err(last, ref_last) < FP32_TOL
+    assert state.max_abs_diff(ref_state) < FP32_TOL
+    bad_last, bad_state, _ = _spec_decode(model32, ids, 70, accepted, K, keep_last_draft=True)
+    assert state.max_abs_diff(bad_state) > 100 * FP32_TOL
+    assert _err(bad_last, ref_last) > 100 * FP32_TOL
+
+
+def test_step_states_equal_chunked_run(model32):
+    """The token-by-token path (decode / verify) gives the chunked path's outputs, and its
+    state after token j is the chunked state of the first j + 1 tokens."""
+    ids = _ids(40, seed=9)
+    kv = KVPool(CFG, 8, BS)
+    _, st = forward_chunk(model32, ids[:30], 0, list(range(8)), kv, BS, None)
+    hs_c, st_c = model32.run(ids[30:], 30, list(range(8)), kv, st)
+    hs_s, sts = model32.run(ids[30:], 30, list(range(8)), kv, st, steps=True)
+    assert _err(hs_c, hs_s) < FP32_TOL and sts[-1].max_abs_diff(st_c) < FP32_TOL
+    _, st_4 = model32.run(ids[30:34], 30, list(range(8)), kv, st)
+    assert sts[3].max_abs_diff(st_4) < FP32_TOL

@@ -22,14 +22,41 @@ def test_athena_tiny_verifies(tmp_path):
                               "--out", str(tmp_path / "v")])
     assert res.exit_code == 0, res.output
     assert "resumed from cached KV blocks and Mamba states" in res.output
-    lines = (tmp_path / "v" / "verify.csv").read_text().splitlines()[1:]
-    resumed = [ln for ln in lines if int(ln.split(",")[2]) > 0]
-    assert len(lines) == 14 and len(resumed) >= 8
-    assert max(float(ln.split(",")[3]) for ln in lines) < 1e-4
+    lines = [ln.split(",") for ln in (tmp_path / "v" / "verify.csv").read_text().splitlines()[1:]]
+    prefills = [ln for ln in lines if ln[4] == "prefill"]
+    resumed = [ln for ln in prefills if int(ln[2]) > 0]
+    assert len(prefills) == 14 and len(resumed) >= 8
+    assert len([ln for ln in lines if ln[4] == "decode"]) == 14   # every request decodes
+    assert max(float(ln[3]) for ln in lines) < 1e-4
 
 
-def test_planted_wrong_state_fails_the_check():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_planted_wrong_state_fails_the_check(dtype):
     res = runner.invoke(app, ["verify", TINY, "--set", "workload.num_requests=8",
-                              "--plant", "state_off_by_one"])
+                              "--set", f"backend.dtype={dtype}", "--plant", "state_off_by_one"])
     assert res.exit_code == 1, res.output
     assert "FAIL" in res.output and "differ from scratch" in res.output
+
+
+def test_bf16_verifies_against_the_fp32_reference():
+    """bf16 rounding stays far inside the bf16 bound; the planted state (above) far outside."""
+    res = runner.invoke(app, ["verify", TINY, "--set", "workload.num_requests=8",
+                              "--set", "backend.dtype=bfloat16"])
+    assert res.exit_code == 0, res.output
+    assert "against a float32 reference" in res.output and "OK" in res.output
+
+
+def test_broken_speculative_rollback_is_caught():
+    """Keeping the Mamba state of the last scheduled draft instead of the last accepted
+    token (no roll-back) fails the decode check; the honest run (above) passes it."""
+    from sim.run import simulate
+    try:
+        from sim.config.scenario import load_scenario
+    except ImportError:
+        from sim.scenario import load_scenario
+    sc = load_scenario(TINY, {"backend.kind": "torch", "backend.verify": True,
+                              "workload.num_requests": 6})
+    dep, _, _ = simulate(sc, plant="spec_last_state")
+    dec = [v for v in dep.verify if v.kind == "decode"]
+    assert dec and max(v.max_abs_err for v in dec) > 100 * 1e-4
+    assert max(v.max_abs_err for v in dep.verify if v.kind == "prefill") < 1e-4

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sim.models import KVLayout, ModelSpec
+from sim.models.layout import KVLayout
+from sim.models.spec import ModelSpec
 
 __all__ = ["GPUSpec", "H100", "H200", "B200", "GPUS", "get_gpu", "gpu_names", "KVBudget", "kv_budget",
            "num_kv_blocks", "DEFAULT_ACTIVATION_RESERVE_BYTES"]
@@ -148,7 +149,7 @@ def num_kv_blocks(gpu: GPUSpec, model: ModelSpec, layout: KVLayout, *, gpu_memor
     vLLM's hybrid allocator (0.33.0 ``kv_cache_planning``) gives every layer the same page
     (``layout.page_bytes`` = ``block_size`` tokens of one attention layer = one padded Mamba
     state) and splits the layers into KV-cache groups of ``group_size`` layer slots each
-    (:func:`sim.models.pool_groups`).  It allocates ``group_size`` tensors of ``num_blocks``
+    (:func:`sim.models.layout.pool_groups`).  It allocates ``group_size`` tensors of ``num_blocks``
     pages; a block id indexes one page in each tensor, so one pool block costs ``group_size``
     pages and belongs to one group at a time -- an attention block holds ``block_size`` tokens
     for ``group_size`` attention layers, a Mamba block one state for ``group_size`` Mamba layers.
