@@ -18,10 +18,9 @@ carries measured coefficients of the torch backend on one device:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from sim.engine.scheduler import ScheduledItem
+from backends.base import StepPlan
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,12 @@ class CostModel:
     per_chunk_s: float = 0.0          # per started SSD chunk of ``chunk_tokens`` new tokens
     chunk_tokens: int = 0
 
-    def step_time(self, items: list[ScheduledItem]) -> float:
+    @property
+    def jumps(self) -> bool:
+        return True
+
+    def step_time(self, plan: StepPlan) -> float:
+        items = plan.items
         if not items:
             return self.overhead_s
         T = C = TC = TT = NC = 0
@@ -80,3 +84,10 @@ class CostModel:
         compute = flops / (self.peak_flops * self.mfu)
         memory = mem / (self.hbm_bytes_per_s * self.mbu)
         return self.overhead_s + (compute if compute > memory else memory)
+
+
+def build_backend(scenario: Any, deployment: Any, plant: str | None = None) -> Any:
+    """``backend.kind: analytical``: the deployment's cost model (``sim/run.py`` builds it
+    from the model, the GPU and the backend section or its profile; a test may put any
+    ``StepBackend`` there, so it is not checked to be a ``CostModel``)."""
+    return deployment.cost

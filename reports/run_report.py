@@ -1,74 +1,110 @@
 """The per-run report: ``report.md`` with a TTFT CDF and a hit-length histogram.
 
-Figures are drawn with matplotlib's Agg backend with fixed metadata so the same
-run writes the same bytes.
+It reads the run folder alone (``summary.json``, ``run.json``, ``requests.csv`` by
+column name), so ``sim report DIR`` redraws it without rerunning; figures take their
+look from ``reports/style.py`` (Agg backend, fixed metadata: the same run writes the
+same bytes).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from reports import style
+from reports.render import Table, render_md
+from sim.records import LATENCY_STATS
+from sim.stats import percentiles
 
-_PNG_META = {"Software": None}
+CAPTIONS = {
+    "ttft_cdf": "How long does a request wait for its first token?",
+    "hit_hist": "How much of each prompt does the prefix cache serve, and how much does "
+                "reconciliation with the Mamba state give up?",
+}
+MAX_BARS = 12       # distinct values drawn as one bar each; more: a histogram
+MAX_BINS = 40
 
 
-def _save(fig, path: Path) -> None:
-    fig.savefig(path, dpi=110, bbox_inches="tight", metadata=_PNG_META)
-    plt.close(fig)
-
-
-def ttft_cdf(rows, path: Path, title: str) -> None:
-    vals = sorted(r.ttft_s for r in rows)
+def ttft_cdf(rows, folder: Path, title: str) -> style.Saved:
+    vals = np.sort(np.array([r.ttft_s for r in rows], dtype=float))
     n = len(vals)
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig = style.figure(6.4, 4.0)
+    ax = fig.add_subplot()
     if n:
-        ax.plot(vals, [(i + 1) / n for i in range(n)], drawstyle="steps-post", color="#1f77b4")
-        for q, ls in ((0.5, ":"), (0.9, "--"), (0.99, "-.")):
-            v = vals[min(int(q * (n - 1) + 0.5), n - 1)]
-            ax.axvline(v, color="grey", ls=ls, lw=0.8, label=f"p{int(q * 100)} = {v:.3f} s")
+        ax.plot(vals, np.arange(1, n + 1) / n, drawstyle="steps-post", color=style.HIT)
+        for q, v, ls in zip((50, 90, 99), percentiles(vals, (50, 90, 99)), (":", "--", "-.")):
+            ax.axvline(v, color=style.NOTE, ls=ls, lw=0.8, label=f"p{q} = {v:.3f} s")
         ax.legend(loc="lower right", fontsize=8)
     ax.set_xlabel("time to first token (s)")
     ax.set_ylabel("fraction of requests")
     ax.set_ylim(0, 1.01)
+    ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
     ax.set_title(title, fontsize=10)
-    _save(fig, path)
+    return style.save(fig, folder, "ttft_cdf", CAPTIONS["ttft_cdf"], svg=False)
 
 
-def hit_histogram(rows, path: Path, title: str, block: int) -> None:
-    """Left: reconciled hit per request (one bin per attention/Mamba block).
-    Right: tokens full attention held but reconciliation gave up."""
-    hits = [r.hit_tokens for r in rows]
-    lost = [r.lost_tokens for r in rows]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10.5, 3.8))
-    top = max(max(hits, default=0), 1)
-    edges = list(range(0, top + 2 * block, block))
-    ax.hist(hits, bins=edges, color="#1f77b4", edgecolor="white")
-    ax.set_xlabel(f"reused prefix per request (tokens; bins of one {block}-token block)")
+def _per_request(ax, values: np.ndarray, unit: int, color: str, what: str, xlabel: str) -> None:
+    """Requests by tokens (> 0 only): one bar per value when there are few distinct
+    values (typically whole blocks), else a histogram on bins of a round number of hash
+    units (hits and losses are whole units, so no bin splits a unit)."""
+    nz = values[values > 0]
+    distinct, counts = np.unique(nz, return_counts=True)
     ax.set_ylabel("requests")
-    ax.grid(alpha=0.3)
-    ax.set_title("reconciled hit", fontsize=10)
-    nz = [v for v in lost if v > 0]
-    distinct = sorted(set(nz))
-    if 0 < len(distinct) <= 12:
-        # few distinct losses (typically whole blocks minus a unit): one bar each
-        counts = [nz.count(v) for v in distinct]
-        bx.bar([f"{v:,}" for v in distinct], counts, color="#d62728")
-    elif nz:
-        bx.hist(nz, bins=40, color="#d62728", edgecolor="white")
-    bx.set_xlabel("lost reuse per request (tokens, requests with loss only)")
-    bx.set_ylabel("requests")
-    bx.grid(alpha=0.3)
-    bx.set_title(f"lost to reconciliation: {len(nz):,} of {len(lost):,} requests", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    if len(distinct) == 0:
+        style.empty(ax, f"no request {what}")
+        ax.set_xlabel(f"{xlabel} (tokens)")
+        return
+    if len(distinct) <= MAX_BARS:
+        x = np.arange(len(distinct))
+        ax.bar(x, counts, color=color, width=0.6)
+        for xi, c in zip(x, counts):
+            ax.text(xi, c, f"{c:,}", ha="center", va="bottom", fontsize=7.5)
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{int(v):,}" for v in distinct])
+        ax.set_xlim(-0.7, len(distinct) - 0.3)
+        ax.set_ylim(0, counts.max() * 1.12)
+        ax.set_xlabel(f"{xlabel} (tokens; one bar per distinct value)")
+    else:
+        unit = max(int(unit), 1)
+        # 1, 2, 5, 10, 20, ... hash units: whole units, round widths
+        width = unit * max(1, round(style.nice_step(float(nz.max()) / (unit * MAX_BINS),
+                                                    (1, 2, 5))))
+        edges = np.arange(0, float(nz.max()) + width + 1, width)
+        hist, _ = np.histogram(nz, bins=edges)
+        ax.bar(edges[:-1], hist, width=width, align="edge", color=color, edgecolor="white",
+               linewidth=0.4)
+        ax.set_xlim(0, edges[-1])
+        style.token_axis(ax.xaxis)
+        ax.set_xlabel(f"{xlabel} (tokens; bins of {width:,})")
+    style.integer_axis(ax.yaxis)
+
+
+def hit_histogram(rows, folder: Path, title: str, unit: int) -> style.Saved:
+    """Top: the reconciled hit of the requests that reuse a prefix (the misses are
+    counted in the title, not drawn: on a trace where most requests miss they would be
+    the only bar anyone sees). Bottom: the reuse full attention held but reconciliation
+    gave up, of the requests that lost any. ``unit``: the hash unit (tokens)."""
+    hits = np.array([r.hit_tokens for r in rows], dtype=float)
+    lost = np.array([r.lost_tokens for r in rows], dtype=float)
+    n = len(rows)
+    fig = style.figure(8.0, 6.6)
+    ax, bx = fig.subplots(2, 1, gridspec_kw={"hspace": 0.5})
     fig.suptitle(title, fontsize=11)
-    _save(fig, path)
+    nh, nl = int((hits > 0).sum()), int((lost > 0).sum())
 
+    def share(k):
+        return f"{k / n:.1%}" if n else "n/a"
 
-def _gib(b: float) -> str:
-    return f"{b / 2**30:.2f} GiB"
+    _per_request(ax, hits, unit, style.HIT, "reuses a prefix", "reused prefix per request")
+    ax.set_title(f"reconciled prefix hit: {nh:,} of {n:,} requests ({share(nh)}) reuse a "
+                 f"prefix; {n - nh:,} miss (not drawn)", fontsize=9.5, loc="left")
+    _per_request(bx, lost, unit, style.LOSS, "lost reuse", "lost reuse per request")
+    bx.set_title(f"lost to reconciliation: {nl:,} of {n:,} requests ({share(nl)}), "
+                 f"{int(lost.sum()):,} tokens (requests with a loss only)", fontsize=9.5,
+                 loc="left")
+    return style.save(fig, folder, "hit_hist", CAPTIONS["hit_hist"], svg=False)
 
 
 def read_rows(folder: Path) -> list:
@@ -94,6 +130,59 @@ SUMMARY_NUMBERS = ("requests", "hash_block_size", "num_gpu_blocks", "token_hit_r
                    "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "throughput_tok_s")
 RUN_KEYS = ("name", "description", "model", "block_size", "policy", "retention",
             "shared_prefix_checkpoint", "lookahead_hashes", "speculative", "gpu", "workload")
+
+
+# the latency table's rows: summary.json's ``<stat>_<metric>_ms`` (as `vllm bench serve`
+# names them) by metric, with what each measures
+LATENCY_ROWS = (("ttft", "TTFT (time to first token)"),
+                ("tpot", "TPOT (time per output token after the first)"),
+                ("itl", "ITL (gap between two deliveries of a request's tokens)"),
+                ("e2el", "E2E (arrival to last token)"),
+                ("queue_time", "queueing delay (arrival to first scheduled)"))
+THROUGHPUT_KEYS = ("request_throughput", "output_throughput", "total_token_throughput",
+                   "makespan_s")
+
+
+def _ms(v: float) -> str:
+    return f"{v:,.2f}"
+
+
+def latency_markdown(s: dict) -> list[str]:
+    """The Latency section's lines from summary.json alone: the TTFT/TPOT/ITL/E2E/queueing
+    table (mean and percentiles, ms), throughputs, and SLO attainment and goodput.  A run
+    folder written before these fields existed gets its TTFT line (seconds) instead, and
+    no throughput or SLO line for fields it lacks."""
+    keys = [f"{st}_{m}_ms" for m, _ in LATENCY_ROWS for st in LATENCY_STATS]
+    out: list[str] = []
+    if all(style.finite(s.get(k)) for k in keys):
+        table = Table(["latency (ms)", *LATENCY_STATS],
+                      [[what, *(_ms(s[f"{st}_{m}_ms"]) for st in LATENCY_STATS)]
+                       for m, what in LATENCY_ROWS], "l" + "r" * len(LATENCY_STATS))
+        out += render_md([("table", table)]).splitlines() + [
+            "",
+            "Milliseconds, as `vllm bench serve` reports them (`summary.json`: `mean_ttft_ms`, "
+            "`p99_itl_ms`, ...); percentiles are numpy's `linear`. TPOT counts requests of more "
+            "than one output token; ITL every gap over all requests.",
+            ""]
+    else:   # an older run folder: its TTFT fields in seconds
+        out += ["| TTFT mean | p50 | p90 | p99 | output tok/s |",
+                "|---|---|---|---|---|",
+                f"| {s['ttft_mean_s']:.3f} s | {s['ttft_p50_s']:.3f} s | {s['ttft_p90_s']:.3f} s "
+                f"| {s['ttft_p99_s']:.3f} s | {s['throughput_tok_s']:,.0f} |", ""]
+    if all(style.finite(s.get(k)) for k in THROUGHPUT_KEYS):
+        out += [f"**Throughput** over the {s['makespan_s']:,.2f} s makespan (simulated time): "
+                f"{s['request_throughput']:,.2f} requests/s, {s['output_throughput']:,.1f} output "
+                f"tokens/s, {s['total_token_throughput']:,.1f} total (prompt + output) tokens/s.",
+                ""]
+    if "slo_attainment" in s and "request_goodput" in s:
+        att, good = s["slo_attainment"], s["request_goodput"]
+        if att is None or good is None:
+            out += ["**SLOs:** no SLOs set (the scenario has no `slo:` section), so no "
+                    "attainment or goodput.", ""]
+        elif style.finite(att) and style.finite(good):
+            out += [f"**SLOs:** met by {att:.1%} of requests (refused ones count as misses); "
+                    f"goodput {good:,.2f} requests/s.", ""]
+    return out
 
 
 def load_run_folder(folder: Path) -> tuple[dict, dict, list]:
@@ -148,8 +237,11 @@ def write_report(folder: Path) -> None:
     folder = Path(folder)
     s, h, rows = load_run_folder(folder)
     name = h["name"]
-    ttft_cdf(rows, folder / "ttft_cdf.png", f"{name}: TTFT CDF ({s['requests']:,} requests)")
-    hit_histogram(rows, folder / "hit_hist.png", f"{name}: prefix hit per request", h["block_size"])
+    with style.rc():
+        cdf = ttft_cdf(rows, folder, f"{name}: time to first token, CDF of "
+                                     f"{s['requests']:,} requests")
+        hist = hit_histogram(rows, folder, f"{name}: prefix reuse per request",
+                             s["hash_block_size"])
     lines = [
         f"# Run report: {name}",
         "",
@@ -173,23 +265,21 @@ def write_report(folder: Path) -> None:
         f"| token hit rate | {s['token_hit_rate']:.2%} ({s['hit_tokens']:,} of {s['prompt_tokens']:,}) |",
         f"| request hit rate | {s['request_hit_rate']:.2%} |",
         f"| lost to reconciliation | {s['lost_token_rate']:.2%} of prompt tokens ({s['lost_tokens']:,}) |",
-        f"| Mamba state memory, peak | {_gib(s['mamba_state_bytes_peak'])} |",
-        f"| attention KV memory, peak | {_gib(s['kv_bytes_peak'])} |",
+        f"| Mamba state memory, peak | {style.gib(s['mamba_state_bytes_peak'])} |",
+        f"| attention KV memory, peak | {style.gib(s['kv_bytes_peak'])} |",
         f"| evicted cache keys | {s['evictions']:,} |",
         f"| preemptions | {s['preemptions']:,} |",
         "",
         "## Latency",
         "",
-        "| TTFT mean | p50 | p90 | p99 | output tok/s |",
-        "|---|---|---|---|---|",
-        f"| {s['ttft_mean_s']:.3f} s | {s['ttft_p50_s']:.3f} s | {s['ttft_p90_s']:.3f} s | "
-        f"{s['ttft_p99_s']:.3f} s | {s['throughput_tok_s']:,.0f} |",
+        *latency_markdown(s),
+        f"![{cdf.caption}](ttft_cdf.png)",
         "",
-        "![TTFT CDF](ttft_cdf.png)",
-        "",
-        "![hit histogram](hit_hist.png)",
+        f"![{hist.caption}](hit_hist.png)",
         "",
         "Per-request values: `requests.csv`; every figure above: `summary.json`.",
         "",
     ]
+    from reports.memory_figure import memory_markdown  # the pool over time (memory.csv)
+    lines += memory_markdown(folder, s)
     (folder / "report.md").write_text("\n".join(lines))

@@ -8,8 +8,9 @@ costs on this device and model::
 
 (fixed per-forward cost; linear work: projections, MLP, Mamba scan; attention
 score/value work over every (query, key) pair).  A step of several items is the
-sum.  The profile file (YAML) carries the coefficients, the measured grid and the
-fit's error; ``backend.profile`` in a scenario loads it.
+sum.  The coefficients are a non-negative least-squares fit (``sim/nnls.py``); the
+profile file (YAML) carries them, the measured grid, the fit's error and each term's
+standard error and share of the time; ``backend.profile`` in a scenario loads it.
 """
 from __future__ import annotations
 
@@ -24,20 +25,68 @@ QUICK_GRID = {"new": [1, 4, 16, 64, 128, 200, 256, 384, 512], "cached": [0, 128,
 FULL_GRID = {"new": [1, 4, 16, 64, 256, 1024, 2048], "cached": [0, 256, 1024, 4096, 8192]}
 
 
+TERMS = ("per_item_s", "per_token_s", "per_pair_s", "per_chunk_s")
+
+
+def design(points: list[tuple[int, int, float]], chunk: int) -> np.ndarray:
+    """One row per measured forward, one column per term of the cost form."""
+    return np.array([[1.0, t, t * c + t * (t + 1) / 2, -(-t // chunk)] for t, c, _ in points])
+
+
 def fit(points: list[tuple[int, int, float]], chunk: int) -> dict:
-    """Weighted least squares with non-negative coefficients."""
-    X = np.array([[1.0, t, t * c + t * (t + 1) / 2, -(-t // chunk)] for t, c, _ in points])
+    """Weighted non-negative least squares (``sim/nnls.py``) of the cost form.
+
+    Weighted by 1/y, so that a 1 ms decode counts as much as a 1 s prefill (the fit
+    minimises relative error).  Per term: its coefficient, the coefficient's standard
+    error (from the weighted residuals, on the terms left free; none for a term held at
+    zero) and its share of the predicted time, averaged over the grid."""
+    from sim.nnls import nnls
+
+    X = design(points, chunk)
     y = np.array([s for _, _, s in points])
-    # weight by 1/y so small steps (decode) count as much as big ones
     w = 1.0 / np.maximum(y, 1e-9)
-    coef, *_ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
-    coef = np.maximum(coef, 0.0)
+    Xw = X * w[:, None]
+    res = nnls(Xw, y * w)
+    coef = res.x
     pred = X @ coef
     rel = np.abs(pred - y) / y
+    free = res.passive
+    dof = len(y) - int(free.sum())
+    std = np.full(len(TERMS), np.nan)
+    if dof > 0 and free.any():
+        sigma2 = res.residual ** 2 / dof
+        cov = sigma2 * np.linalg.pinv(Xw[:, free].T @ Xw[:, free])
+        std[free] = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    share = (X * coef[None, :]) / np.maximum(pred, 1e-30)[:, None]
+    per_term = {}
+    for i, name in enumerate(TERMS):
+        se = None if np.isnan(std[i]) else float(std[i])
+        per_term[name] = {
+            "value": float(coef[i]),
+            "std_err": se,
+            "rel_std_err": (se / float(coef[i])) if se is not None and coef[i] > 0 else None,
+            "held_at_zero": bool(not free[i]),
+            "mean_share": float(share[:, i].mean()),
+        }
     return {"per_item_s": float(coef[0]), "per_token_s": float(coef[1]),
             "per_pair_s": float(coef[2]), "per_chunk_s": float(coef[3]), "chunk_tokens": chunk,
             "fit_median_rel_err": float(np.median(rel)),
-            "fit_max_rel_err": float(np.max(rel))}
+            "fit_max_rel_err": float(np.max(rel)),
+            "per_term": per_term}
+
+
+def describe_terms(per_term: dict) -> str:
+    """``per_item_s 1.23e-03 +- 2.1%, ...``: each coefficient with its relative standard
+    error (``held at 0`` for a term the non-negativity holds at zero)."""
+    parts = []
+    for name, t in per_term.items():
+        if t["held_at_zero"]:
+            parts.append(f"{name} held at 0")
+        elif t["rel_std_err"] is None:
+            parts.append(f"{name} {t['value']:.3g}")
+        else:
+            parts.append(f"{name} {t['value']:.3g} +- {t['rel_std_err']:.1%}")
+    return ", ".join(parts)
 
 
 def calibrate(cfg, device: str, grid: dict, repeats: int = 3, progress=None) -> dict:
@@ -77,7 +126,9 @@ def calibrate(cfg, device: str, grid: dict, repeats: int = 3, progress=None) -> 
                   "ffn_dim": cfg.ffn_dim, "dtype": cfg.dtype, "source": cfg.source},
         "coefficients": {k: f[k] for k in ("per_item_s", "per_token_s", "per_pair_s",
                                            "per_chunk_s", "chunk_tokens")},
-        "fit": {k: f[k] for k in ("fit_median_rel_err", "fit_max_rel_err")},
+        "fit": {**{k: f[k] for k in ("fit_median_rel_err", "fit_max_rel_err")},
+                "method": "non-negative least squares (Lawson-Hanson), weighted by 1/time",
+                "per_term": f["per_term"]},
         "measured": measured,
     }
 

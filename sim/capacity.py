@@ -65,23 +65,18 @@ def check_max_model_len(kv, max_model_len: int, block_bytes: int, pool_from: str
     """vLLM's start-up check: the pool (less the null block) must hold one request of
     ``max_model_len`` tokens, counted as vLLM counts it per group (see
     ``blocks_per_request``).  ``pool_from`` says where the pool size came from."""
-    from sim.cache.managers import MambaManager
-    from sim.engine.scheduler import blocks_per_request
-
-    usable = kv.pool.num_blocks - 1
-    need = blocks_per_request(kv, max_model_len)
+    usable = kv.usable_blocks
+    need = kv.blocks_per_request(max_model_len)
     if need <= usable:
         return
     parts = []
-    for m in kv.coordinator.managers:
-        n = blocks_per_request_of(m, max_model_len)
-        kind = "Mamba" if isinstance(m, MambaManager) else (
-            "attention" if m.spec.kind == "full" else "sliding-window")
-        parts.append(f"{n:,} x {m.width} {kind} group{'s' if m.width > 1 else ''}")
+    for kind, n, width in kv.blocks_per_request_by_run(max_model_len):
+        name = {"mamba": "Mamba", "full": "attention"}.get(kind, "sliding-window")
+        parts.append(f"{n:,} x {width} {name} group{'s' if width > 1 else ''}")
     lo, hi = 0, max_model_len       # the largest length that fits, as vLLM estimates it
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if blocks_per_request(kv, mid) <= usable:
+        if kv.blocks_per_request(mid) <= usable:
             lo = mid
         else:
             hi = mid - 1
@@ -95,12 +90,3 @@ def check_max_model_len(kv, max_model_len: int, block_bytes: int, pool_from: str
         f"the pool more blocks")
 
 
-def blocks_per_request_of(m, num_slots: int) -> int:
-    """One group's share of ``blocks_per_request`` (per member)."""
-    from sim.cache.managers import MambaManager
-
-    if isinstance(m, MambaManager):
-        return 2 + m.num_spec_blocks
-    blocks = -(-num_slots // m.block_size)
-    cap = m.admission_cap
-    return cap if cap is not None and cap < blocks else blocks

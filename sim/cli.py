@@ -69,7 +69,7 @@ def case(files: list[Path] = typer.Argument(..., help="Case files (YAML or JSON)
     One file prints an array (one object per request); several print an object
     keyed by the paths as given.
     """
-    from sim.cache.case import run_case_file
+    from sim.case_files import run_case_file
 
     _print_results(files, run_case_file, compact)
 
@@ -91,7 +91,11 @@ def _print_results(files: list[Path], run_file, compact: bool) -> None:
 
 @app.command()
 def steps(files: list[Path] = typer.Argument(..., help="Step case files (YAML or JSON)."),
-          compact: bool = typer.Option(False, "--compact", help="One-line JSON.")) -> None:
+          compact: bool = typer.Option(False, "--compact", help="One-line JSON."),
+          kv_events: bool = typer.Option(False, "--kv-events", help="Also print the KV cache "
+                                         "events published step by step (canonical form): "
+                                         '{"requests", "kv_events", "kv_events_error"} per file.'),
+          ) -> None:
     """Run step cases through the sim-run engine with one time unit per step.
 
     Prints, per request, the step of first admission, the hit and junction, the first
@@ -100,7 +104,7 @@ def steps(files: list[Path] = typer.Argument(..., help="Step case files (YAML or
     """
     from sim.steps import run_steps_file
 
-    _print_results(files, run_steps_file, compact)
+    _print_results(files, lambda f: run_steps_file(f, kv_events=kv_events), compact)
 
 
 def _progress(enabled: bool, what: str = "requests", total: int | None = None,
@@ -206,6 +210,9 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
         requests: int = typer.Option(None, "--requests", min=1, metavar="N", help=REQUESTS_HELP),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress, no summary line."),
         no_report: bool = typer.Option(False, "--no-report", help="Skip report.md and figures."),
+        kv_events: bool = typer.Option(False, "--kv-events", help="Also write the KV cache "
+                                       "events vLLM publishes (kv_events.jsonl; sets "
+                                       "kv_events.enable_kv_cache_events)."),
         ) -> None:
     """Replay a scenario's traffic through the scheduler and cache policy.
 
@@ -218,8 +225,13 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
     from sim.config.scenario import ScenarioError
     from workloads import WorkloadError
 
+    over = _requests_override(_parse_sets(sets), requests)
     try:
-        sc = load_scenario_or_run(scenario, _requests_override(_parse_sets(sets), requests) or None)
+        sc = load_scenario_or_run(scenario, over or None)
+        if kv_events and not sc.kv_events.enable_kv_cache_events:   # (recorded in run.json)
+            raw = sc.raw.get("kv_events") if isinstance(sc.raw, dict) else None
+            key = "kv_events.enable_kv_cache_events" if isinstance(raw, dict) else "kv_events"
+            sc = load_scenario_or_run(scenario, {**over, key: True})
     except (ScenarioError, ConfigError) as e:
         fail(str(e))
     from sim.atomic import check_output_folder
@@ -241,10 +253,14 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
         s = summary
         refused = (f" ({s['rejected_requests']:,} rejected: requests.csv `rejected`)"
                    if s.get("rejected_requests") else "")
+        slo = (f"  SLOs met {s['slo_attainment']:.1%}, goodput {s['request_goodput']:.3g} req/s"
+               if s.get("slo_attainment") is not None else "")    # the scenario's slo:
         typer.echo(f"{s['requests']:,} requests{refused}  token hit {s['token_hit_rate']:.2%}  "
                    f"lost {s['lost_token_rate']:.2%}  TTFT p50 {s['ttft_p50_s']:.3f}s "
-                   f"p99 {s['ttft_p99_s']:.3f}s  ({s['sim_requests_per_s']:,.0f} req/s simulated)"
+                   f"p99 {s['ttft_p99_s']:.3f}s{slo}  ({s['sim_requests_per_s']:,.0f} req/s simulated)"
                    f"  -> {folder}/")
+        if getattr(dep, "kv_events", None) is not None:
+            typer.echo(f"{dep.kv_events.summary()}  -> {folder}/kv_events.jsonl")
 
 
 @app.command()
@@ -259,7 +275,11 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
           workers: int = typer.Option(os.cpu_count() or 1, "--workers",
                                       help="Parallel points (local pool size / local Ray CPUs)."),
           quiet: bool = typer.Option(False, "--quiet", "-q"),
-          no_report: bool = typer.Option(False, "--no-report")) -> None:
+          no_report: bool = typer.Option(False, "--no-report"),
+          search: str = typer.Option(None, "--search", metavar="rate", help="Find each point's "
+                                     "max sustainable arrival rate under the scenario's SLOs "
+                                     "(the sweep file's search: settings, else the defaults).")
+          ) -> None:
     """Run every point of a sweep; write points.csv, each point's run folder and the report."""
     from sim.sweep import SweepError, load_sweep, run_sweep
 
@@ -267,7 +287,7 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
     if workers < 1:
         fail(f"--workers: must be >= 1, got {workers}")
     try:
-        sw = load_sweep(sweep_file, _requests_override({}, requests) or None)
+        sw = load_sweep(sweep_file, _requests_override({}, requests) or None, search=search)
     except SweepError as e:
         fail(str(e))
     from sim.atomic import check_output_folder
@@ -280,7 +300,7 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
     try:
         results = run_sweep(sw, folder, executor=executor, workers=workers, address=address,
                             progress=lambda done, total: update(done), report=not no_report,
-                            command=COMMAND)
+                            command=COMMAND, verbose=not quiet)
     except ImportError as e:
         stop()
         fail(f"--executor ray: {e} (pip install ray)")
@@ -289,6 +309,9 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
     failed = [(p.id, r["error"]) for p, r in zip(sw.points, results) if r["status"] != "ok"]
     if not quiet:
         typer.echo(f"{len(results) - len(failed)}/{len(results)} points ok -> {folder}/")
+        for p, r in zip(sw.points, results):
+            if r.get("search"):
+                typer.echo(f"  {p.id} ({p.label}): {r['search']['line']}")
         for pid, err in failed:
             typer.echo(f"  {pid} failed: {err}")
     if failed:
@@ -492,6 +515,7 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
     typer.echo(f"profile {path}: per item {c['per_item_s'] * 1e3:.3f} ms, per token "
                f"{c['per_token_s'] * 1e6:.2f} us, per attention pair {c['per_pair_s'] * 1e9:.3f} ns; "
                f"fit median error {f['fit_median_rel_err']:.1%}")
+    typer.echo("  per term (non-negative least squares): " + cal.describe_terms(f["per_term"]))
     if compare_ttft:
         if sc is None:
             fail("--compare needs --scenario")
@@ -519,7 +543,8 @@ def validate(file: Path = typer.Argument(..., help="Case file (YAML or JSON)."),
     without it, says so and exits 0.
     Exit 1 on any disagreement.
     """
-    from sim.cache.case import CaseError, load_case_file
+    from sim.cache.case import CaseError
+    from sim.case_files import load_case_file
     from sim.validate import ValidateUnavailable, validate_case
 
     if not against_vllm:
@@ -607,7 +632,22 @@ def model(name: str = typer.Argument(None, help="Catalogue name (see --list)."),
           mamba_ssm_cache_dtype: str = typer.Option("auto", "--mamba-ssm-cache-dtype"),
           kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype"),
           kernel_block_size: int = typer.Option(16, "--kernel-block-size"),
-          block_size: int = typer.Option(None, "--block-size")) -> None:
+          block_size: int = typer.Option(None, "--block-size"),
+          gdn_prefill_backend: str = typer.Option(
+              "flashinfer", "--gdn-prefill-backend",
+              help="GDN models: flashinfer (vLLM's pick on Hopper; 64-token checkpoint grid) "
+                   "or triton (no internal prefill checkpoints)."),
+          speculative_method: str = typer.Option(
+              "auto", "--speculative-method",
+              help="auto (mtp if the model has MTP layers, else its EAGLE head, else ngram) | mtp | "
+                   "eagle | eagle3 | ngram | suffix."),
+          draft_num_layers: int = typer.Option(None, "--draft-num-layers",
+                                               help="EAGLE head: decoder layers (default 1)."),
+          draft_num_kv_heads: int = typer.Option(None, "--draft-num-kv-heads",
+                                                 help="EAGLE head: KV heads (default: the target's)."),
+          draft_head_dim: int = typer.Option(None, "--draft-head-dim",
+                                             help="EAGLE head: head size (default: the target's).")
+          ) -> None:
     """Print how vLLM lays out the KV cache for a model: state bytes, block size, pool groups."""
     from sim import models
 
@@ -621,12 +661,44 @@ def model(name: str = typer.Argument(None, help="Catalogue name (see --list)."),
                                    mamba_cache_dtype=mamba_cache_dtype,
                                    mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
                                    kv_cache_dtype=kv_cache_dtype,
-                                   kernel_block_size=kernel_block_size, block_size=block_size)
+                                   kernel_block_size=kernel_block_size, block_size=block_size,
+                                   gdn_prefill_backend=gdn_prefill_backend,
+                                   speculative_method=speculative_method,
+                                   draft_num_layers=draft_num_layers,
+                                   draft_num_kv_heads=draft_num_kv_heads, draft_head_dim=draft_head_dim)
     except KeyError as e:
         fail(str(e.args[0]) if e.args else str(e))
     except ValueError as e:
         fail(str(e))
     typer.echo(models.describe(lay, m))
+
+
+events_app = typer.Typer(no_args_is_help=True, help="KV cache event streams (vLLM's "
+                         "--kv-events-config): check one.")
+app.add_typer(events_app, name="events")
+
+
+@events_app.command("check")
+def events_check(file: Path = typer.Argument(..., help="A stream: kv_events.jsonl of sim run "
+                                             "--kv-events, JSONL batches captured from vLLM, "
+                                             "or kv_events.msgpack frames."),
+                 as_json: bool = typer.Option(False, "--json", help="The report as JSON.")) -> None:
+    """Replay a KV event stream as a router indexing it would, against the cache it describes.
+
+    Reports keys removed that were never stored, keys published that were never stored
+    (report_mode full announcements), keys a router forgets while a block still holds them,
+    and the requests whose reuse a router trusting the stream misjudges, with token counts.
+    Exit 1 when it finds any, 0 when the stream is sound.
+    """
+    from sim.events_check import check_stream
+
+    rep = check_stream(file)
+    if as_json:
+        json.dump(rep.as_dict(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        typer.echo(rep.text())
+    raise typer.Exit(1 if rep.problems else 0)
 
 
 def _show_version(value: bool) -> None:

@@ -104,27 +104,19 @@ def compare(scenario_path: Path, flag: str, out: Path, sets: dict | None = None,
         keys = ["token_hit_rate", "request_hit_rate", "lost_token_rate", "ttft_mean_s",
                 "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "throughput_tok_s",
                 "mamba_state_bytes_peak", "kv_bytes_peak", "evictions", "preemptions"]
-        deltas = []
         with open(tmp / "summary_deltas.csv", "w", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(["metric", "off", "on", "delta", "relative"])
             for k in keys:
                 a, b = s0[k], s1[k]
                 rel = (b - a) / a if a else float("nan")
-                deltas.append((k, a, b, b - a, rel))
                 w.writerow([k, f"{a:.6g}", f"{b:.6g}", f"{b - a:.6g}", f"{rel:.4g}"])
         improved = sum(1 for rid, a in off_rows.items()
                        if rid in on_rows and on_rows[rid].hit_tokens > a.hit_tokens)
         worse = sum(1 for rid, a in off_rows.items()
                     if rid in on_rows and on_rows[rid].hit_tokens < a.hit_tokens)
-        lines = [f"# {runs[False][0].name}: `{dotted}` off vs on", "",
-                 f"Same scenario and seed; {len(off_rows):,} requests paired by id. "
-                 f"{improved:,} requests reuse more with the flag on, {worse:,} reuse less.", "",
-                 "| metric | off | on | delta | relative |", "|---|---|---|---|---|"]
-        for k, a, b, d, rel in deltas:
-            rel_s = f"{rel:+.2%}" if a else "n/a"
-            lines.append(f"| {k} | {a:.4g} | {b:.4g} | {d:+.4g} | {rel_s} |")
-        lines += ["", "Per request: `paired.csv`; the two runs: `off/`, `on/`.", ""]
-        (tmp / "compare.md").write_text("\n".join(lines))
+        from reports.compare_report import write_compare_report
+
+        write_compare_report(tmp, dotted)   # compare.md, from the folder just written
 
     return {"flag": dotted, "off": s0, "on": s1, "improved": improved, "worse": worse}

@@ -16,7 +16,8 @@ finder placed first on ``sys.path``'s search loads every listed module from its
 and a mix could still run a stale one.
 
 ``backends/__init__.py`` and ``workloads/base.py`` import ``sim`` first, so the same
-choice covers ``backends.analytical`` and ``workloads.hash_ids``.
+choice covers ``backends.base`` (the step plan's item, which the scheduler's item extends),
+``backends.analytical`` and ``workloads.hash_ids``.
 
 ``HCS_NATIVE`` chooses at run time: ``auto`` (default: compiled when fresh),
 ``0`` (always the source, e.g. to profile with cProfile or to debug), ``1``
@@ -44,12 +45,14 @@ NATIVE_MODULES = (
     "sim.cache.prompt",
     "sim.cache.request",
     "sim.cache.managers",
+    "sim.cache.mamba_manager",
     "sim.cache.coordinator",
     "sim.cache.kv_manager",
     "sim.cache.split",
     "sim.engine.scheduler",
     "sim.engine.engine",
     "sim.engine.record",
+    "backends.base",
     "backends.analytical",
     "workloads.hash_ids",
 )

@@ -11,6 +11,7 @@ from typing import NamedTuple, Union
 
 Number = Union[int, str]          # "" in a request refused on arrival (no measurement)
 Seconds = Union[float, str]
+Millis = Union[float, str]
 
 
 class RequestRecord(NamedTuple):
@@ -34,13 +35,25 @@ class RequestRecord(NamedTuple):
     # "" for a served request, else why it was refused on arrival; such a row holds only
     # request_id, session, arrival_s and prompt_tokens
     rejected: str = ""
+    # (columns added later go here, at the end, with a default: older run folders read back)
+    tpot_ms: Millis = ""              # (e2e - ttft) / (output_tokens - 1); "" for one token
+    itl_ms: Millis = ""               # (e2e - ttft) / (output_chunks - 1): this request's mean ITL
+    output_chunks: Number = ""        # steps that delivered its tokens (spec decode: < tokens)
+    slo_ok: Number = ""               # 1 when it met every SLO of the scenario, 0 not; "" no SLO
 
 
 REQUEST_COLUMNS: tuple[str, ...] = RequestRecord._fields
 INT_COLUMNS = frozenset({"prompt_tokens", "hit_tokens", "attention_hit_tokens", "lost_tokens",
                          "junction", "recomputed_tokens", "output_tokens", "preemptions",
-                         "mamba_states_written"})
+                         "mamba_states_written", "output_chunks", "slo_ok"})
 TEXT_COLUMNS = frozenset({"request_id", "session", "rejected"})
+
+# latency statistics: mean and percentiles of TTFT, TPOT, ITL, end-to-end latency and
+# queueing delay (arrival to first scheduled), in ms, named as `vllm bench serve` names them
+LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el", "queue_time")
+LATENCY_STATS: tuple[str, ...] = ("mean", "p50", "p90", "p99")
+LATENCY_FIELDS: tuple[str, ...] = tuple(f"{stat}_{metric}_ms" for metric in LATENCY_METRICS
+                                        for stat in LATENCY_STATS)
 
 # summary.json, in file order (wall_s and sim_requests_per_s measure the machine; every
 # other field is byte-identical for the same inputs and seed)
@@ -49,14 +62,33 @@ SUMMARY_FIELDS: tuple[str, ...] = (
     "rejected_requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "request_hit_rate",
     "lost_tokens", "lost_token_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
     "output_tokens", "makespan_s", "throughput_tok_s", "mamba_state_bytes_peak", "kv_bytes_peak",
-    "evictions", "preemptions", "steps", "wall_s", "sim_requests_per_s",
+    "evictions", "preemptions", "steps",
+    # as `vllm bench serve` names and reports them (ms; throughputs per s of simulated time)
+    *LATENCY_FIELDS,
+    "request_throughput", "output_throughput", "total_token_throughput", "arrival_rate",
+    "slo_attainment", "request_goodput",
+    # memory per GPU: the pool, and what it held at once (any step; unlike the two peaks
+    # above, which need not coincide)
+    "pool_bytes", "occupied_bytes_peak", "in_use_bytes_peak",
+    "wall_s", "sim_requests_per_s",
 )
 
+# memory.csv (sim/engine/record.py StepSampler): one row per engine step, thinned evenly
+MEMORY_COLUMNS: tuple[str, ...] = ("time_s", "kv_blocks", "mamba_blocks", "in_use_blocks",
+                                   "cached_blocks", "running", "waiting")
 
-def records_in_arrival_order(served: list[tuple], refused: list[tuple]) -> list[RequestRecord]:
-    """The recorder's tuples (arrival index first) as records, in arrival order."""
+
+def records_in_arrival_order(served: list[tuple], refused: list[tuple],
+                             slo=None) -> list[RequestRecord]:
+    """The recorder's tuples (arrival index first) as records, in arrival order; with an
+    active ``slo`` (``sim.config.slo.SLOSection``) each served record's ``slo_ok`` says
+    whether it met every objective."""
     rows = sorted([*served, *refused], key=lambda t: t[0])
-    return [RequestRecord(*t[1:]) for t in rows]
+    out = [RequestRecord(*t[1:]) for t in rows]
+    if slo is not None and slo.active:
+        out = [r if r.rejected else r._replace(slo_ok=int(slo.met(
+            r.ttft_s, r.tpot_ms * 1e-3 if r.tpot_ms != "" else 0.0, r.e2e_s))) for r in out]
+    return out
 
 
 def read_request_records(path) -> list[RequestRecord]:

@@ -1,5 +1,7 @@
 """``sim run``: build the deployment a scenario describes, replay its traffic,
-and write the run folder (requests.csv, summary.json, report.md + figures).
+and write the run folder (requests.csv, summary.json, run.json, memory.csv, report.md +
+figures).  Called as ``sim.run(...)``, this module is the notebook API's ``run``
+(``sim/api.py``; see the end of the file).
 
 Everything written goes to a temporary folder first and is renamed into place
 at the end, so a failed run leaves no partial output.
@@ -11,12 +13,15 @@ import csv
 import gc
 import json
 import math
+import sys
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from backends.analytical import CostModel
+from backends.base import build_backend
 from sim.atomic import atomic_folder
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry
@@ -25,11 +30,13 @@ from sim.config.errors import CapacityError, ConfigError
 from sim.config.gpus import get_gpu, kv_budget
 from sim.config.scenario import Scenario
 from sim.engine.engine import Engine
-from sim.engine.record import Recorder, RequestMaker
+from sim.engine.record import Recorder, RequestMaker, StepSampler
 from sim.engine.scheduler import TOO_LONG_FOR_POOL, Scheduler, SimRequest
 from sim.models.layout import derive_layout
-from sim.policies import get_policy
-from sim.records import REQUEST_COLUMNS, SUMMARY_FIELDS, RequestRecord, records_in_arrival_order
+from sim.cache.policies import PoolShape, get_policy
+from sim.records import (LATENCY_STATS, MEMORY_COLUMNS, REQUEST_COLUMNS, SUMMARY_FIELDS,
+                         RequestRecord, records_in_arrival_order)
+from sim.stats import mean, percentiles, weighted_percentiles
 
 
 @dataclass
@@ -44,8 +51,10 @@ class Deployment:
     cost: CostModel
     kv: KVCacheManager
     verify: list | None = None       # torch backend: per-request resume-vs-scratch records
+    sampler: StepSampler | None = None   # memory over time and inter-token latencies
     # every request in arrival order, served and refused on arrival (requests.csv)
     records: list[RequestRecord] = field(default_factory=list)
+    kv_events: object | None = None   # sim/kv_events.RunEvents: the KV event stream, if on
 
 
 def build_deployment(sc: Scenario) -> Deployment:
@@ -77,10 +86,15 @@ def build_deployment(sc: Scenario) -> Deployment:
     check_pool_memory(num_blocks, "kv_cache.num_gpu_blocks_override" if overridden else "gpu",
                       "" if overridden else " (the memory budget's pool: set "
                       "kv_cache.num_gpu_blocks_override to simulate a smaller one)")
-    groups = tuple(["full"] * layout.num_attention_groups + ["mamba"] * layout.num_mamba_groups)
-    policy = get_policy(sc.cache.policy)
-    kv = policy.build(sc.cache, groups, layout.block_size, num_blocks, spec.spec_decode(),
-                      max_model_len=sc.scheduler.max_model_len)
+    groups = layout.groups          # vLLM's group order (Mamba first for a Mamba-first model)
+    sd = spec.spec_decode()
+    shape = PoolShape(groups=groups, block_size=layout.block_size, num_blocks=num_blocks,
+                      max_model_len=sc.scheduler.max_model_len, uses_eagle=sd.uses_eagle,
+                      num_speculative_tokens=sd.num_speculative_tokens,
+                      num_prefill_lookahead=sd.num_prefill_lookahead,
+                      prefill_checkpoints=kvs.prefill_checkpoints(layout,
+                                                                  sc.cache.hash_block_size))
+    kv = get_policy(sc.cache.policy).build(sc.cache, sc.cache.options, shape)
     if sc.scheduler.max_model_len is not None:
         check_max_model_len(kv, sc.scheduler.max_model_len, block_bytes,
                             "kv_cache.num_gpu_blocks_override" if overridden else
@@ -93,11 +107,12 @@ def build_deployment(sc: Scenario) -> Deployment:
 def _derive(sc, kvs, spec, method):
     return derive_layout(
         sc.model, tp=kvs.tensor_parallel_size,
-        num_speculative_tokens=spec.num_speculative_tokens if spec.method else 0,
         mamba_cache_dtype=kvs.mamba_cache_dtype, mamba_ssm_cache_dtype=kvs.mamba_ssm_cache_dtype,
         kv_cache_dtype=kvs.kv_cache_dtype, kernel_block_size=kvs.kernel_block_size,
-        block_size=kvs.block_size,
-        speculative_method=("mtp" if method == "mtp" else ("eagle" if spec.method else "auto")))
+        block_size=kvs.block_size, **spec.layout_args(),   # method, k, the EAGLE head
+        gdn_prefill_backend=kvs.gdn_backend(sc.gpu.type, sc.model),
+        # the policy's Mamba cache mode (cache.policy none: vLLM's mode none)
+        mamba_cache_mode=getattr(get_policy(sc.cache.policy), "mamba_cache_mode", "align"))
 
 
 def cost_model(sc: Scenario, layout, gpu) -> CostModel:
@@ -174,15 +189,6 @@ def load_profile(ppath: Path, defaults: tuple[float, float, float]) -> tuple[dic
                 float(num(prof, "overhead_s", "", overhead)))
 
 
-def _pct(sorted_vals: list[float], q: float) -> float:
-    if not sorted_vals:
-        return float("nan")
-    k = (len(sorted_vals) - 1) * q
-    lo = math.floor(k)
-    hi = min(lo + 1, len(sorted_vals) - 1)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
-
-
 @contextlib.contextmanager
 def _quiet_gc():
     """Collect cyclic garbage less often during a replay.
@@ -218,44 +224,40 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
                       if sc.speculative.method else 0.0, fast_decode=fast_decode,
                       reject_unservable=True)
     maker = RequestMaker(kv, StreamRegistry())
-    rec = Recorder(maker)
-    mamba_gids = [i for i, g in enumerate(dep.groups) if g == "mamba"]
-    attn_gids = [i for i, g in enumerate(dep.groups) if g == "full"]
+    sampler = StepSampler(sched)
+    dep.sampler = sampler
+    rec = Recorder(maker, sampler)
     on_finish: Callable[[SimRequest], None] = rec.finish
 
     base_dir = sc.path.parent
     traces = build_workload(sc.workload, sc.seed, base_dir)
-    torch_backend = None
-    if sc.backend.kind == "torch":
-        torch_backend = build_torch_backend(sc, dep, sched, plant)
-        step_time, sums_time = torch_backend.step_time, None   # every step runs for real
-
-        def finish_and_forget(r: SimRequest) -> None:
-            torch_backend.forget(r.rid)
-            rec.finish(r)
-        on_finish = finish_and_forget
-    else:
-        step_time, sums_time = dep.cost.step_time, dep.cost.time_from_sums
-    eng = Engine(sched, step_time, sums_time, maker.make, on_finish, jump=jump,
-                 progress=progress)
+    backend = build_backend(sc, dep, plant)   # by backend.kind (torch imported only for torch)
+    from sim.kv_events import attach as attach_kv_events   # (vLLM's KV events: opt-in)
+    dep.kv_events = attach_kv_events(sc, kv, sched)   # (no decode jumps: exact event steps)
+    eng = Engine(sched, backend, maker.make, on_finish,
+                 jump=jump and dep.kv_events is None, progress=progress)
+    eng.on_step = sampler.step
     with _quiet_gc():
         eng.run(traces)     # (the engine's progress guard raises a CapacityError)
+    if dep.kv_events is not None:
+        dep.kv_events.finish()
     if not rec.rows and eng.rejected:
         raise CapacityError(f"every request was rejected ({len(eng.rejected):,}); the first: "
                             f"{why_rejected(sched, eng.rejected[0])}")
     for r in eng.rejected:
         rec.reject(r)
-    dep.records = records_in_arrival_order(rec.rows, rec.rejected_rows)
+    dep.records = records_in_arrival_order(rec.rows, rec.rejected_rows, sc.slo)
     rows = [r for r in dep.records if not r.rejected]
     wall = time.perf_counter() - t_wall
-    summary = summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids)
-    if torch_backend is not None:
-        recs = torch_backend.stats.records
+    summary = summarize(sc, dep, rows, eng, sched, wall)
+    if sc.backend.kind == "torch":   # the torch backend's resume-vs-scratch checks
+        stats = backend.stats  # type: ignore[attr-defined]
+        recs = stats.records
         resumed = [v for v in recs if v.resumed_at > 0]
         summary["verify_requests"] = len(recs)
         summary["verify_resumed"] = len(resumed)
         summary["verify_max_abs_err"] = max((v.max_abs_err for v in recs), default=0.0)
-        summary["torch_forward_s"] = torch_backend.stats.forward_s
+        summary["torch_forward_s"] = stats.forward_s
         dep.verify = recs
     return dep, rows, summary
 
@@ -271,34 +273,7 @@ def why_rejected(sched: Scheduler, r: SimRequest) -> str:
             f"scheduler.max_model_len {sched.max_model_len:,} ({r.rejected})")
 
 
-def build_torch_backend(sc: Scenario, dep, sched, plant: str | None = None):
-    """The real-compute backend over this deployment's blocks (import torch lazily)."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise ConfigError("backend.kind", 'torch is not installed: pip install -e ".[torch]" (on a '
-                          'machine without a GPU first: pip install torch --index-url '
-                          'https://download.pytorch.org/whl/cpu)') from None
-    import torch as _t
-
-    from backends.torch_backend.backend import TorchBackend
-    from backends.torch_backend.config import TorchModelConfig
-
-    b = sc.backend
-    pattern = sc.model.pattern or ""
-    n_layers = b.layers or (len(pattern) if pattern else 4)
-    cfg = TorchModelConfig.scaled(sc.model, num_layers=n_layers, width_div=b.width_div,
-                                  dtype=b.dtype, seed=sc.seed)
-    device = b.device
-    if device == "auto":
-        device = "cuda" if _t.cuda.is_available() else "cpu"
-    if device == "cuda" and not _t.cuda.is_available():
-        raise ConfigError("backend.device", "cuda requested but no GPU is visible")
-    return TorchBackend(cfg, dep.kv, sched, dep.num_blocks, dep.layout.block_size, device=device,
-                        verify=b.verify, plant=plant)
-
-
-def summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids) -> dict:
+def summarize(sc, dep, rows, eng, sched, wall) -> dict:
     n = len(rows)
     prompt = sum(r.prompt_tokens for r in rows)
     hit = sum(r.hit_tokens for r in rows)
@@ -307,14 +282,14 @@ def summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids) -> dict:
     ttfts = sorted(r.ttft_s for r in rows)
     makespan = (max((r.arrival_s + r.e2e_s for r in rows), default=0.0)
                 - min((r.arrival_s for r in rows), default=0.0))
-    pool = dep.kv.pool
+    kv = dep.kv
     page = dep.block_bytes
     summary = {
         "scenario": sc.name,
         "model": sc.model.name,
         "policy": sc.cache.policy,
         "block_size": dep.layout.block_size,
-        "hash_block_size": dep.kv.coordinator.hash_block_size,
+        "hash_block_size": kv.hash_block_size,
         "num_gpu_blocks": dep.num_blocks,
         "requests": n,
         "rejected_requests": len(eng.rejected),   # refused on arrival (requests.csv rejected)
@@ -325,22 +300,82 @@ def summarize(sc, dep, rows, eng, sched, wall, mamba_gids, attn_gids) -> dict:
         "lost_tokens": lost,
         "lost_token_rate": lost / prompt if prompt else 0.0,
         "ttft_mean_s": sum(ttfts) / n if n else float("nan"),
-        "ttft_p50_s": _pct(ttfts, 0.50),
-        "ttft_p90_s": _pct(ttfts, 0.90),
-        "ttft_p99_s": _pct(ttfts, 0.99),
+        **dict(zip(("ttft_p50_s", "ttft_p90_s", "ttft_p99_s"), percentiles(ttfts, (50, 90, 99)))),
         "output_tokens": out_tokens,
         "makespan_s": makespan,
         "throughput_tok_s": out_tokens / makespan if makespan > 0 else 0.0,
-        "mamba_state_bytes_peak": max(pool.peak_by_group(mamba_gids), 0) * page,
-        "kv_bytes_peak": max(pool.peak_by_group(attn_gids), 0) * page,
-        "evictions": pool.evicted_keys,
+        "mamba_state_bytes_peak": kv.peak_blocks("mamba") * page,
+        "kv_bytes_peak": kv.peak_blocks("full") * page,
+        "evictions": kv.evicted_keys,
         "preemptions": sched.preemptions,
         "steps": eng.steps,
+        **latency_fields(rows, dep.sampler),
+        **rate_fields(sc, dep, rows, makespan),
+        "pool_bytes": dep.num_blocks * page,
+        "occupied_bytes_peak": dep.sampler.occupied_peak * page if dep.sampler else 0,
+        "in_use_bytes_peak": dep.sampler.in_use_peak * page if dep.sampler else 0,
         "wall_s": wall,
         "sim_requests_per_s": n / wall if wall > 0 else 0.0,
     }
     assert tuple(summary) == SUMMARY_FIELDS   # (sim/records.py names them, in file order)
     return summary
+
+
+PERCENTILES = tuple(float(s[1:]) for s in LATENCY_STATS if s.startswith("p"))
+
+
+def _stats(metric: str, values_s: list[float]) -> dict:
+    """``mean_<metric>_ms`` and ``p50/p90/p99_<metric>_ms`` of values in seconds, computed
+    as ``vllm bench serve`` does (numpy, in seconds, then x 1000; 0 when there are none)."""
+    if not values_s:
+        return {f"{s}_{metric}_ms": 0.0 for s in LATENCY_STATS}
+    return {f"mean_{metric}_ms": mean(values_s) * 1000,
+            **{f"p{q:g}_{metric}_ms": v * 1000
+               for q, v in zip(PERCENTILES, percentiles(values_s, PERCENTILES))}}
+
+
+def latency_fields(rows: list[RequestRecord], sampler: StepSampler | None) -> dict:
+    """TTFT, TPOT, ITL, end-to-end latency and queueing delay: mean and percentiles (ms).
+    TPOT covers requests of more than one output token (as vLLM's); ITL every gap
+    between two deliveries of a request's tokens, over all requests (the sampler's
+    histogram of whole microseconds; its mean is exact)."""
+    out = {}
+    out.update(_stats("ttft", [r.ttft_s for r in rows]))
+    out.update(_stats("tpot", [r.tpot_ms * 1e-3 for r in rows if r.tpot_ms != ""]))
+    if sampler is not None and sampler.itl_count:
+        keys = sorted(sampler.itl_hist)
+        counts = [sampler.itl_hist[k] for k in keys]
+        out["mean_itl_ms"] = sampler.itl_sum_ns / sampler.itl_count * 1e-6
+        out.update({f"p{q:g}_itl_ms": v * 1e-3 for q, v in
+                    zip(PERCENTILES, weighted_percentiles(keys, counts, PERCENTILES))})
+    else:
+        out.update({f"{s}_itl_ms": 0.0 for s in LATENCY_STATS})
+    out.update(_stats("e2el", [r.e2e_s for r in rows]))
+    out.update(_stats("queue_time", [r.queue_s for r in rows]))
+    return out
+
+
+def rate_fields(sc: Scenario, dep, rows: list[RequestRecord], makespan: float) -> dict:
+    """Throughputs over the makespan (requests, output tokens, prompt + output tokens per
+    second of simulated time), the arrival rate (requests, refused ones included, over
+    the arrival span), and with SLOs the share of requests meeting them (refused ones
+    count as missing them) and the rate of those that do."""
+    n = len(rows)
+    prompt = sum(r.prompt_tokens for r in rows)
+    out_tokens = sum(r.output_tokens for r in rows)
+    arrivals = [r.arrival_s for r in (dep.records or rows)]
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    per_s = (lambda x: x / makespan) if makespan > 0 else (lambda x: 0.0)
+    good = sum(1 for r in rows if r.slo_ok == 1)
+    active = sc.slo.active
+    return {
+        "request_throughput": per_s(n),
+        "output_throughput": per_s(out_tokens),
+        "total_token_throughput": per_s(prompt + out_tokens),
+        "arrival_rate": (len(arrivals) - 1) / span if span > 0 else 0.0,
+        "slo_attainment": good / len(arrivals) if active and arrivals else None,
+        "request_goodput": per_s(good) if active else None,
+    }
 
 
 def run_header(sc: Scenario, dep) -> dict:
@@ -367,6 +402,18 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def write_memory_csv(path: Path, sampler: StepSampler) -> None:
+    """``memory.csv``: the pool over time, per GPU, in blocks (``MEMORY_COLUMNS``): the
+    attention and Mamba blocks held (in use or cached), those in use (both kinds), those
+    cached (held, free, evictable), and the requests running and waiting, at the start
+    of each engine step (evenly thinned past ``MEMORY_ROWS`` rows)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(MEMORY_COLUMNS)
+        for t, a, m, in_use, running, waiting in sampler.rows:
+            w.writerow((f"{t * 1e-9:.6f}", a, m, in_use, a + m - in_use, running, waiting))
+
+
 def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = True,
               extra: Callable[[Path], None] | None = None,
               command: list[str] | None = None) -> Path:
@@ -374,7 +421,6 @@ def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = Tr
     may add files of its own before the folder moves into place.  ``run.json`` holds the
     report header plus what re-runs the run (``sim/provenance.py``); ``command`` is the
     command line recorded there."""
-    from reports.run_report import write_report
     from sim.provenance import run_record
 
     with atomic_folder(out_dir, kind="run") as tmp:
@@ -390,11 +436,32 @@ def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = Tr
             # allow_nan=False: NaN is not JSON; a NaN here is a bug and must show
             json.dump(summary, f, indent=1, sort_keys=False, allow_nan=False)
             f.write("\n")
+        sampler = getattr(dep, "sampler", None)
+        if sampler is not None:
+            write_memory_csv(tmp / "memory.csv", sampler)
         with open(tmp / "run.json", "w") as f:
             json.dump({**run_header(sc, dep), **run_record(sc, command)}, f, indent=1)
             f.write("\n")
         if report:
+            from reports.run_report import write_report   # (matplotlib: only with a report)
+
             write_report(tmp)
+        if getattr(dep, "kv_events", None) is not None:
+            dep.kv_events.write(tmp)          # kv_events.jsonl (+ .msgpack)
         if extra is not None:
             extra(tmp)
     return Path(out_dir)
+
+
+class _CallableModule(types.ModuleType):
+    """``sim.run(scenario, set=..., out=...)``: this module, called, is the notebook API's
+    ``run`` (``sim/api.py``), so that ``sim.run`` is one name whether or not the module
+    was imported first (Python binds a package's submodule to its name on import)."""
+
+    def __call__(self, *args, **kwargs):
+        from sim.api import run
+
+        return run(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backends.base import FixedStep
 from sim.cache.case import CASE_KEYS, CaseError, parse_runs
 from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig
 from sim.cache.prompt import StreamRegistry
@@ -16,12 +17,20 @@ from sim.engine.engine import Engine
 from sim.engine.scheduler import Scheduler, SimRequest
 
 STEP_KEYS = {"max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
-             "num_speculative_tokens", "accepted_tokens", "eagle_lookahead_hashes"}
+             "num_speculative_tokens", "accepted_tokens", "eagle_lookahead_hashes",
+             "policy", "lpm_max_wait_steps", "lpm_max_queue"}
 UNIT_S = 1e-9   # one step = one engine nanosecond
+# vLLM's KV cache events (sim/cache/events.py): the switch (``KVEventsConfig``), the default
+# ``kv_cache_report_mode`` of every request, and the corrected stream instead of vLLM's
+EVENT_KEYS = ("enable_kv_cache_events", "report_mode", "kv_events_fix_emit")
+REPORT_MODES = (None, "full", "incremental")
 
 
 @dataclass
-class _Trace:
+class StepArrival:
+    """One request of a step case as the engine takes an arrival (the fields a workload's
+    ``TraceRequest`` has that the engine reads): arrival in engine steps."""
+
     request_id: str
     arrival_s: float
     segments: list
@@ -43,13 +52,21 @@ def parse_steps(data):
     if not isinstance(data, dict):
         raise CaseError("top level: expected a mapping with config and requests")
     for k in data:
-        if k not in ("config", "requests", "source", "expect", "description"):
+        if k not in ("config", "requests", "source", "expect", "description",
+                     "expect_kv_events"):
             raise CaseError(f"{k}: unknown key")
     cfg_in = data.get("config") or {}
     if not isinstance(cfg_in, dict):
         raise CaseError(f"config: expected a mapping, got {cfg_in!r}")
     cfg_in = dict(cfg_in)
     sched_keys = {k: cfg_in.pop(k) for k in list(cfg_in) if k in STEP_KEYS}
+    events = {k: cfg_in.pop(k) for k in EVENT_KEYS if k in cfg_in}   # (not cache keys here)
+    for k in ("enable_kv_cache_events", "kv_events_fix_emit"):
+        if not isinstance(events.get(k, False), bool):
+            raise CaseError(f"config.{k}: must be true or false, got {events[k]!r}")
+    if events.get("report_mode") not in REPORT_MODES:
+        raise CaseError(f"config.report_mode: must be full, incremental or null, got "
+                        f"{events['report_mode']!r}")
     for k in list(cfg_in):
         if k in CASE_KEYS - {"max_num_batched_tokens", "long_prefill_token_threshold"}:
             cfg_in.pop(k)  # schedule: the scheduler decides chunking here
@@ -89,11 +106,16 @@ def parse_steps(data):
     if lpt > cfg.max_model_len:
         raise CaseError(f"config.long_prefill_token_threshold: {lpt} cannot be greater than "
                         f"max_model_len {cfg.max_model_len} (vLLM rejects this)")
-    sc = SchedulerConfig(
-        max_num_batched_tokens=budget,
-        max_num_seqs=seqs,
-        long_prefill_token_threshold=lpt,
-        num_speculative_tokens=K, max_model_len=cfg.max_model_len)
+    policy = {k: sched_keys[k] for k in ("policy", "lpm_max_wait_steps", "lpm_max_queue")
+              if k in sched_keys}
+    try:
+        sc = SchedulerConfig(
+            max_num_batched_tokens=budget,
+            max_num_seqs=seqs,
+            long_prefill_token_threshold=lpt,
+            num_speculative_tokens=K, max_model_len=cfg.max_model_len, **policy)
+    except ConfigError as e:   # (named scheduler.<key>: a step case says config.<key>)
+        raise CaseError("config." + str(e).removeprefix("scheduler.")) from None
     reqs_in = data.get("requests")
     if not isinstance(reqs_in, list) or not reqs_in:
         raise CaseError("requests: expected a non-empty list")
@@ -104,48 +126,69 @@ def parse_steps(data):
         if not isinstance(r, dict):
             raise CaseError(f"{where}: expected a mapping")
         for k in r:
-            if k not in ("id", "prompt", "arrival_step", "max_tokens"):
+            if k not in ("id", "prompt", "arrival_step", "max_tokens", "priority", "report_mode"):
                 raise CaseError(f"{where}.{k}: unknown key")
+        if r.get("report_mode") not in REPORT_MODES:
+            raise CaseError(f"{where}.report_mode: must be full, incremental or null, got "
+                            f"{r['report_mode']!r}")
         runs = parse_runs(r.get("prompt"), streams, f"{where}.prompt")
         arrival = _int(f"{where}.arrival_step", r.get("arrival_step", 0), 0, prefix="")
         mt = _int(f"{where}.max_tokens", r.get("max_tokens", 16), 1, prefix="")
+        prio = r.get("priority", 0)
+        if isinstance(prio, bool) or not isinstance(prio, int):
+            raise CaseError(f"{where}.priority: must be an integer, got {prio!r}")
         rid = str(r.get("id", f"r{i}"))
         if any(t[0] == rid for t in traces):
             raise CaseError(f"{where}.id: duplicate id {rid!r}")
-        traces.append((rid, runs, arrival, mt))
+        traces.append((rid, runs, arrival, mt, prio))
+        events.setdefault("modes", {})[rid] = r.get("report_mode")
     order = sorted(range(len(traces)), key=lambda i: (traces[i][2], i))
-    return cfg, sc, acc, streams, [traces[i] for i in order], [t[0] for t in traces]
+    return cfg, sc, acc, streams, [traces[i] for i in order], [t[0] for t in traces], events
 
 
-def run_steps_data(data, source: str = "<steps>") -> list[dict]:
+def run_steps_data(data, source: str = "<steps>", kv_events: bool = False):
+    """Per request, the step-level answers; with ``kv_events`` a mapping ``{"requests":
+    [...], "kv_events": [{"step", "events"}, ...], "kv_events_error": None | {...}}`` of
+    the KV events published step by step, in the oracle's canonical form (events are on
+    when ``config.enable_kv_cache_events`` is true, or unset and ``kv_events`` asked)."""
     from sim.cache.kv_manager import KVCacheManager
 
     try:
-        cfg, sc, acc, streams, traces, file_order = parse_steps(data)
+        cfg, sc, acc, streams, traces, file_order, ev_cfg = parse_steps(data)
     except CaseError as e:
         raise CaseError(f"{source}: {e}") from None
     try:
         kv = KVCacheManager(cfg)
     except (AssertionError, ValueError) as e:
-        return [{"id": rid, "error": f"{type(e).__name__}: {e}"} for rid in file_order]
+        res = [{"id": rid, "error": f"{type(e).__name__}: {e}"} for rid in file_order]
+        return {"requests": res, "kv_events": [], "kv_events_error": None} if kv_events else res
     sched = Scheduler(sc, kv, accepted_per_step=acc if not isinstance(acc, list) else 0.0,
                       eagle_family=cfg.eagle)
     if isinstance(acc, list):
         sched.set_accept_pattern(acc)
+    log = None
+    if ev_cfg.get("enable_kv_cache_events", kv_events):
+        log = _StepEvents(sched, ev_cfg)
+        kv.enable_kv_events(log.log)
     reqs: dict[str, SimRequest] = {}
     by_id = {t[0]: t for t in traces}
+    modes = ev_cfg.get("modes", {})
 
     def make(trace, index):
-        _, runs, _, mt = by_id[trace.request_id]
-        r = SimRequest(kv.make_request(trace.request_id, runs), mt, index)
+        _, runs, _, mt, prio = by_id[trace.request_id]
+        r = SimRequest(kv.make_request(trace.request_id, runs, modes.get(trace.request_id)),
+                       mt, index)
+        r.priority = prio
         r.out_stream = streams.id(f"out/{trace.request_id}")
         reqs[trace.request_id] = r
         return r
 
-    eng = Engine(sched, lambda items: UNIT_S, lambda *a: UNIT_S, make, lambda r: None,
-                 jump=not isinstance(acc, list))
+    # (a decode jump caches a block completed by its last step at the next allocation,
+    # not at that step's update as vLLM does: same hits, later events; step one by one)
+    eng = Engine(sched, FixedStep(UNIT_S), make, lambda r: None,
+                 jump=not isinstance(acc, list) and log is None)
     try:
-        eng.run(_Trace(rid, arrival * UNIT_S, [], mt) for rid, runs, arrival, mt in traces)
+        eng.run(StepArrival(rid, arrival * UNIT_S, [], mt) for rid, _, arrival, mt, _ in traces)
     except CapacityError as e:   # the engine's progress guard: a request that never fits
         raise CapacityError(f"{source}: {e}") from None
     rejected = {id(r) for r in eng.rejected}
@@ -172,10 +215,39 @@ def run_steps_data(data, source: str = "<steps>") -> list[dict]:
             "preemptions": r.preemptions,
             "output_tokens": r.num_output,
         })
-    return out
+    if not kv_events:
+        return out
+    if log is None:
+        return {"requests": out, "kv_events": [], "kv_events_error": None}
+    return {"requests": out, **log.result()}
 
 
-def run_steps_file(path) -> list[dict]:
-    from sim.cache.case import load_case_file
+class _StepEvents:
+    """The KV events of a step case, step by step, in the oracle's canonical form."""
 
-    return run_steps_data(load_case_file(path), source=str(path))
+    def __init__(self, sched: Scheduler, ev_cfg: dict):
+        from sim.cache.events import CanonicalForm, KVEventLog
+
+        self.canon = CanonicalForm()
+        self.steps: list[dict] = []
+        self.log = KVEventLog(self._publish, clock=lambda: sched.sched_time,
+                              report_mode=ev_cfg.get("report_mode"),
+                              fix_emit=ev_cfg.get("kv_events_fix_emit", False))
+
+    def _publish(self, step: int, events: list) -> None:
+        self.steps.append({"step": step, "events": self.canon.events(events)})
+
+    def result(self) -> dict:
+        log = self.log
+        log.flush()
+        err = None
+        if log.error is not None:
+            err = {k: log.error[k] for k in ("step", "type", "request", "group")}
+            err["unpublished"] = self.canon.events(log.unpublished)
+        return {"kv_events": self.steps, "kv_events_error": err}
+
+
+def run_steps_file(path, kv_events: bool = False):
+    from sim.case_files import load_case_file
+
+    return run_steps_data(load_case_file(path), source=str(path), kv_events=kv_events)

@@ -10,10 +10,14 @@ A sweep file::
       cache.hash_block_size: [64, 192]
     points:                              # and/or named points
       - {name: dense, set: {cache.prefix_cache_retention_interval: null}}
+    search: {attainment: 0.9}            # optional: each point's max sustainable rate
 
 Output folder: ``points.csv`` (one row per point: id, label, status, error, each axis,
 each summary metric except the two wall-clock ones), ``points/<id>/`` (each point's run
-folder) and the sweep report.  Points run in a local process pool or on Ray; results
+folder) and the sweep report.  With ``search:`` (or ``sim sweep --search rate``) every
+point is a bisection of its arrival rate (``sim/search.py``): ``points.csv`` ends with
+the answer, ``search.csv`` lists every run, and a point's folder is the run at the rate
+found.  Points run in a local process pool or on Ray; results
 are identical byte for byte whichever executor runs them, and a failed point is
 recorded with its error without losing the others.
 """
@@ -26,8 +30,10 @@ import itertools
 import json
 import os
 import shutil
+import sys
 import tempfile
 import traceback
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,8 +41,11 @@ from typing import Any
 from sim.atomic import atomic_folder
 from sim.config.errors import ConfigError
 
-SWEEP_KEYS = {"name", "description", "base", "set", "grid", "points", "output"}
+SWEEP_KEYS = {"name", "description", "base", "set", "grid", "points", "output", "search"}
 TIMING = ("wall_s", "sim_requests_per_s")
+SEARCH_COLUMNS = ("max_rate_scale", "max_arrival_rate", "search_result", "search_runs")
+PROBE_COLUMNS = ("point", "label", "run", "rate_scale", "arrival_rate", "slo_attainment",
+                 "request_goodput", "meets")
 
 
 class SweepError(InputError):
@@ -59,6 +68,7 @@ class Sweep:
     points: list[Point]
     axes: list[str]
     output: str | None = None    # the sweep file's output: (folder, relative to the cwd)
+    search: Any = None           # sim.search.RateSearch: bisect each point's arrival rate
 
 
 def _fmt_value(v: Any) -> str:
@@ -69,9 +79,12 @@ def _fmt_value(v: Any) -> str:
     return str(v)
 
 
-def load_sweep(path: str | Path, overrides: dict | None = None) -> Sweep:
+def load_sweep(path: str | Path, overrides: dict | None = None,
+               search: str | None = None) -> Sweep:
     """Load and validate a sweep file; ``overrides`` (dotted field -> value, e.g. from
-    ``sim sweep --requests``) apply to every point, after the file's own values."""
+    ``sim sweep --requests``) apply to every point, after the file's own values.
+    ``search`` (``sim sweep --search rate``) turns the rate search on with the file's
+    ``search:`` settings, or the defaults."""
     from sim.config.loader import load_file
 
     p = Path(path)
@@ -129,19 +142,48 @@ def load_sweep(path: str | Path, overrides: dict | None = None) -> Sweep:
         points.append(Point(f"p{len(points):03d}", label, {**common, **coords, **cli}, coords))
     if not points:
         raise SweepError(f"{path}: grid/points: the sweep has no points")
+    rate_search = _search_section(path, data, search)
     # Validate every point's scenario up front: a typo fails the sweep before any run.
     from sim.run import build_deployment
     from sim.config.scenario import ScenarioError, load_scenario
 
     for pt in points:
         try:
-            build_deployment(load_scenario(base, pt.overrides, set_label=""))
+            sc = load_scenario(base, pt.overrides, set_label="")
+            build_deployment(sc)
+            if rate_search is not None:
+                _check_searchable(sc)
         except (ScenarioError, ConfigError, ValueError) as e:
             raise SweepError(f"{path}: point {pt.id} ({pt.label}): {e}") from None
     output = data.get("output")
     if output is not None and (not isinstance(output, str) or not output.strip()):
         raise SweepError(f"{path}: output: must be a folder path, got {output!r}")
-    return Sweep(p, str(data.get("name") or p.stem), base, points, axes, output)
+    return Sweep(p, str(data.get("name") or p.stem), base, points, axes, output, rate_search)
+
+
+def _search_section(path, data: dict, search: str | None):
+    """The sweep's rate search (``sim.search.RateSearch``), or None."""
+    from sim.search import parse_search
+
+    if search is not None and search != "rate":
+        raise SweepError(f"--search: must be rate (the arrival-rate scale), got {search!r}")
+    if "search" not in data and search is None:
+        return None
+    try:
+        return parse_search(data.get("search"))
+    except ConfigError as e:
+        raise SweepError(f"{path}: {e}") from None
+
+
+def _check_searchable(sc) -> None:
+    """A rate search needs SLOs to meet and arrivals it can scale."""
+    from sim.search import rate_overrides
+
+    if not sc.slo.active:
+        raise ConfigError("search", "a rate search needs SLOs: give the scenario an slo: "
+                          "section (ttft_ms, tpot_ms and/or e2e_ms), or set slo.ttft_ms in the "
+                          "sweep's set:")
+    rate_overrides(sc.workload, 1.0)
 
 
 def _check_paths(path, where: str, mapping: dict) -> None:
@@ -152,30 +194,66 @@ def _check_paths(path, where: str, mapping: dict) -> None:
                              f"(like cache.hash_block_size)")
 
 
-def run_point(base: str, overrides: dict, command: list[str] | None = None) -> dict:
+def run_point(base: str, overrides: dict, command: list[str] | None = None,
+              search: Any = None, tag: str = "", verbose: bool = False) -> dict:
     """Run one point; returns its status, summary and run-folder files (name ->
     bytes), so a remote Ray worker needs no shared filesystem.  Never raises.
-    ``command`` (the sweep's command line) goes into the point's run.json."""
+    ``command`` (the sweep's command line) goes into the point's run.json.  With
+    ``search`` (a ``RateSearch``) the point is a rate search: its runs are logged on
+    stderr as ``tag: ...`` when ``verbose``, and the result has a ``search`` entry."""
     try:
         from sim.run import simulate, write_run
         from sim.config.scenario import load_scenario
 
         sc = load_scenario(base, overrides)
-        dep, rows, summary = simulate(sc)
+        found = None
+        if search is None:
+            dep, rows, summary = simulate(sc)
+        else:
+            found = _search_point(base, overrides, sc, search, tag, verbose)
+            sc, dep, rows, summary = found.best
         with tempfile.TemporaryDirectory() as d:
             folder = write_run(Path(d) / "run", sc, dep, rows, summary, report=True,
                                command=command)
             files = {f.name: f.read_bytes() for f in sorted(folder.iterdir()) if f.is_file()}
-        return {"status": "ok", "summary": summary, "files": files}
+        out = {"status": "ok", "summary": summary, "files": files}
+        if found is not None:
+            from dataclasses import asdict
+            from sim.search import describe
+
+            out["search"] = {"scale": found.scale, "outcome": found.outcome,
+                             "probes": [asdict(p) for p in found.probes],
+                             "line": describe(found, search)}
+        return out
     except Exception as e:  # noqa: BLE001 - a failed point must not lose the others
         msg = f"{type(e).__name__}: {e}".replace("\n", " ")
         return {"status": "failed", "error": msg[:500],
                 "trace": traceback.format_exc(limit=3)}
 
 
+def _search_point(base: str, overrides: dict, sc, search, tag: str, verbose: bool):
+    """Bisect one point's arrival rate; ``best`` holds (scenario, deployment, rows,
+    summary) of the run at the rate found."""
+    from sim.run import simulate
+    from sim.config.scenario import load_scenario
+    from sim.search import rate_overrides, search_rate
+
+    def run(scale: float):
+        s = load_scenario(base, {**overrides, **rate_overrides(sc.workload, scale)})
+        dep, rows, summary = simulate(s)
+        return summary, (s, dep, rows, summary)
+
+    def log(line: str) -> None:
+        if verbose:
+            print(f"{tag}: {line}", file=sys.stderr, flush=True)
+
+    return search_rate(run, search, log)
+
+
 def _execute(sweep: Sweep, tmp: Path, executor: str, workers: int, address: str | None,
-             progress, command: list[str] | None = None) -> list[dict]:
-    jobs = [(str(sweep.base), pt.overrides, command) for pt in sweep.points]
+             progress, command: list[str] | None = None, verbose: bool = False) -> list[dict]:
+    jobs = [(str(sweep.base), pt.overrides, command, sweep.search, f"{pt.id} ({pt.label})",
+             verbose) for pt in sweep.points]
     if executor == "ray":
         import ray
 
@@ -232,7 +310,8 @@ def write_points_csv(path: Path, sweep: Sweep, results: list[dict]) -> None:
             break
     with open(path, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
-        w.writerow(["point", "label", "status", "error", *sweep.axes, *metrics])
+        w.writerow(["point", "label", "status", "error", *sweep.axes, *metrics,
+                    *(SEARCH_COLUMNS if sweep.search is not None else ())])
         for pt, r in zip(sweep.points, results):
             axis_vals = [_fmt_value(pt.axes.get(a, _base_value(sweep, pt, a))) for a in sweep.axes]
             s = r.get("summary") or {}
@@ -240,7 +319,31 @@ def write_points_csv(path: Path, sweep: Sweep, results: list[dict]) -> None:
             for m in metrics:
                 v = s.get(m, "")
                 vals.append(f"{v:.6g}" if isinstance(v, float) else v)
+            if sweep.search is not None:
+                vals += _search_values(r.get("search"))
             w.writerow([pt.id, pt.label, r["status"], r.get("error", ""), *axis_vals, *vals])
+
+
+def _search_values(found: dict | None) -> list:
+    """The ``SEARCH_COLUMNS`` of one point (empty for a failed one)."""
+    if not found:
+        return [""] * len(SEARCH_COLUMNS)
+    scale = found["scale"]
+    rate = next((p["arrival_rate"] for p in found["probes"] if p["scale"] == scale), None)
+    return [f"{scale:.6g}" if scale is not None else "",
+            f"{rate:.6g}" if rate is not None else "", found["outcome"], len(found["probes"])]
+
+
+def write_search_csv(path: Path, sweep: Sweep, results: list[dict]) -> None:
+    """``search.csv``: every run of every point's rate search, in the order run."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(PROBE_COLUMNS)
+        for pt, r in zip(sweep.points, results):
+            for i, p in enumerate((r.get("search") or {}).get("probes", [])):
+                w.writerow([pt.id, pt.label, i + 1, f"{p['scale']:.6g}",
+                            f"{p['arrival_rate']:.6g}", f"{p['attainment']:.6g}",
+                            f"{p['goodput']:.6g}", "true" if p["meets"] else "false"])
 
 
 def _base_value(sweep: Sweep, pt: Point, dotted: str):
@@ -258,13 +361,15 @@ def _base_value(sweep: Sweep, pt: Point, dotted: str):
 
 def run_sweep(sweep: Sweep, out: Path, executor: str = "local", workers: int = 1,
               address: str | None = None, progress=lambda done, total: None,
-              report: bool = True, command: list[str] | None = None) -> list[dict]:
+              report: bool = True, command: list[str] | None = None,
+              verbose: bool = False) -> list[dict]:
     """Run every point; write the sweep folder atomically; return the results.
-    ``command``: the command line recorded in every point's run.json."""
+    ``command``: the command line recorded in every point's run.json; ``verbose``: log
+    each run of a rate search on stderr."""
     with atomic_folder(out, kind="sweep") as tmp:
         (tmp / "points").mkdir()
         shutil.copyfile(sweep.path, tmp / "sweep.yaml")
-        results = _execute(sweep, tmp, executor, workers, address, progress, command)
+        results = _execute(sweep, tmp, executor, workers, address, progress, command, verbose)
         for pt, r in zip(sweep.points, results):
             files = r.pop("files", None)
             if files:
@@ -273,6 +378,8 @@ def run_sweep(sweep: Sweep, out: Path, executor: str = "local", workers: int = 1
                 for name, data in files.items():
                     (d / name).write_bytes(data)
         write_points_csv(tmp / "points.csv", sweep, results)
+        if sweep.search is not None:
+            write_search_csv(tmp / "search.csv", sweep, results)
         with open(tmp / "errors.json", "w") as f:
             json.dump({pt.id: r.get("trace", "") for pt, r in zip(sweep.points, results)
                        if r["status"] != "ok"}, f, indent=1, sort_keys=True)
@@ -285,3 +392,16 @@ def run_sweep(sweep: Sweep, out: Path, executor: str = "local", workers: int = 1
             if write_sweep_report is not None:
                 write_sweep_report(tmp)
     return results
+
+
+class _CallableModule(types.ModuleType):
+    """``sim.sweep(sweep_file, ...)``: this module, called, is the notebook API's ``sweep``
+    (``sim/api.py``), whether or not the module was imported first."""
+
+    def __call__(self, *args, **kwargs):
+        from sim.api import sweep
+
+        return sweep(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

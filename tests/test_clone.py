@@ -21,7 +21,7 @@ OUTSIDE = re.compile("|".join([re.escape(".." + "/shared"), re.escape("/work" + 
                                re.escape("shared" + "/traces"), re.escape("shared" + "/docs"),
                                r"""["']shared["']\s*/"""]))
 # the one place allowed to look outside the root: the optional vLLM oracle's locator
-ALLOWED = {("tools/oracle_worker.py", "vllm-oracle")}
+ALLOWED = {("sim/oracle/worker.py", "vllm-oracle")}
 
 
 def _project_files() -> list[Path]:

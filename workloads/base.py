@@ -44,6 +44,7 @@ class TraceRequest:
     session: str | None = None
     after: str | None = None         # request_id of the previous turn: this request arrives
     think_s: float = 0.0             # think_s after that one FINISHES (closed loop)
+    priority: int = 0                # scheduler.policy priority: lower is served first (vLLM)
 
     @property
     def prompt_tokens(self) -> int:

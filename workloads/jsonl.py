@@ -20,7 +20,8 @@ WHERE = "workload"
 #: whitespace, ``@`` and ``:`` (so ``out/r0000001`` and ``mc/17`` are fine).
 _SEG = re.compile(r"^([^\s@:]+)(?:@(\d+))?:(\d+)$")
 
-LINE_KEYS = ("id", "arrival_s", "prompt", "segments", "output_tokens", "session", "after", "think_s")
+LINE_KEYS = ("id", "arrival_s", "prompt", "segments", "output_tokens", "session", "after", "think_s",
+             "priority")
 
 
 def parse_prompt(text: str) -> list[Segment]:
@@ -75,6 +76,8 @@ def request_to_dict(req: TraceRequest) -> dict[str, Any]:
     if req.after is not None:
         d["after"] = req.after
         d["think_s"] = req.think_s
+    if req.priority:
+        d["priority"] = req.priority
     return d
 
 
@@ -138,8 +141,11 @@ def parse_line(rec: Any, seen: set[str], last_arrival: float | None, time_scale:
     out = rec.get("output_tokens")
     if not is_int(out) or out < 1:
         raise ValueError(f"output_tokens must be an integer >= 1, got {show(out)}")
+    priority = rec.get("priority", 0)
+    if not is_int(priority):
+        raise ValueError(f"priority must be an integer (lower is served first), got {show(priority)}")
     return TraceRequest(rid, arrival, segs, int(out), session=session, after=after,
-                        think_s=float(think) * time_scale)
+                        think_s=float(think) * time_scale, priority=int(priority))
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The torch backend: every scheduled chunk runs for real on the cache model's blocks.
 
-For each step the engine hands over the scheduled items (request, tokens, cached
-context).  The backend
+For each step the engine hands over a step plan (``backends.base.StepPlan``: per scheduled
+request its tokens, the new tokens, the cached context, the drafts accepted and the tokens
+kept); the backend reads nothing else of the engine or the scheduler.  It
 
 1. performs the copy-on-write copies the cache model queued this step (a partial
    prefix hit's private copy of a KV block; a Mamba partial-tail state moved to its
@@ -15,7 +16,7 @@ context).  The backend
 3. returns the measured step time (CUDA events on GPU, perf_counter on CPU).
 
 A decode step runs all its scheduled positions: the last sampled token and the
-speculative drafts.  The first drafts the acceptance pattern accepts are the tokens
+speculative drafts.  The first ``accepted`` drafts (the plan says how many) are the tokens
 the sequence continues with, the rest are wrong guesses.  K/V is written for every
 position (a rejected draft's slot is overwritten when the sequence reaches it) and
 the Mamba layers keep one state per position, the state of the last kept token
@@ -42,11 +43,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from backends.base import StepItem, StepPlan
 from backends.torch_backend.config import TorchModelConfig
 from backends.torch_backend.model import HybridStack, forward_chunk
 from backends.torch_backend.pools import KVPool, MambaState, StatePool
 from sim.cache.hashing import LITERAL
 from sim.cache.rules import cdiv
+from sim.config.errors import ConfigError
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 0.25}
 _PRIME = 1_000_003
@@ -68,7 +71,9 @@ class TorchRunStats:
 
 
 class TorchBackend:
-    def __init__(self, cfg: TorchModelConfig, kv_manager, scheduler, num_blocks: int,
+    jumps = False   # every step runs for real
+
+    def __init__(self, cfg: TorchModelConfig, kv_manager, num_blocks: int,
                  block_size: int, device: str = "cpu", verify: bool = False,
                  plant: str | None = None):
         self.cfg = cfg
@@ -79,7 +84,6 @@ class TorchBackend:
             torch.set_num_threads(1)
         self.model = HybridStack(cfg, self.device)
         self.kv = kv_manager
-        self.sched = scheduler
         self.block_size = block_size
         self.kv_pool = KVPool(cfg, num_blocks, block_size, self.device)
         self.state_pool = StatePool(cfg, num_blocks, self.device)
@@ -95,10 +99,10 @@ class TorchBackend:
         self.reference = self.model if cfg.dtype == "float32" else fp32_copy(self.model)
 
     # ----------------------------------------------------------------- tokens --
-    def token_ids(self, sim_req, start: int, end: int) -> torch.Tensor:
-        """Token ids of positions [start, end): stream tokens hashed into the vocab;
-        positions past the known tokens are this request's next output tokens."""
-        c = sim_req.cache
+    def token_ids(self, it: StepItem, start: int, end: int) -> torch.Tensor:
+        """Token ids of positions [start, end) of ``it``'s request: stream tokens hashed into
+        the vocab; positions past the known tokens are this request's next output tokens."""
+        c = it.tokens
         vocab = self.cfg.vocab
         parts = []
         pos = 0
@@ -113,7 +117,7 @@ class TorchBackend:
             # not yet appended output tokens: stream out/<id> continues after the prompt
             first = max(start, pos) - c.num_prompt_tokens
             idx = torch.arange(first, first + end - max(start, pos), dtype=torch.int64)
-            parts.append((idx + (sim_req.out_stream * _PRIME) % vocab) % vocab)
+            parts.append((idx + (it.out_stream * _PRIME) % vocab) % vocab)
         return torch.cat(parts).to(self.device)
 
     # ------------------------------------------------------------------ steps --
@@ -125,42 +129,19 @@ class TorchBackend:
                 for layer_kv in self.kv_pool.kv:
                     layer_kv[dst.block_id].copy_(layer_kv[src.block_id])
 
-    def _accepted(self, it) -> tuple[int, int]:
-        """(tokens of the item that are the sequence's own, tokens the step keeps).
-
-        A prefill chunk is all its own.  A decode step schedules the last sampled token and
-        ``spec_tokens`` drafts; the first ``acc`` drafts are accepted (they equal the tokens
-        the sequence goes on with), the rest are rejected guesses (padding drafts of a new
-        request are never accepted).  The step keeps 1 + acc, cut where the request reaches
-        its ``max_tokens`` (read as the scheduler's update will)."""
-        if it.is_prefill:
-            return it.num_tokens, it.num_tokens
-        s = self.sched
-        if it.padded:
-            acc = 0
-        else:
-            if s.accept_list is not None:
-                al = s.accept_list
-                acc = al[min(s.sched_time, len(al) - 1)]
-            else:
-                acc = s.accepted_at(s.step_index)
-            acc = min(acc, it.spec_tokens)
-        own = 1 + acc
-        r = it.req
-        left = r.max_tokens - r.num_output
-        return own, max(1, min(own, left))
-
-    def draft_ids(self, sim_req, start: int, own: int, n: int) -> torch.Tensor:
+    def draft_ids(self, it: StepItem, start: int, own: int, n: int) -> torch.Tensor:
         """Token ids of a decode step's ``n`` scheduled positions from ``start``: the first
         ``own`` are the sequence's own tokens (the last sampled one and the accepted drafts),
         the rest rejected drafts -- each a token the sequence does *not* continue with."""
-        ids = self.token_ids(sim_req, start, start + n)
+        ids = self.token_ids(it, start, start + n)
         if own < n:
             ids = ids.clone()
             ids[own:] = (ids[own:] + 1) % self.cfg.vocab
         return ids
 
-    def step_time(self, items) -> float:
+    def step_time(self, plan: StepPlan) -> float:
+        for rid in plan.finished:
+            self.forget(rid)
         if self.cuda:
             torch.cuda.synchronize()
             t_start = torch.cuda.Event(enable_timing=True)
@@ -170,13 +151,17 @@ class TorchBackend:
         self._copies()
         pending_verify = []
         bs = self.block_size
-        for it in items:
-            r = it.req
-            c = r.cache
-            rid = c.request_id
+        for it in plan.items:
+            c = it.tokens
+            rid = it.request_id
             start = it.context
             n = it.num_tokens
-            own, kept = self._accepted(it)
+            # a prefill chunk is all the sequence's own; of a decode step the last sampled
+            # token and the accepted drafts are (they equal the tokens the sequence goes on
+            # with), the other drafts are rejected guesses; the step keeps ``kept`` positions
+            # (the plan cuts them at the request's max_tokens)
+            own = n if it.is_prefill else 1 + it.accepted
+            kept = it.kept
             end = start + kept
             fa = [b.block_id for b in self.kv.group_blocks(c, "full")]
             mb = self.kv.group_blocks(c, "mamba")
@@ -190,17 +175,30 @@ class TorchBackend:
                 # a prefix hit: resume from the state keyed in the hit's Mamba block
                 self.resumed_at[rid] = start
                 self.prefill_hs.pop(rid, None)
-                state_in = self._resume_state(r, start, mb)
+                state_in = self._resume_state(it, start, mb)
+            ckpt = self.kv.prefill_checkpoint(c) if it.is_prefill else None
             with torch.inference_mode():
-                if it.is_prefill:
-                    hs, state_out = self.model.run(self.token_ids(r, start, end), start, fa,
+                if ckpt is not None and start < ckpt[0] < end:
+                    # an internal prefill checkpoint: the chunk runs in two pieces and the
+                    # state after ``pos`` tokens goes into the block the cache model keyed
+                    # there (vLLM's metadata builder ends a piece exactly at the checkpoint)
+                    pos, cidx = ckpt
+                    hs1, state_ck = self.model.run(self.token_ids(it, start, pos), start, fa,
+                                                   self.kv_pool, state_in)
+                    if cidx < len(mb) and not mb[cidx].is_null:
+                        self.state_pool.store(mb[cidx].block_id, state_ck)
+                    hs2, state_out = self.model.run(self.token_ids(it, pos, end), pos, fa,
+                                                    self.kv_pool, state_ck)
+                    hs = torch.cat([hs1, hs2])
+                elif it.is_prefill:
+                    hs, state_out = self.model.run(self.token_ids(it, start, end), start, fa,
                                                    self.kv_pool, state_in)
                 else:
                     # every scheduled position runs, drafts included (their K/V is written;
                     # a rejected draft's is overwritten when the sequence reaches that
                     # position); the Mamba layers keep one state per position and the state
                     # of the last kept token becomes the request's state
-                    hs, states = self.model.run(self.draft_ids(r, start, own, n), start, fa,
+                    hs, states = self.model.run(self.draft_ids(it, start, own, n), start, fa,
                                                 self.kv_pool, state_in, steps=True)
                     pick = n - 1 if self.plant == "spec_last_state" else kept - 1
                     state_out = states[pick].clone()
@@ -209,7 +207,7 @@ class TorchBackend:
             if idx < len(mb) and not mb[idx].is_null:
                 self.state_pool.store(mb[idx].block_id, state_out)
             if self.verify:
-                self._collect(it, r, hs[:kept], start, end, pending_verify)
+                self._collect(it, hs[:kept], end, pending_verify)
         if self.cuda:
             t_end.record()
             torch.cuda.synchronize()
@@ -217,41 +215,41 @@ class TorchBackend:
         else:
             dt = time.perf_counter() - t0
         self.stats.forward_s += dt
-        for kind, r, hs, lo, end in pending_verify:   # not timed
+        for kind, it, hs, lo, end in pending_verify:   # not timed
             with torch.inference_mode():
-                ref, _ = self.reference.run(self.token_ids(r, 0, end), 0,
+                ref, _ = self.reference.run(self.token_ids(it, 0, end), 0,
                                             list(range(cdiv(end, self.block_size))),
                                             self._ref_pool(end), None)
             err = float((hs.float() - ref[lo:end].float()).abs().max())
             self.stats.records.append(VerifyRecord(
-                r.cache.request_id, r.cache.num_prompt_tokens,
-                self.resumed_at.get(r.cache.request_id, 0), err, kind))
+                it.request_id, it.tokens.num_prompt_tokens,
+                self.resumed_at.get(it.request_id, 0), err, kind))
         return dt
 
     # ----------------------------------------------------------------- verify --
-    def _collect(self, it, r, hs, start: int, end: int, pending: list) -> None:
+    def _collect(self, it: StepItem, hs, end: int, pending: list) -> None:
         """Keep what the check compares: every position the request's first prefill computed
         (from its resume point to the end of the prompt), and, on the step that finishes it,
         the last kept decode position (after all its speculative steps)."""
-        rid = r.cache.request_id
-        if (it.is_prefill or it.padded) and not r.first_prefill_done:
+        rid = it.request_id
+        if (it.is_prefill or it.padded) and it.first_prefill:
             self.prefill_hs.setdefault(rid, []).append(hs)
-            if end >= r.cache.num_tokens:
+            if end >= it.tokens.num_tokens:
                 got = torch.cat(self.prefill_hs.pop(rid))
-                pending.append(("prefill", r, got, end - got.shape[0], end))
-        elif not it.is_prefill and r.max_tokens - r.num_output <= end - start:
-            pending.append(("decode", r, hs[-1:], end - 1, end))
+                pending.append(("prefill", it, got, end - got.shape[0], end))
+        elif not it.is_prefill and it.finishes:
+            pending.append(("decode", it, hs[-1:], end - 1, end))
 
     def _ref_pool(self, n: int) -> KVPool | None:
         if not self.cfg.num_attention_layers:
             return None
         return KVPool(self.reference.cfg, cdiv(n, self.block_size), self.block_size, self.device)
 
-    def _resume_state(self, r, start: int, mamba_blocks) -> MambaState:
+    def _resume_state(self, it: StepItem, start: int, mamba_blocks) -> MambaState:
         if self.plant == "state_off_by_one":
             # the bug a check-point policy must never have: the state of p-1 used as p's
             with torch.inference_mode():
-                ids = self.token_ids(r, 0, start - 1)
+                ids = self.token_ids(it, 0, start - 1)
                 pool = KVPool(self.cfg, cdiv(start, self.block_size) + 1, self.block_size,
                               self.device)
                 _, st = forward_chunk(self.model, ids, 0,
@@ -260,8 +258,11 @@ class TorchBackend:
             return st
         blk = mamba_blocks[cdiv(start, self.block_size) - 1]
         if blk.is_null:
-            raise RuntimeError(f"{r.cache.request_id}: no Mamba state block at the hit {start}")
+            raise RuntimeError(f"{it.request_id}: no Mamba state block at the hit {start}")
         return self.state_pool.load(blk.block_id)
+
+    def time_from_sums(self, n: int, T: int, C: int, TC: int, TT: int) -> float:
+        raise NotImplementedError("the torch backend times every step for real (jumps = False)")
 
     def forget(self, rid: str) -> None:
         self.running.pop(rid, None)
@@ -274,3 +275,20 @@ def fp32_copy(model: HybridStack) -> HybridStack:
     ref = HybridStack(model.cfg.with_(dtype="float32"), model.device)
     ref.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
     return ref
+
+
+def build_backend(sc, dep, plant: str | None = None) -> TorchBackend:
+    """``backend.kind: torch``: the real-compute backend over the deployment's blocks, the
+    model scaled as the scenario's ``backend`` section says."""
+    b = sc.backend
+    pattern = sc.model.pattern or ""
+    n_layers = b.layers or (len(pattern) if pattern else 4)
+    cfg = TorchModelConfig.scaled(sc.model, num_layers=n_layers, width_div=b.width_div,
+                                  dtype=b.dtype, seed=sc.seed)
+    device = b.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("backend.device", "cuda requested but no GPU is visible")
+    return TorchBackend(cfg, dep.kv, dep.num_blocks, dep.layout.block_size, device=device,
+                        verify=b.verify, plant=plant)

@@ -24,6 +24,7 @@ from typing import Final
 from librt.vecs import vec
 from mypy_extensions import i64
 
+from sim.cache.events import KVEventLog, log_evictions
 from sim.cache.key_map import KeyMap
 
 GROUP_BITS: Final = 5  # up to 32 KV-cache groups
@@ -92,6 +93,8 @@ class BlockPool:
         self.kind_of_group: list[int] = []
         self.occupied = vec[i64]([0, 0])   # (machine integers: no boxing per update)
         self.peak = vec[i64]([0, 0])
+        # vLLM's KV cache events (sim/cache/events.py); None: off, one test per call site
+        self.events: KVEventLog | None = None
 
     # -- lookups -------------------------------------------------------------
     def get_cached_block(self, block_hash: int, group_ids: list[int]) -> list[Block] | None:
@@ -145,6 +148,13 @@ class BlockPool:
         keys.extend(extra)
         return [k for k in keys if km.remove(k, bid)]
 
+    def drop_keys(self, block: Block) -> None:
+        """``remove_keys``, publishing a ``BlockRemoved`` per key (vLLM's
+        ``_remove_cached_block_hashes`` + ``_emit_block_removed_events``)."""
+        removed = self.remove_keys(block)
+        if self.events is not None and removed:
+            self.events.removed(removed)
+
     def move_keys(self, src: Block, dst: Block) -> None:
         """Re-point every key of ``src`` to ``dst`` (Mamba partial-tail CoW)."""
         num_tokens = src.key_tokens
@@ -177,7 +187,7 @@ class BlockPool:
             key = make_key(h, group_id)
             if blk.key >= 0:
                 # partial -> full promotion of the same block drops its old keys
-                self.remove_keys(blk)
+                self.drop_keys(blk)
             self.insert_key(key, blk, (i + 1) * block_size)
 
     def cache_partial_block(self, unit_hash: int, block: Block, num_tokens: int,
@@ -192,7 +202,7 @@ class BlockPool:
         if bk >= 0 and bk != key:
             kt = block.key_tokens
             if kt >= 0 and kt < end and not self.contains(key, block.block_id):
-                self.remove_keys(block)
+                self.drop_keys(block)
         self.insert_key(key, block, end)
         return key
 
@@ -240,6 +250,8 @@ class BlockPool:
     def get_new_blocks(self, n: int, group_id: int = 0) -> list[Block]:
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot get {n} free blocks from the pool")
+        if self.events is not None:
+            log_evictions(self.events, self, n)   # (the keys of the blocks about to be reused)
         out = []
         occ = self.occupied
         kind = self.kind_of_group[group_id] if self.kind_of_group else 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 from sim.config.errors import InputError
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig, ConfigError
 from sim.cache.kv_manager import KVCacheManager
@@ -219,15 +218,3 @@ def _error_result(rid, runs, err, msg) -> dict:
     return {"id": rid, "prompt_tokens": sum(r[2] for r in runs), "hit": None, "per_group": None,
             "per_group_error": None, "junction": None, "chunk_ends": None, "mamba_states": None, "error": err,
             "events": None, "error_message": msg}
-
-
-def load_case_file(path: str | Path):
-    """A case (or step case) file, YAML or JSON (``.json``), through the one loader:
-    unreadable, non-UTF-8, duplicate keys and syntax errors name the file and line."""
-    from sim.config.loader import load_file
-
-    return load_file(path, CaseError)
-
-
-def run_case_file(path: str | Path) -> list[dict]:
-    return run_case_data(load_case_file(path), source=str(path))

@@ -65,6 +65,11 @@ class CacheConfig:
     # None = num_hash_lookahead_tokens, as the oracle builds the manager
     num_prefill_lookahead: int | None = None
     mamba_num_speculative_blocks: int = 0
+    # internal prefill checkpoints (vLLM's MambaSpec fields, on every Mamba group):
+    # MambaMixer2 sets 1 and 1, GDN with a checkpoint-exporting prefill sets its
+    # alignment, MambaMixer (Jamba) and vLLM's unit tests leave them off (0)
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int = 1
     # which groups vLLM flags as EAGLE groups: "all" is its fallback when no
     # group is annotated (unit tests, the oracle); a served model flags the
     # groups holding the drafter's layers, i.e. full attention ("attention")
@@ -97,8 +102,12 @@ class CacheConfig:
             if g == "full":
                 out.append(GroupSpec("full", self.block_size))
             elif g == "mamba":
+                n = self.num_prefill_checkpoint_blocks
                 out.append(GroupSpec("mamba", self.mamba_block_size or self.block_size,
-                                     mamba_mode=self.mamba_cache_mode))
+                                     mamba_mode=self.mamba_cache_mode,
+                                     prefill_checkpoint_blocks=n,
+                                     prefill_checkpoint_alignment=(
+                                         self.prefill_checkpoint_alignment if n > 0 else 0)))
             else:
                 out.append(GroupSpec("swa", self.block_size, window=int(g.split(":")[1])))
         return out
@@ -135,6 +144,9 @@ class CacheConfig:
         pos_int("num_hash_lookahead_tokens", self.num_hash_lookahead_tokens, allow_zero=True)
         pos_int("num_prefill_lookahead", self.num_prefill_lookahead, allow_none=True, allow_zero=True)
         pos_int("mamba_num_speculative_blocks", self.mamba_num_speculative_blocks, allow_zero=True)
+        pos_int("num_prefill_checkpoint_blocks", self.num_prefill_checkpoint_blocks,
+                allow_zero=True)
+        pos_int("prefill_checkpoint_alignment", self.prefill_checkpoint_alignment)
         pos_int("max_in_flight_tokens", self.max_in_flight_tokens, allow_none=True)
         pos_int("max_model_len", self.max_model_len)
         pos_int("prefix_cache_retention_interval", self.prefix_cache_retention_interval,

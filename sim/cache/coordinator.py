@@ -5,20 +5,20 @@ vLLM 0.33.0's ``HybridKVCacheCoordinator``: groups with identical specs form a
 candidate length until every spec group holds a hit there.  EAGLE groups may
 look one ``eagle_proof_margin`` past the candidate and drop once per
 candidate; Mamba never drops.  A single-group model uses the one manager
-directly (``UnitaryKVCacheCoordinator``).
+directly (``UnitaryKVCacheCoordinator``).  With prefix caching off every lookup
+misses (``NoPrefixCacheCoordinator``, ``cache.policy: none``); the ``ideal`` policy
+keeps a state at every hash unit of every computed prefix (``IdealCoordinator``) in
+a pool that never runs out (``UnlimitedBlockPool``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from sim.cache.block_pool import Block, BlockPool
 from sim.cache.hashing import PrefixKeys
-from sim.cache.managers import (
-    FullAttentionManager,
-    MambaManager,
-    SingleTypeManager,
-    SlidingWindowManager,
-)
+from sim.cache.key_map import KeyMap
+from sim.cache.mamba_manager import MambaManager
+from sim.cache.managers import FullAttentionManager, SingleTypeManager, SlidingWindowManager
 from sim.cache.rules import cdiv, eagle_proof_margin, replay_boundaries
 from sim.cache.specs import GroupSpec
 
@@ -31,6 +31,52 @@ MANAGER_BY_KIND: dict[str, type[SingleTypeManager]] = {
     "mamba": MambaManager,
 }
 
+# the block count an unlimited pool reports: more than any run can ever ask for
+UNLIMITED_BLOCKS: Final = 1 << 40
+
+
+class UnlimitedBlockPool(BlockPool):
+    """A block pool that never runs out and never evicts (``cache.policy: ideal``).
+
+    It reports ``UNLIMITED_BLOCKS`` blocks (so admission, allocation and the
+    scheduler's "can never fit" check always pass) but holds Block objects only for
+    the blocks ever handed out: memory grows with the blocks a run really occupies
+    (the cached states it keeps plus the running requests' tables), never with the
+    reported size.  Before an allocation it makes sure the free queue's front holds
+    enough blocks without a key, adding fresh ones there (at least doubling the
+    materialised count, so the growth is amortised), so the pop never reaches a
+    cached block: nothing is ever evicted.  Uncached free blocks precede cached ones
+    in the queue (freed uncached blocks go to the front, cached ones to the back), so
+    the count of free blocks without a key is the free count minus the cached free
+    ones (``occupied`` counts in-use and cached free blocks)."""
+
+    def __init__(self, hash_block_size: int, lookahead: int = 0):
+        super().__init__(2, hash_block_size, lookahead)   # the null block and one more
+        self.virgin = UNLIMITED_BLOCKS - 2   # reported free blocks not materialised yet
+        self.num_blocks = UNLIMITED_BLOCKS
+        self.num_free_blocks += self.virgin
+
+    def get_new_blocks(self, n: int, group_id: int = 0) -> list[Block]:
+        free = self.num_free_blocks - self.virgin       # materialised free blocks
+        in_use = len(self.blocks) - 1 - free
+        cached_free = int(self.occupied[0]) + int(self.occupied[1]) - in_use
+        short = n - (free - cached_free)
+        if short > 0:
+            grow = len(self.blocks)
+            if grow < short:
+                grow = short
+            if grow > self.virgin:
+                grow = self.virgin
+            first = len(self.blocks)
+            fresh = [Block(first + i) for i in range(grow)]
+            self.blocks.extend(fresh)
+            head = self.head
+            for b in reversed(fresh):   # (the lowest id ends up at the front)
+                self._insert(b, head, head.next_free)
+            self.num_free_blocks -= grow   # (they were counted free while virgin)
+            self.virgin -= grow
+        return super().get_new_blocks(n, group_id)
+
 
 class SpecGroup:
     __slots__ = ("spec", "group_ids", "cls", "use_eagle")
@@ -41,16 +87,24 @@ class SpecGroup:
 
 
 class Coordinator:
+    """What every coordinator shares: the pool, one manager per run of identical groups,
+    EAGLE group flags, caching and allocation over every manager.  How a hit length is
+    found and how many tokens are cacheable depend on the layout: ``get_coordinator``
+    picks ``UnitaryCoordinator`` (one group) or ``HybridCoordinator`` (several), as
+    vLLM's ``get_kv_cache_coordinator`` does."""
+
     def __init__(self, specs: list[GroupSpec], num_blocks: int, scheduler_block_size: int,
                  hash_block_size: int, use_eagle: bool, retention: int | None,
                  lookahead: int = 0, prefill_lookahead: int = 0,
                  num_speculative_blocks: int = 0, checkpoint_rule: str = "v0.33",
-                 eagle_groups: str = "all", eagle_method: bool = False):
+                 eagle_groups: str = "all", eagle_method: bool = False,
+                 unlimited_pool: bool = False):
         self.specs = specs
         self.scheduler_block_size = scheduler_block_size
         self.hash_block_size = hash_block_size
         self.reprefillable = max(0, prefill_lookahead - 1)
-        self.pool = BlockPool(num_blocks, hash_block_size, lookahead)
+        self.pool = (UnlimitedBlockPool(hash_block_size, lookahead) if unlimited_pool
+                     else BlockPool(num_blocks, hash_block_size, lookahead))
         self.pool.kind_of_group = [1 if s.kind == "mamba" else 0 for s in specs]
         # Unflagged groups: with EAGLE every group counts as an EAGLE group.
         # A served model flags the groups holding the drafter's layers (full
@@ -95,15 +149,128 @@ class Coordinator:
         self._one_full = False
         self.full_alone = -1   # full attention's hit alone in the last lookup (-1: unknown)
         self._replay_memo: dict[int, tuple[int, ...]] = {}
-        self.unitary = len(specs) == 1
-        if self.unitary:
-            self.partial_hits = False
-            self.align = self.managers[0].block_size
-            self.managers[0].use_eagle = 0 in self.drop_eagle_group_ids
-            self._cacheable = [(self.managers[0], False)]
-            self.spec_groups = [SpecGroup(specs[0], [0], type(self.managers[0]),
-                                          0 in self.drop_eagle_group_ids)]
-            return
+        self.unitary = False
+        self.partial_hits = False
+        self.align = scheduler_block_size
+        self._cacheable: list[tuple[SingleTypeManager, bool]] = []
+        self.spec_groups: list[SpecGroup] = []
+        self._arrange(specs, hash_block_size, scheduler_block_size)
+
+    def _arrange(self, specs: list[GroupSpec], hash_block_size: int,
+                 scheduler_block_size: int) -> None:
+        """Spec groups, hit alignment and cacheable managers of this layout."""
+        raise NotImplementedError
+
+    def find_longest_cache_hit(self, hashes: PrefixKeys, max_length: int
+                               ) -> tuple[list[list[Block]], int, int]:
+        """Per-group hit blocks, reconciled hit length, uncached common prefix."""
+        raise NotImplementedError
+
+    def num_cacheable_tokens(self, num_computed: int, use_eagle: bool, block_size: int) -> int:
+        raise NotImplementedError
+
+    def _find(self, g: SpecGroup, hashes: PrefixKeys, max_length: int,
+              drop_eagle: bool) -> tuple[list[list[Block]], int]:
+        m = self.manager_of[g.group_ids[0]]
+        return m.find(hashes, max_length, g.group_ids, drop_eagle, self.align)
+
+    def _margin(self, g: SpecGroup) -> int:
+        m = self.manager_of[g.group_ids[0]]
+        return eagle_proof_margin(m.block_size, self.hash_block_size,
+                                  self.partial_hits and m.fine_lookup)
+
+    def find_per_group(self, hashes: PrefixKeys, max_length: int,
+                       kinds: tuple[str, ...] | None = None) -> list[int]:
+        """Each spec group's hit evaluated alone (with its own EAGLE drop);
+        ``kinds`` restricts the work to some kinds (others report 0)."""
+        out = [0] * len(self.specs)
+        h = self.hash_block_size
+        for g in self.spec_groups:
+            if kinds is not None and g.spec.kind not in kinds:
+                continue
+            lim = max_length
+            if g.use_eagle and g.spec.kind != "mamba":
+                lim = min(max_length + self._margin(g), hashes.count * h)
+            _, hit = self._find(g, hashes, lim, g.use_eagle)
+            for gid in g.group_ids:
+                out[gid] = hit
+        return out
+
+    # --------------------------------------------------------------- caching --
+    def replay(self, req: CacheRequest) -> tuple[int, ...]:
+        """The replay boundaries of ``req``'s prompt (memoised by prompt length)."""
+        n = req.num_prompt_tokens
+        got = self._replay_memo.get(n)
+        if got is None:
+            if len(self._replay_memo) > 100_000:
+                self._replay_memo.clear()
+            got = self._replay_memo[n] = replay_boundaries(
+                n, self.scheduler_block_size, bool(self.drop_eagle_group_ids))
+        return got
+
+    def cache_blocks(self, req: CacheRequest, num_computed: int) -> None:
+        ret = self.retention
+        # only sparse retention reads the replay boundaries
+        replay = self.replay(req) if ret is not None else ()
+        for m, eagle in self._cacheable:
+            m.cache_blocks(req, self.num_cacheable_tokens(num_computed, eagle, m.block_size),
+                           ret, replay)
+
+    def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[list[Block]],
+                           total_computed: int, num_local: int, num_tokens_main: int,
+                           admission: bool = False, prefill_end: int = 0) -> int:
+        """Blocks every group needs; ``new_computed`` is indexed by group id.
+
+        ``prefill_end`` matters only under retention 0, where Mamba reserves an
+        internal prefill checkpoint on the chunk reaching it alone (vLLM passes
+        0 otherwise: every chunk publishes a state)."""
+        if self.retention != 0:
+            prefill_end = 0
+        n = 0
+        for m in self.managers:
+            n += m.blocks_to_allocate(rid, num_tokens, new_computed, total_computed,
+                                      num_local, num_tokens_main, admission, prefill_end)
+        return n
+
+    def free(self, rid: str) -> None:
+        for m in self.managers:
+            m.free(rid)
+
+    def new_step_starts(self) -> None:
+        for m in self.mamba_managers:
+            m.new_step_starts()
+
+
+class UnitaryCoordinator(Coordinator):
+    """One KV-cache group: its manager's hit is the hit (vLLM's
+    ``UnitaryKVCacheCoordinator``); no reconciliation, no fine-grained hits."""
+
+    def _arrange(self, specs: list[GroupSpec], hash_block_size: int,
+                 scheduler_block_size: int) -> None:
+        self.unitary = True
+        m = self.managers[0]
+        self.align = m.block_size
+        m.use_eagle = 0 in self.drop_eagle_group_ids
+        self._cacheable = [(m, False)]
+        self.spec_groups = [SpecGroup(specs[0], [0], type(m), 0 in self.drop_eagle_group_ids)]
+
+    def find_longest_cache_hit(self, hashes: PrefixKeys, max_length: int
+                               ) -> tuple[list[list[Block]], int, int]:
+        self.full_alone = -1
+        g = self.spec_groups[0]
+        blocks, hit = self._find(g, hashes, max_length, g.use_eagle)
+        return [blocks[0]], hit, 0
+
+    def num_cacheable_tokens(self, num_computed: int, use_eagle: bool, block_size: int) -> int:
+        return max(0, num_computed - self.reprefillable)
+
+
+class HybridCoordinator(Coordinator):
+    """Several KV-cache groups reconciled to one hit by a fixed point (vLLM's
+    ``HybridKVCacheCoordinator``)."""
+
+    def _arrange(self, specs: list[GroupSpec], hash_block_size: int,
+                 scheduler_block_size: int) -> None:
         self.partial_hits = (
             any(s.kind == "mamba" and s.mamba_mode == "align" and s.block_size > hash_block_size
                 for s in specs)
@@ -133,26 +300,10 @@ class Coordinator:
         # find_longest_cache_hit is exactly that group's hit alone (find_per_group)
         self._one_full = sum(1 for g in groups if g.spec.kind == "full") == 1
 
-    # ---------------------------------------------------------------- lookup --
-    def _find(self, g: SpecGroup, hashes: PrefixKeys, max_length: int,
-              drop_eagle: bool) -> tuple[list[list[Block]], int]:
-        m = self.manager_of[g.group_ids[0]]
-        return m.find(hashes, max_length, g.group_ids, drop_eagle, self.align)
-
-    def _margin(self, g: SpecGroup) -> int:
-        m = self.manager_of[g.group_ids[0]]
-        return eagle_proof_margin(m.block_size, self.hash_block_size,
-                                  self.partial_hits and m.fine_lookup)
-
     def find_longest_cache_hit(self, hashes: PrefixKeys, max_length: int
                                ) -> tuple[list[list[Block]], int, int]:
-        """Per-group hit blocks, reconciled hit length, uncached common prefix."""
         n = len(self.specs)
         self.full_alone = -1
-        if self.unitary:
-            g = self.spec_groups[0]
-            blocks, hit = self._find(g, hashes, max_length, g.use_eagle)
-            return [blocks[0]], hit, 0
         hit_length = max_length
         first_pass = self._one_full
         longest = 0
@@ -202,27 +353,7 @@ class Coordinator:
         return ([b if b is not None else [] for b in blocks_by_group], hit_length,
                 longest - hit_length)
 
-    def find_per_group(self, hashes: PrefixKeys, max_length: int,
-                       kinds: tuple[str, ...] | None = None) -> list[int]:
-        """Each spec group's hit evaluated alone (with its own EAGLE drop);
-        ``kinds`` restricts the work to some kinds (others report 0)."""
-        out = [0] * len(self.specs)
-        h = self.hash_block_size
-        for g in self.spec_groups:
-            if kinds is not None and g.spec.kind not in kinds:
-                continue
-            lim = max_length
-            if g.use_eagle and g.spec.kind != "mamba":
-                lim = min(max_length + self._margin(g), hashes.count * h)
-            _, hit = self._find(g, hashes, lim, g.use_eagle)
-            for gid in g.group_ids:
-                out[gid] = hit
-        return out
-
-    # --------------------------------------------------------------- caching --
     def num_cacheable_tokens(self, num_computed: int, use_eagle: bool, block_size: int) -> int:
-        if self.unitary:
-            return max(0, num_computed - self.reprefillable)
         aligned = num_computed if self.partial_hits else \
             num_computed // self.scheduler_block_size * self.scheduler_block_size
         if use_eagle and aligned > 0:
@@ -232,39 +363,143 @@ class Coordinator:
             return min(fin, fin_aligned + block_size)
         return aligned
 
-    def replay(self, req: CacheRequest) -> tuple[int, ...]:
-        """The replay boundaries of ``req``'s prompt (memoised by prompt length)."""
-        n = req.num_prompt_tokens
-        got = self._replay_memo.get(n)
-        if got is None:
-            if len(self._replay_memo) > 100_000:
-                self._replay_memo.clear()
-            got = self._replay_memo[n] = replay_boundaries(
-                n, self.scheduler_block_size, bool(self.drop_eagle_group_ids))
-        return got
+
+class NoPrefixCacheCoordinator(Coordinator):
+    """Prefix caching off (vLLM's ``KVCacheCoordinatorNoPrefixCache``, what
+    ``--no-enable-prefix-caching`` builds): every lookup misses, nothing is cached,
+    the managers only keep the running requests' block tables (a Mamba group in mode
+    ``none``: the running state and K speculative blocks per request)."""
+
+    def _arrange(self, specs: list[GroupSpec], hash_block_size: int,
+                 scheduler_block_size: int) -> None:
+        self._cacheable = []
+        self.spec_groups = []
+
+    def find_longest_cache_hit(self, hashes: PrefixKeys, max_length: int
+                               ) -> tuple[list[list[Block]], int, int]:
+        self.full_alone = 0
+        return [[] for _ in self.specs], 0, 0
+
+    def find_per_group(self, hashes: PrefixKeys, max_length: int,
+                       kinds: tuple[str, ...] | None = None) -> list[int]:
+        return [0] * len(self.specs)
+
+    def num_cacheable_tokens(self, num_computed: int, use_eagle: bool, block_size: int) -> int:
+        return 0
 
     def cache_blocks(self, req: CacheRequest, num_computed: int) -> None:
-        ret = self.retention
-        # only sparse retention reads the replay boundaries
-        replay = self.replay(req) if ret is not None else ()
-        for m, eagle in self._cacheable:
-            m.cache_blocks(req, self.num_cacheable_tokens(num_computed, eagle, m.block_size),
-                           ret, replay)
+        return None
 
-    def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[list[Block]],
-                           total_computed: int, num_local: int, num_tokens_main: int,
-                           admission: bool = False) -> int:
-        """Blocks every group needs; ``new_computed`` is indexed by group id."""
-        n = 0
-        for m in self.managers:
-            n += m.blocks_to_allocate(rid, num_tokens, new_computed, total_computed,
-                                      num_local, num_tokens_main, admission)
-        return n
+
+class IdealCoordinator(NoPrefixCacheCoordinator):
+    """``cache.policy: ideal``: a reusable state (attention KV and Mamba state alike)
+    at every hash-unit boundary of every prefix any request has computed, kept
+    forever, so a hybrid model reuses what full attention alone would with unlimited
+    memory: the upper bound of every hit.
+
+    The states live in a content index (one pool key per distinct unit, whatever the
+    number of groups: a million-request run holds one machine integer per distinct
+    ``hash_block_size`` tokens, in ``KeyMap``'s open-addressing table), not in pool
+    blocks; the pool (an ``UnlimitedBlockPool``) holds the running requests' tables as
+    with caching off, hit tokens included.  A request's units are indexed as its
+    tokens are scheduled (vLLM caches a block at allocation too).  With a Mamba group
+    a state is only produced by the forward that computes it, so units indexed in a
+    step become visible at the next step (vLLM defers a request that would use a
+    state cached in its own step); full attention alone sees them at once, as in
+    vLLM.  Keys are chained prefix keys, so a unit is indexed only after every unit
+    before it: the indexed prefixes are closed under truncation and the longest hit
+    is found by bisection."""
+
+    def __init__(self, specs: list[GroupSpec], num_blocks: int, scheduler_block_size: int,
+                 unit: int, num_speculative_blocks: int = 0):
+        super().__init__(specs, num_blocks, scheduler_block_size, unit, False, None,
+                         num_speculative_blocks=num_speculative_blocks, unlimited_pool=True)
+        self.unit = unit
+        self.index = KeyMap(1024)
+        self.deferred = any(s.kind == "mamba" for s in specs)
+        self.pending: list[int] = []          # units indexed this step (deferred)
+        self.indexed: dict[str, int] = {}     # request -> its units indexed so far
+
+    def _has(self, hashes: PrefixKeys, k: int) -> bool:
+        return self.index.has(hashes.key(k - 1))
+
+    def find_longest_cache_hit(self, hashes: PrefixKeys, max_length: int
+                               ) -> tuple[list[list[Block]], int, int]:
+        lo = 0                                  # units known indexed
+        hi = min(max_length // self.unit, hashes.count)
+        if hi > 0 and self._has(hashes, hi):
+            lo = hi
+        else:
+            hi -= 1                             # units possibly indexed
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self._has(hashes, mid):
+                    lo = mid
+                else:
+                    hi = mid - 1
+        hit = lo * self.unit
+        self.full_alone = hit
+        return [[] for _ in self.specs], hit, 0
+
+    def find_per_group(self, hashes: PrefixKeys, max_length: int,
+                       kinds: tuple[str, ...] | None = None) -> list[int]:
+        _, hit, _ = self.find_longest_cache_hit(hashes, max_length)
+        return [hit if kinds is None or s.kind in kinds else 0 for s in self.specs]
+
+    def cache_blocks(self, req: CacheRequest, num_computed: int) -> None:
+        keys = req.block_hashes
+        n = min(num_computed // self.unit, keys.count)
+        rid = req.request_id
+        start = self.indexed.get(rid, 0)
+        if n <= start:
+            return
+        self.indexed[rid] = n
+        got = keys.keys_at([i for i in range(start, n)])
+        if self.deferred:
+            self.pending.extend(got)
+        else:
+            index = self.index
+            for k in got:
+                index.add(k, 0)
 
     def free(self, rid: str) -> None:
-        for m in self.managers:
-            m.free(rid)
+        super().free(rid)
+        if rid in self.indexed:
+            del self.indexed[rid]
 
     def new_step_starts(self) -> None:
-        for m in self.mamba_managers:
-            m.new_step_starts()
+        if self.pending:
+            index = self.index
+            for k in self.pending:
+                index.add(k, 0)
+            self.pending = []
+        super().new_step_starts()
+
+
+def get_coordinator(specs: list[GroupSpec], num_blocks: int, scheduler_block_size: int,
+                    hash_block_size: int, use_eagle: bool, retention: int | None,
+                    lookahead: int = 0, prefill_lookahead: int = 0,
+                    num_speculative_blocks: int = 0, checkpoint_rule: str = "v0.33",
+                    eagle_groups: str = "all", eagle_method: bool = False,
+                    enable_caching: bool = True, unlimited_pool: bool = False,
+                    ideal_unit: int = 0) -> Coordinator:
+    """The coordinator for a layout (vLLM's ``get_kv_cache_coordinator``).
+
+    ``enable_caching`` False: prefix caching off (EAGLE's rules, which only concern
+    cached prefixes, are off with it); ``unlimited_pool``: an ``UnlimitedBlockPool``;
+    ``ideal_unit`` > 0: the ideal cache at that unit (caching off in the pool)."""
+    if ideal_unit > 0:
+        return IdealCoordinator(specs, num_blocks, scheduler_block_size, ideal_unit,
+                                num_speculative_blocks)
+    if not enable_caching:
+        return NoPrefixCacheCoordinator(specs, num_blocks, scheduler_block_size, hash_block_size,
+                                        False, None, lookahead, prefill_lookahead,
+                                        num_speculative_blocks, checkpoint_rule,
+                                        unlimited_pool=unlimited_pool)
+    for s in specs:
+        if s.kind == "mamba" and s.mamba_mode != "align":
+            raise AssertionError("Mamba prefix caching requires mamba_cache_mode='align'")
+    cls: type[Coordinator] = UnitaryCoordinator if len(specs) == 1 else HybridCoordinator
+    return cls(specs, num_blocks, scheduler_block_size, hash_block_size, use_eagle, retention,
+               lookahead, prefill_lookahead, num_speculative_blocks, checkpoint_rule,
+               eagle_groups, eagle_method, unlimited_pool)

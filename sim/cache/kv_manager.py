@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from sim.cache.block_pool import Block
 from sim.cache.config import CacheConfig
-from sim.cache.coordinator import Coordinator
+from sim.cache.coordinator import Coordinator, get_coordinator
+from sim.cache.events import KVEventLog, announce
 from sim.cache.hashing import PrefixHasher, PrefixKeys, Run
-from sim.cache.managers import MambaManager
+from sim.cache.mamba_manager import MambaManager
+from sim.cache.managers import SingleTypeManager
 from sim.cache.request import CacheRequest
 from sim.cache.split import SplitPolicy
 
@@ -52,19 +54,27 @@ def _any_cached(c: Coordinator, rid: str) -> bool:
 
 
 class KVCacheManager:
-    def __init__(self, cfg: CacheConfig):
+    def __init__(self, cfg: CacheConfig, enable_caching: bool = True,
+                 unlimited_pool: bool = False, ideal_unit: int = 0):
+        """``enable_caching`` False is vLLM's ``--no-enable-prefix-caching`` (every lookup
+        misses; ``cache.policy: none``).  ``unlimited_pool``: a pool that never runs out
+        nor evicts, whatever ``cfg.num_blocks`` says; ``ideal_unit`` > 0: the ideal cache
+        (a state at every ``ideal_unit`` tokens of every computed prefix, keys without
+        lookahead, unlimited pool; ``cache.policy: ideal``)."""
         self.cfg = cfg
         self.use_eagle = cfg.eagle_drop
-        hash_block_size = cfg.hash_block_size
+        hash_block_size = ideal_unit if ideal_unit > 0 else cfg.hash_block_size
         assert hash_block_size is not None   # resolved when the config was validated
-        self.coordinator = Coordinator(
+        self.enable_caching = enable_caching
+        self.coordinator = get_coordinator(
             cfg.group_specs(), cfg.num_blocks, cfg.scheduler_block_size, hash_block_size,
             use_eagle=cfg.eagle_drop, retention=cfg.prefix_cache_retention_interval,
             lookahead=cfg.num_hash_lookahead_tokens,
             prefill_lookahead=cfg.prefill_lookahead,
             num_speculative_blocks=cfg.mamba_num_speculative_blocks,
             checkpoint_rule=cfg.prompt_checkpoint, eagle_groups=cfg.eagle_groups,
-            eagle_method=cfg.eagle)
+            eagle_method=cfg.eagle, enable_caching=enable_caching,
+            unlimited_pool=unlimited_pool, ideal_unit=ideal_unit)
         c = self.coordinator
         self.shared_prefix_checkpoint = (cfg.shared_prefix_checkpoint and bool(c.eagle_group_ids)
                                          and c.partial_hits and c.reprefillable == 0)
@@ -82,12 +92,100 @@ class KVCacheManager:
                     m.admission_cap = -(-n // m.block_size) + 1
         self.last_copies: list[tuple[str, Block, Block]] = []
         self.pool = c.pool
-        self.hasher = PrefixHasher(hash_block_size, cfg.num_hash_lookahead_tokens)
+        self.hasher = PrefixHasher(hash_block_size,
+                                   0 if ideal_unit > 0 else cfg.num_hash_lookahead_tokens)
         self.empty: list[list[Block]] = [[] for _ in c.specs]   # "no hit", per group
 
     @property
     def partial_hits(self) -> bool:
         return self.coordinator.partial_hits
+
+    # ------------------------------------------------------- what callers may read --
+    # The scheduler, the engine and the assembly read the cache through these (never
+    # through ``coordinator`` or ``pool``), so a policy may build its manager freely.
+    @property
+    def hash_block_size(self) -> int:
+        return self.coordinator.hash_block_size
+
+    @property
+    def group_kinds(self) -> list[str]:
+        """Each KV-cache group's kind (full | swa | mamba), in layout order."""
+        return [s.kind for s in self.coordinator.specs]
+
+    @property
+    def min_block_size(self) -> int:
+        return min(m.block_size for m in self.coordinator.managers)
+
+    @property
+    def usable_blocks(self) -> int:
+        """Pool blocks a request may hold (all but the null block)."""
+        return self.coordinator.pool.num_blocks - 1
+
+    def num_free_blocks(self) -> int:
+        """Blocks free or evictable (cached, unreferenced) in the pool."""
+        return self.coordinator.pool.num_free()
+
+    def occupancy(self) -> tuple[int, int, int]:
+        """(attention blocks occupied, Mamba blocks occupied, blocks in use): occupied
+        from allocation until freed, cached or not; in use = referenced by a request."""
+        pool = self.coordinator.pool
+        occ = pool.occupied
+        return occ[0], occ[1], pool.num_blocks - 1 - pool.num_free_blocks
+
+    def peak_blocks(self, kind: str) -> int:
+        """Peak occupied blocks of the groups of ``kind`` (full | mamba); 0 without any."""
+        gids = [i for i, s in enumerate(self.coordinator.specs) if s.kind == kind]
+        return max(self.coordinator.pool.peak_by_group(gids), 0)
+
+    @property
+    def evicted_keys(self) -> int:
+        """Cached keys evicted so far (a block evicted with several keys counts each)."""
+        return self.coordinator.pool.evicted_keys
+
+    def blocks_per_request(self, num_slots: int) -> int:
+        """The most pool blocks one request of ``num_slots`` slots holds, over every group:
+        vLLM's per-request accounting (``max_memory_usage_bytes`` in pages, as its start-up
+        check and its max-concurrency figure count them).  A full-attention group holds a
+        block per ``block_size`` slots; a Mamba group (align mode) its running state, the
+        one before it, one block per speculative token and the internal prefill checkpoint
+        blocks (2 + K [+ 1], whatever the length); a sliding-window group at most its
+        admission cap."""
+        n = 0
+        for m in self.coordinator.managers:
+            n += self.group_blocks_per_request(m, num_slots) * m.width
+        return n
+
+    def blocks_per_request_by_run(self, num_slots: int) -> list[tuple[str, int, int]]:
+        """(kind, blocks per group, groups) for each run of identical groups."""
+        return [(m.spec.kind, self.group_blocks_per_request(m, num_slots), m.width)
+                for m in self.coordinator.managers]
+
+    @staticmethod
+    def group_blocks_per_request(m: SingleTypeManager, num_slots: int) -> int:
+        """One manager's share of ``blocks_per_request`` (per member group)."""
+        if isinstance(m, MambaManager):
+            return m.max_blocks_per_request
+        blocks = -(-num_slots // m.block_size)
+        cap = m.admission_cap
+        return cap if cap is not None and cap < blocks else blocks
+
+    def prefill_checkpoint(self, req: CacheRequest) -> tuple[int, int] | None:
+        """The internal prefill checkpoint of ``req``'s chunk this step, if it has one:
+        (position, index in the Mamba block table of the block that holds it).  The worker
+        exports the state after ``position`` tokens into that block (vLLM's
+        ``compute_mamba_prefill_checkpoints``)."""
+        for m in self.coordinator.mamba_managers:
+            if m.ckpt_blocks:
+                return m.checkpoints.get(req.request_id)
+        return None
+
+    def admission_blocks(self, req: CacheRequest) -> int:
+        """Blocks the admission gate asks for ``req`` now without a prefix hit: its whole
+        sequence so far (what a waiting request is refused on)."""
+        mml = self.cfg.max_model_len
+        full = req.num_tokens if req.num_tokens < mml else mml
+        return self.coordinator.blocks_to_allocate(req.request_id, full, self.empty, 0, 0,
+                                                   full, True)
 
     def make_request(self, rid: str, runs: list[Run] | PrefixKeys,
                      report_mode: str | None = None) -> CacheRequest:
@@ -101,21 +199,32 @@ class KVCacheManager:
         c = self.coordinator
         blocks, hit, uncached = c.find_longest_cache_hit(req.block_hashes, max_hit)
         events = None
-        if hit > 0 and self.cfg.report_mode == "full" and req.report_mode != "incremental":
+        log = self.pool.events
+        if log is not None:    # KV events on: the request's report mode, else the default
+            log.looked_up(req, hit)
+            mode = req.report_mode if req.report_mode is not None else log.report_mode
+            if hit > 0 and mode == "full":
+                self._emit_cached_block_events(req, blocks, log)
+        elif hit > 0 and self.cfg.report_mode == "full" and req.report_mode != "incremental":
             events = self._emit_cached_block_events(req, blocks)
         junction = hit + uncached if uncached else 0
         return Lookup(blocks, hit, junction, events,
                       c.full_alone if max_hit == req.num_tokens - 1 else -1)
 
-    def _emit_cached_block_events(self, req: CacheRequest,
-                                  blocks: list[list[Block]]) -> list[dict]:
+    def _emit_cached_block_events(self, req: CacheRequest, blocks: list[list[Block]],
+                                  log: KVEventLog | None = None) -> list[dict] | None:
         """vLLM publishes one key per *position* of each group's hit list.
 
         For Mamba the list is ``[null, ..., state]``, so this publishes keys of
         interior blocks that were never stored, and when the hit ends inside a
         Mamba block it indexes past the block-size hash view: ``IndexError``
-        (still present in 0.33.0; the seed PR's defect 2).
+        (still present in 0.33.0; the seed PR's defect 2).  With a ``log`` (KV events
+        on) the events are queued there and the ``IndexError`` ends the log instead
+        (``sim/cache/events.py``: ``announce``).
         """
+        if log is not None:
+            return announce(log, req, blocks,
+                            [m.block_size for m in self.coordinator.manager_of], self.pool)
         out = []
         h = self.coordinator.hash_block_size
         for gid, gb in enumerate(blocks):
@@ -156,16 +265,20 @@ class KVCacheManager:
         # no slot past max_model_len (the drafter's lookahead slots stop there too)
         need_slot = min(num_main + num_lookahead_tokens, mml)
         rid = req.request_id
+        # the scheduler's prefill boundary (resumed requests replay their outputs)
+        nt1 = req.num_tokens - 1
+        prefill_end = req.num_prompt_tokens if req.num_prompt_tokens > nt1 else nt1
         if full_sequence_must_fit:
             # vLLM's admission gate (scheduler_reserve_full_isl, on by default):
             # the whole sequence so far must fit, not just this chunk.
             full = min(req.num_tokens, mml)
             if c.blocks_to_allocate(rid, full, ncb, total, num_local, full,
-                                    admission=True) > c.pool.num_free():
+                                    admission=True, prefill_end=prefill_end) > c.pool.num_free():
                 return False
         for m in c.managers:
             m.remove_skipped_blocks(rid, total)
-        need = c.blocks_to_allocate(rid, need_slot, ncb, total, num_local, num_main)
+        need = c.blocks_to_allocate(rid, need_slot, ncb, total, num_local, num_main,
+                                    prefill_end=prefill_end)
         if need > c.pool.num_free():
             return False
         if new_computed is not None and _any_hit(new_computed) and not _any_cached(c, rid):
@@ -173,7 +286,11 @@ class KVCacheManager:
                 m.add_local_computed(rid, ncb, num_local)
         for m in c.managers:
             m.allocate_new(rid, need_slot, num_main)
-        c.cache_blocks(req, min(total + num_new_tokens, req.num_tokens))
+        log = self.pool.events
+        if log is None:
+            c.cache_blocks(req, min(total + num_new_tokens, req.num_tokens))
+        else:
+            self._cache_blocks_logged(log, req, min(total + num_new_tokens, req.num_tokens))
         return True
 
     def group_blocks(self, req: CacheRequest, kind: str) -> list:
@@ -204,7 +321,18 @@ class KVCacheManager:
     def cache_blocks(self, req: CacheRequest, num_tokens: int) -> None:
         """Cache what ``num_tokens`` computed tokens completed (vLLM calls this from
         update_from_output with speculative decoding)."""
+        log = self.pool.events
+        if log is None:
+            self.coordinator.cache_blocks(req, num_tokens)
+        else:
+            self._cache_blocks_logged(log, req, num_tokens)
+
+    def _cache_blocks_logged(self, log: KVEventLog, req: CacheRequest, num_tokens: int) -> None:
+        """``cache_blocks`` with KV events on: a manager serving several identical groups
+        caches them together, vLLM group after group; its events are put in that order."""
+        mark = log.mark()
         self.coordinator.cache_blocks(req, num_tokens)
+        log.by_group(mark)
 
     def states_written(self, req: CacheRequest) -> int:
         """Mamba states this request registered (one Mamba group's count)."""
@@ -218,6 +346,12 @@ class KVCacheManager:
 
     def new_step_starts(self) -> None:
         self.coordinator.new_step_starts()
+        if self.pool.events is not None:
+            self.pool.events.new_step()   # (the previous step's events are published)
+
+    def enable_kv_events(self, log: KVEventLog) -> None:
+        """Queue vLLM's KV cache events into ``log`` from now on (``sim/cache/events.py``)."""
+        self.pool.events = log
 
     # ------------------------------------------------------------- inspection --
     def cached_positions(self, req: CacheRequest, gid: int) -> list[int]:
@@ -233,12 +367,16 @@ class KVCacheManager:
         c = self.coordinator
         partial = (c.partial_hits and any(s.kind == "mamba" for s in c.specs)
                    and c.hash_block_size < c.scheduler_block_size)
+        mamba = [s for s in c.specs if s.kind == "mamba"]
         return SplitPolicy(
             block_size=c.scheduler_block_size, hash_block_size=c.hash_block_size,
             partial_hits=partial, drop_eagle=self.cfg.eagle_drop,
             lookahead=self.cfg.num_hash_lookahead_tokens,
             shared_prefix_checkpoint=partial and self.shared_prefix_checkpoint,
-            checkpoint_rule=self.cfg.prompt_checkpoint)
+            checkpoint_rule=self.cfg.prompt_checkpoint,
+            prefill_checkpoints=bool(mamba) and all(
+                s.mamba_mode == "align" and s.prefill_checkpoint_blocks > 0 for s in mamba),
+            prefill_checkpoint_alignment=mamba[0].prefill_checkpoint_alignment if mamba else 0)
 
     @property
     def needs_aligned_split(self) -> bool:

@@ -1,4 +1,5 @@
-"""Per-type KV-cache managers: full attention, sliding window, Mamba (align).
+"""Per-type KV-cache managers: the common base, full attention, sliding window (Mamba in
+``sim/cache/mamba_manager.py``).
 
 One manager per KV-cache group, as in vLLM 0.33.0's
 ``single_type_kv_cache_manager``.  Each keeps the request's block table
@@ -26,8 +27,9 @@ from typing import TYPE_CHECKING
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
+from sim.cache.events import log_full_stores, log_partial_store, partial_is_new
 from sim.cache.hashing import PrefixKeys, unit_key
-from sim.cache.rules import cdiv, mamba_checkpoint_position
+from sim.cache.rules import cdiv
 from sim.cache.specs import GroupSpec
 
 if TYPE_CHECKING:
@@ -163,57 +165,6 @@ def find_swa(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: li
     return computed, len(computed[0]) * block_size
 
 
-def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: list[int],
-               block_size: int, align: int) -> tuple[list[list[Block]], int]:
-    h = pool.hash_block_size
-    computed: list[list[Block]] = [[] for _ in group_ids]
-    null = pool.null_block
-    km = pool.key_map
-    g0 = group_ids[0]
-    if align < block_size and block_size % align == 0:
-        sf = block_size // align
-        fi = min(max_length // align, hashes.count) - 1
-        # walk the units right to left, run by run: inside one run a key is
-        # unit_key(chain, stream, start, offset) (PrefixKeys.key without the search)
-        unit = hashes.unit
-        e = (fi + 1) * unit + hashes.lookahead
-        while fi >= 0:
-            ch, s, st, b0, _ = hashes.run_at(e)
-            while fi >= 0 and e > b0:
-                kf = unit_key(ch, s, st, e - b0)
-                # cheap membership probe on the first group before the full lookup
-                if km.has((kf << GROUP_BITS) | g0):
-                    got = pool.get_cached_block(kf, group_ids)
-                    if got:
-                        k = fi // sf
-                        for c, b in zip(computed, got):
-                            c.extend([null] * k)
-                            c.append(b)
-                        return computed, (fi + 1) * align
-                fi -= 1
-                e -= unit
-        return computed, 0
-    scale = block_size // h
-    for i in range(max_length // block_size - 1, -1, -1):
-        idx = (i + 1) * scale - 1
-        if idx >= hashes.count:
-            raise IndexError("list index out of range")
-        kx = hashes.key(idx)
-        if not km.has((kx << GROUP_BITS) | g0):
-            continue
-        got = pool.get_cached_block(kx, group_ids)
-        if got:
-            if block_size != align and (i + 1) * block_size % align != 0:
-                continue
-            for c, b in zip(computed, got):
-                c.extend([null] * i)
-                c.append(b)
-            return computed, (i + 1) * block_size
-    return computed, 0
-
-
-# ---------------------------------------------------------------- managers --
-
 class SingleTypeManager:
     """Block table bookkeeping common to every kind (vLLM's base manager).
 
@@ -280,7 +231,7 @@ class SingleTypeManager:
 
     def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[list[Block]],
                            total_computed: int, num_local: int, num_tokens_main: int,
-                           admission: bool = False) -> int:
+                           admission: bool = False, prefill_end: int = 0) -> int:
         """Blocks the pool must hand out for all members (``new_computed`` is
         indexed by group id)."""
         bs = self.block_size
@@ -395,6 +346,9 @@ class SingleTypeManager:
             block_keys = keys.keys_at([(i + 1) * scale - 1 for i in indices])
             for blocks, g in zip(self.tables[rid], self.group_ids):
                 self.pool.cache_full_blocks(block_keys, blocks, indices, self.block_size, g)
+        if self.pool.events is not None:
+            log_full_stores(self.pool.events, req, self.tables[rid], self.group_ids, indices,
+                            self.block_size, num_cached, num_full, self.pool.hash_block_size)
         self.num_cached[rid] = num_full
 
     # freeing -----------------------------------------------------------------
@@ -482,12 +436,17 @@ class FullAttentionManager(SingleTypeManager):
         if idx >= len(t[0]):
             return
         unit_hash = -1
+        log = self.pool.events
         for blocks, g in zip(t, self.group_ids):
             if blocks[idx].is_null:
                 continue
             if unit_hash < 0:
                 unit_hash = req.block_hashes.key(boundary // h - 1)
-            self.pool.cache_partial_block(unit_hash, blocks[idx], boundary, g)
+            if log is not None and partial_is_new(self.pool, unit_hash, blocks[idx], g):
+                self.pool.cache_partial_block(unit_hash, blocks[idx], boundary, g)
+                log_partial_store(log, req, unit_hash, boundary, h, g)
+            else:
+                self.pool.cache_partial_block(unit_hash, blocks[idx], boundary, g)
 
 
 class SlidingWindowManager(SingleTypeManager):
@@ -523,256 +482,3 @@ class SlidingWindowManager(SingleTypeManager):
                 for j in range(max(start, e - need), min(end, e)):
                     mask[j - start] = True
         return mask
-
-
-class MambaManager(SingleTypeManager):
-    """Mamba in ``align`` mode: one running state block per request; cached
-    states only where a chunk ends at a registered position."""
-
-    fine_lookup = True
-
-    def __init__(self, spec: GroupSpec, pool: BlockPool, group_ids: list[int],
-                 scheduler_block_size: int, num_speculative_blocks: int = 0,
-                 checkpoint_rule: str = "v0.33"):
-        super().__init__(spec, pool, group_ids, scheduler_block_size)
-        if spec.mamba_mode != "align":
-            raise AssertionError("Mamba prefix caching requires mamba_cache_mode='align'")
-        self.num_spec_blocks = num_speculative_blocks
-        self.checkpoint_rule = checkpoint_rule
-        self.drop_eagle_checkpoint = False
-        self.cached_this_step: set[int] = set()   # keys of every member
-        self.last_state_idx: dict[str, int] = {}
-        self.retired: dict[str, int] = {}
-        self.allocated: set[str] = set()
-        self.states_written: dict[str, int] = {}   # states this request registered (per group)
-        self._checkpoints: dict[int, int] = {}     # prompt length -> checkpoint position
-
-    def find(self, hashes: PrefixKeys, max_length: int, group_ids: list[int], drop_eagle: bool,
-             align: int) -> tuple[list[list[Block]], int]:
-        return find_mamba(self.pool, hashes, max_length, group_ids, self.block_size, align)
-
-    def num_skipped_tokens(self, num_computed: int) -> int:
-        return num_computed - 1
-
-    def reachable_mask(self, start: int, end: int, retention: int | None,
-                       boundaries: list[int]) -> list[bool] | None:
-        if retention is None:
-            return None
-        bs = self.block_size
-        mask = [False] * (end - start)
-        if retention != 0:
-            per = retention // bs
-            if per <= 1:
-                return None
-            first = (start + per) // per * per - 1
-            for i in range(first - start, len(mask), per):
-                mask[i] = True
-        for b in boundaries:
-            aligned = b // self.align * self.align
-            blk = aligned // bs - 1
-            if start <= blk < end:
-                mask[blk - start] = True
-        return mask
-
-    def remove_skipped_blocks(self, rid: str, processed: int) -> None:
-        """Free the states below the running one: the skipped range (nulls
-        skipped, tail first) and the previous running state, member by member."""
-        t = self.tables.get(rid)
-        if t is None:
-            return
-        n_blocks = len(t[0])
-        first = last = 0
-        skipped = processed - 1
-        if skipped > 0:
-            first = self.retired.get(rid, 0)
-            last = min(skipped // self.block_size, n_blocks)
-        last_state = self.last_state_idx.get(rid)
-        drop_last = last_state is not None and last_state < -(-processed // self.block_size) - 1
-        ls = last_state if last_state is not None else 0
-        if first >= last and not drop_last:
-            return
-        null = self.pool.null_block
-        lists: list[list[Block]] = []   # the frees in the order one manager per group makes
-        for blocks in t:
-            if first < last:
-                freed: list[Block] = []
-                for i in range(last - 1, first - 1, -1):
-                    b = blocks[i]
-                    if not b.is_null:
-                        freed.append(b)
-                        blocks[i] = null
-                lists.append(freed)
-            if drop_last and not blocks[ls].is_null:
-                lists.append([blocks[ls]])
-                blocks[ls] = null
-        self.pool.free_blocks_each(lists)
-        if first < last:
-            self.retired[rid] = last
-
-    def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[list[Block]],
-                           total_computed: int, num_local: int, num_tokens_main: int,
-                           admission: bool = False) -> int:
-        cts = self.cached_this_step
-        if cts:
-            for g in self.group_ids:
-                nc = new_computed[g]
-                if nc and nc[-1].key in cts:
-                    # A state cached by another request in this same step is not
-                    # handed out: report "no room" so the request waits a step.
-                    return self.pool.num_blocks + 1
-        bs = self.block_size
-        required = -(-num_tokens_main // bs) + self.num_spec_blocks
-        t = self.tables.get(rid)
-        nc0 = new_computed[self.group_id]
-        new = required - len(nc0) - (len(t[0]) if t else 0)
-        has_partial = bool(nc0 and num_local % bs) or rid in self.partial_hit
-        if has_partial:
-            new = max(new, 0) + 1
-        if new > 0:
-            cap = 1 + int(has_partial)
-            if rid not in self.allocated:
-                cap += self.num_spec_blocks
-            new = min(new, cap)
-        return new * self.width + self._evictable(new_computed)
-
-    def allocate_new(self, rid: str, num_tokens: int, num_tokens_main: int) -> None:
-        t = self.tables.get(rid) or self._new_table(rid)
-        b0 = t[0]
-        nspec = self.num_spec_blocks
-        required = -(-num_tokens_main // self.block_size) + nspec
-        partial = self.partial_hit.get(rid)
-        if required <= len(b0) and partial is None:
-            self.allocated.add(rid)
-            return
-        prev = len(b0)
-        was_allocated = rid in self.allocated
-        if was_allocated:
-            self.last_state_idx[rid] = prev - 1 - nspec
-        elif prev > 0:
-            self.last_state_idx[rid] = prev - 1
-        skipped = required - nspec - 1
-        null = self.pool.null_block
-        for blocks in t:
-            if prev < skipped:
-                blocks.extend([null] * (skipped - prev))
-            if was_allocated:
-                # the speculative blocks move up past the skipped range
-                for idx in range(prev - nspec, prev):
-                    if idx < skipped:
-                        blocks.append(blocks[idx])
-                        blocks[idx] = null
-                    else:
-                        break
-        new = max(required - len(b0), 0)
-        if partial is not None:
-            new += 1
-        pool = self.pool
-        # one pop for every member: the free queue hands out the same blocks in
-        # the same order as member-by-member pops (nothing in between touches it)
-        fresh = pool.get_new_blocks(new * self.width, self.group_id) if new else []
-        for mi in range(self.width):
-            blocks = t[mi]
-            j = mi * new          # this member's blocks: fresh[j:j + new]
-            end = j + new
-            if partial is not None:
-                idx, srcs = partial
-                src = srcs[mi]
-                cow = fresh[j]
-                j += 1
-                if was_allocated:
-                    # The running request keeps writing into src: the cache entry
-                    # moves to a private copy instead.
-                    assert blocks[idx] is src
-                    pool.move_keys(src, cow)
-                    self.pending_cow[mi].append((src, cow))
-                    self.has_pending_cow = True
-                    src.ref_cnt += 1
-                    if cow.key >= 0:
-                        self.cached_this_step.add(cow.key)
-                else:
-                    self._apply_cow(blocks, mi, idx, src, cow)
-            while j < end:
-                blocks.append(fresh[j])
-                j += 1
-        self.allocated.add(rid)
-        if partial is not None:
-            del self.partial_hit[rid]
-
-    def _forget(self, rid: str) -> list[list[Block]] | None:
-        self.allocated.discard(rid)
-        if rid in self.last_state_idx:
-            del self.last_state_idx[rid]
-        if rid in self.retired:
-            del self.retired[rid]
-        if rid in self.states_written:
-            del self.states_written[rid]
-        return super()._forget(rid)
-
-    def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,
-                     replay: tuple[int, ...]) -> None:
-        rid = req.request_id
-        before = self.num_cached.get(rid, 0)
-        super().cache_blocks(req, num_tokens, retention, replay)
-        after = self.num_cached.get(rid, 0)
-        written = self._cache_partial_tail(req, num_tokens)
-        if after > before:
-            cts = self.cached_this_step
-            for mi, blocks in enumerate(self.tables[rid]):
-                for i in range(before, after):
-                    b = blocks[i]
-                    if b.is_null or b.key < 0:
-                        continue
-                    cts.add(b.key)
-                    if mi == 0:
-                        written += 1
-        if written:
-            self.states_written[rid] = self.states_written.get(rid, 0) + written
-
-    def new_step_starts(self) -> None:
-        if self.cached_this_step:
-            self.cached_this_step.clear()
-
-    def _cache_partial_tail(self, req: CacheRequest, num_tokens: int) -> int:
-        """Register the prompt checkpoint (or junction) state inside a block;
-        returns the states the first member registered (0 or 1)."""
-        h = self.pool.hash_block_size
-        if num_tokens <= 0 or num_tokens % h != 0:
-            return 0
-        npt = req.num_prompt_tokens
-        latest = self._checkpoints.get(npt)
-        if latest is None:
-            latest = self._checkpoints[npt] = mamba_checkpoint_position(
-                npt, h, self.drop_eagle_checkpoint, self.pool.lookahead, self.checkpoint_rule)
-        at_junction = (self.shared_prefix_checkpoint
-                       and num_tokens == req.shared_prefix_boundary
-                       and req.num_computed_tokens < num_tokens <= req.num_prompt_tokens)
-        if num_tokens != latest and not at_junction:
-            return 0
-        idx = cdiv(num_tokens, self.block_size) - 1
-        t = self.tables.get(req.request_id)
-        if t is None or idx >= len(t[0]):
-            return 0
-        written = 0
-        registered = []
-        unit_hash = -1
-        for mi, g in enumerate(self.group_ids):
-            src = t[mi][idx]
-            if src.is_null or src.key_tokens == num_tokens:
-                continue
-            if unit_hash < 0:
-                unit_hash = req.block_hashes.key(num_tokens // h - 1)
-            key = self.pool.cache_partial_block(unit_hash, src, num_tokens, g)
-            if key is None:
-                continue
-            self.cached_this_step.add(key)
-            registered.append(src)
-            if mi == 0:
-                written = 1
-        if registered and num_tokens % self.block_size:
-            if len(registered) != self.width:
-                # Mid-block states are only registered on blocks this request
-                # wrote itself, which every member holds alike.
-                raise AssertionError("identical KV-cache groups diverged at a partial state")
-            self.partial_hit[req.request_id] = (idx, registered)
-            self.num_cached[req.request_id] = idx
-        return written

@@ -31,6 +31,27 @@ def mamba_checkpoint_position(num_tokens: int, unit: int, drop_eagle: bool,
     return max(pos, 0)
 
 
+def prefill_checkpoint_valid(query_start: int, query_end: int, checkpoint: int,
+                             hash_block_size: int, mamba_block_size: int,
+                             alignment: int) -> bool:
+    """Whether a prefill chunk ``[query_start, query_end)`` can export its Mamba
+    state at ``checkpoint`` from inside the chunk (vLLM 0.33.0,
+    ``is_mamba_prefill_checkpoint_valid``; ``alignment`` 0 is vLLM's None).
+
+    The chunk must start on the hash grid, the exported column must lie past
+    the column the chunk starts from, the checkpoint must be at least one hash
+    unit into the chunk and strictly inside it, on the backend's alignment."""
+    if alignment <= 0:
+        return False
+    initial_col = (query_start - 1) // mamba_block_size
+    checkpoint_col = -(-query_end // mamba_block_size) - 2
+    return (query_start % hash_block_size == 0
+            and checkpoint_col > initial_col
+            and query_start + hash_block_size <= checkpoint
+            and query_start < checkpoint < query_end
+            and (checkpoint - query_start) % alignment == 0)
+
+
 def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int,
                       use_eagle: bool) -> tuple[int, ...]:
     """Positions a later request replaying this prompt can resume at.

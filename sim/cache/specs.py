@@ -16,6 +16,12 @@ class GroupSpec:
     block_size: int
     window: int = 0
     mamba_mode: str = "align"
+    # vLLM's MambaSpec.num_prefill_checkpoint_blocks / prefill_checkpoint_alignment:
+    # a Mamba layer that can export its state inside a prefill chunk (MambaMixer2,
+    # GDN with a checkpoint-exporting prefill) reserves that many blocks per chunk.
+    # ``prefill_checkpoint_alignment`` 0 stands for vLLM's None (no checkpoints).
+    prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int = 0
 
     @property
     def label(self) -> str:

@@ -8,12 +8,18 @@ inside it: the next block boundary (chunk starting mid-block), the last
 cacheable block position, the prompt checkpoint on the hash grid
 (fine-grained mode) and the junction (exact with the shared-prefix flag,
 block-floored without it).
+
+With internal prefill checkpoints (every Mamba group reserves
+``num_prefill_checkpoint_blocks``) the backend exports the prompt's reusable
+state from inside the final chunk, so when that is possible
+(``is_mamba_prefill_checkpoint_valid``) the final chunk drops the last-cache,
+prompt-tail and mid-block stops (vLLM's ``use_internal_checkpoint``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.cache.rules import mamba_checkpoint_position
+from sim.cache.rules import mamba_checkpoint_position, prefill_checkpoint_valid
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,10 @@ class SplitPolicy:
     lookahead: int             # num_hash_lookahead_tokens
     shared_prefix_checkpoint: bool
     checkpoint_rule: str = "v0.33"
+    # every Mamba group reserves internal prefill checkpoint blocks, and the first
+    # Mamba group's alignment (0: none), as vLLM's Scheduler derives them
+    prefill_checkpoints: bool = False
+    prefill_checkpoint_alignment: int = 0
     # (num_tokens, num_prompt) -> (last cacheable block position, prompt tail), memoized
     _positions: dict[tuple[int, int], tuple[int, int]] = field(
         default_factory=dict, init=False, compare=False, repr=False)
@@ -53,6 +63,16 @@ class SplitPolicy:
         bs = self.block_size
         last_cache, tail = self._checkpoints(num_tokens, num_prompt)
         end = start + num_new
+        internal = False
+        if self.prefill_checkpoints and end >= prefill_end:
+            unit = self.hash_block_size if self.partial_hits else bs
+            ckpt = mamba_checkpoint_position(prefill_end, unit, self.drop_eagle, self.lookahead,
+                                             self.checkpoint_rule)
+            internal = prefill_checkpoint_valid(start, end, ckpt, self.hash_block_size, bs,
+                                                self.prefill_checkpoint_alignment)
+            if internal:
+                last_cache = 0
+                tail = 0
         if end < prefill_end:
             limit = max_scheduled
             if long_prefill > 0:
@@ -66,7 +86,7 @@ class SplitPolicy:
                          else floored)
         # the first mandatory stop strictly inside (start, end), if any
         stop = end
-        if start % bs and start < next_boundary < stop:
+        if start % bs and not internal and start < next_boundary < stop:
             stop = next_boundary
         if start < last_cache < stop:
             stop = last_cache

@@ -1,35 +1,47 @@
-"""The ``cache`` section of a scenario: which cache policy, and its switches under
-vLLM 0.33.0's names (``CacheConfig``)."""
+"""The ``cache`` section of a scenario: which cache policy, vLLM 0.33.0's switches under
+vLLM's names (``CacheSwitches``, shared by every policy), and the keys the chosen policy
+adds of its own (its ``options`` dataclass, see ``sim/cache/policies``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from sim.cache.config import ALIASES
+from sim.cache.policies import CACHE_POLICIES
+from sim.cache.policies.base import CacheSwitches
 from sim.config.errors import ConfigError
 from sim.config.fields import build_section
 
 
 @dataclass(frozen=True)
-class CacheSection:
+class CacheSection(CacheSwitches):
     """The ``cache`` section of a scenario (vLLM ``CacheConfig`` names)."""
 
     policy: str = "vllm"
-    hash_block_size: int | None = None
-    enable_mamba_shared_prefix_checkpoint: bool = False
-    prefix_cache_retention_interval: int | None = 0     # vllm serve's default
-    prompt_checkpoint: str = "v0.33"
-    disable_lookahead_block_hashes: bool = False
-    kv_connector: str | None = None
+    # the policy's own keys (an instance of its ``options`` dataclass), set by from_mapping
+    options: Any = field(default=None, init=False, compare=False)
 
     @classmethod
     def from_mapping(cls, d: dict, prefix: str = "cache.") -> "CacheSection":
-        from sim.policies import POLICIES
-
+        d = dict(d) if isinstance(d, dict) else d
+        name = d.get("policy", "vllm") if isinstance(d, dict) else "vllm"
+        if not isinstance(name, str) or name not in CACHE_POLICIES:
+            raise ConfigError(prefix + "policy", f"unknown policy {name!r} (known: "
+                              f"{', '.join(sorted(CACHE_POLICIES))})")
+        opt_cls = CACHE_POLICIES[name].options
+        own = {f.name for f in fields(opt_cls) if f.init}
+        mine = {}
+        if isinstance(d, dict):
+            for k in list(d):
+                if k in own:
+                    mine[k] = d.pop(k)
         sec = build_section(cls, d, prefix, ALIASES)
         for b in ("enable_mamba_shared_prefix_checkpoint", "disable_lookahead_block_hashes"):
             if not isinstance(getattr(sec, b), bool):
                 raise ConfigError(prefix + b, f"must be true or false, got {getattr(sec, b)!r}")
-        if sec.policy not in POLICIES:
-            raise ConfigError(prefix + "policy",
-                              f"unknown policy {sec.policy!r} (known: {', '.join(sorted(POLICIES))})")
+        options = build_section(opt_cls, mine, prefix)
+        validate = getattr(options, "validate", None)
+        if validate is not None:
+            validate(prefix)
+        object.__setattr__(sec, "options", options)
         return sec

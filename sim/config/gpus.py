@@ -27,6 +27,7 @@ class GPUSpec:
     fp8_flops: float           # dense fp8 tensor-core peak, FLOP/s
     hbm_bytes_per_s: float     # peak HBM bandwidth, B/s
     source: str = ""
+    compute_capability: tuple[int, int] = (9, 0)   # SM version: kernel choices depend on it
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -47,7 +48,7 @@ H200 = GPUSpec(
             "machines (which also measured 769-798 TFLOP/s bf16 matmul, ~4.3 TB/s D2D copy)"))
 B200 = GPUSpec(
     name="B200", memory_bytes=183_359 * MiB, bf16_flops=2.25e15, fp8_flops=4.5e15,
-    hbm_bytes_per_s=8.0e12,
+    hbm_bytes_per_s=8.0e12, compute_capability=(10, 0),
     source=("NVIDIA HGX B200 datasheet: 180 GB HBM3e per GPU (192 GB physical), 8 TB/s, 2.25 PFLOP/s bf16 "
             "dense, 4.5 PFLOP/s fp8 dense [M]; memory = nvidia-smi total 183,359 MiB (179 GiB, 192.3e9 B) [M]"))
 

@@ -17,12 +17,14 @@ from sim.config.errors import ConfigError, InputError
 from sim.config.fields import build_section, check_int, show
 from sim.config.gpu import GPUSection
 from sim.config.kv_cache import KVCacheSection
+from sim.config.kv_events import KVEventsSection
 from sim.config.loader import field_lines, loads_yaml, read_text
 from sim.config.scheduler import SchedulerConfig
+from sim.config.slo import SLOSection
 from sim.config.speculative import SpeculativeSection
 
 TOP_KEYS = {"name", "description", "seed", "model", "kv_cache", "gpu", "cache", "scheduler",
-            "speculative", "workload", "backend", "output"}
+            "speculative", "workload", "backend", "output", "slo", "kv_events"}
 
 
 class ScenarioError(InputError):
@@ -44,6 +46,8 @@ class Scenario:
     workload: dict
     backend: BackendSection
     output: str | None = None
+    slo: SLOSection = field(default_factory=SLOSection)
+    kv_events: KVEventsSection = field(default_factory=KVEventsSection)
     raw: dict = field(default_factory=dict, repr=False)
 
 
@@ -187,7 +191,7 @@ def scenario_from_mapping(data, path: Path) -> Scenario:
         raise ConfigError("scheduler.num_speculative_tokens", "set it under speculative:")
     spec = build_section(SpeculativeSection, data.get("speculative"), "speculative.")
     spec.validate()
-    kv.check_layout(model, spec)
+    kv.check_layout(model, spec, gpu_type=gpu.type)
     sched = replace(sched, num_speculative_tokens=spec.num_speculative_tokens if spec.method else 0)
     backend = build_section(BackendSection, data.get("backend"), "backend.")
     backend.validate()
@@ -205,6 +209,9 @@ def scenario_from_mapping(data, path: Path) -> Scenario:
     out = data.get("output")
     if out is not None and not isinstance(out, str):
         raise ConfigError("output", "must be a folder path")
+    slo = build_section(SLOSection, data.get("slo"), "slo.")
+    slo.validate()
     return Scenario(path=path, name=str(name), description=desc or "",
                     seed=seed, model=model, kv_cache=kv, gpu=gpu, cache=cache, scheduler=sched,
-                    speculative=spec, workload=wl, backend=backend, output=out, raw=data)
+                    speculative=spec, workload=wl, backend=backend, output=out, slo=slo,
+                    kv_events=KVEventsSection.from_value(data.get("kv_events")), raw=data)

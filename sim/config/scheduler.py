@@ -2,10 +2,15 @@
 
 A plain frozen dataclass: the compiled scheduler copies its fields into typed
 attributes of its own once, at construction (``sim/engine/scheduler.py``), so the
-per-step reads stay native."""
+per-step reads stay native.  ``policy`` names a scheduler policy
+(``sim/engine/request_queue.py``: ``fcfs``, vLLM's default; ``priority``, vLLM's
+``--scheduling-policy priority``; ``lpm``, SGLang's longest-prefix-match order) and is
+checked here, when the section is built, so a typo never reaches a run."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from sim.config.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -18,3 +23,33 @@ class SchedulerConfig:
     # does), outputs stop there, and positions of running requests stay below it.  None:
     # no limit (a server started with a large --max-model-len).
     max_model_len: int | None = None
+    policy: str = "fcfs"
+    # lpm only: a request that has waited this many scheduler steps since it arrived goes
+    # ahead of the prefix order (the starvation bound; None: no bound) ...
+    lpm_max_wait_steps: int | None = 256
+    # ... and past this many waiting requests it stops re-sorting (one lookup each per step)
+    lpm_max_queue: int = 128
+
+    def __post_init__(self) -> None:
+        self.check("scheduler.")
+
+    def check(self, prefix: str) -> None:
+        """``ConfigError`` naming ``prefix + field`` for a policy key that is wrong."""
+        from sim.engine.request_queue import QUEUE_POLICIES
+
+        if not isinstance(self.policy, str) or self.policy not in QUEUE_POLICIES:
+            raise ConfigError(prefix + "policy", f"unknown policy {self.policy!r} "
+                              f"(choices: {', '.join(sorted(QUEUE_POLICIES))})")
+        for name, lo, none_ok in (("lpm_max_wait_steps", 1, True), ("lpm_max_queue", 1, False)):
+            v = getattr(self, name)
+            if v is None and none_ok:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(prefix + name, f"must be an integer >= {lo}"
+                                  f"{' or null' if none_ok else ''}, got {v!r}")
+        if self.policy != "lpm":
+            defaults = SchedulerConfig.__dataclass_fields__
+            for name in ("lpm_max_wait_steps", "lpm_max_queue"):
+                if getattr(self, name) != defaults[name].default:
+                    raise ConfigError(prefix + name, f"only used by policy lpm (policy is "
+                                      f"{self.policy!r})")

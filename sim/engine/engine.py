@@ -8,6 +8,11 @@ decode and nothing can change (no arrival, no finish, no block boundary, no
 waiting request) the engine advances many steps in one jump instead of one
 event per step.
 
+Each step the engine hands the backend a step plan (``backends.base.StepPlan``: the
+scheduled items, with the drafts each accepts, the tokens it keeps and whether it finishes)
+and gets the step's duration back; the backend sees nothing else of the engine or the
+scheduler.
+
 Time is kept in integer nanoseconds so that a jump over k steps lands on
 exactly the instant k single steps would reach (float sums are not
 associative); outputs convert back to seconds.
@@ -16,11 +21,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any, Callable, Final, Generator, Iterable, Iterator, Protocol
+from typing import Any, Callable, Final, Generator, Iterable, Iterator, Protocol, cast
 
 import simpy
 
 from backends.analytical import CostModel
+from backends.base import StepBackend, StepItem, StepPlan
 from sim.config.errors import CapacityError
 from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
 
@@ -59,25 +65,21 @@ class Arrival(Protocol):
 
 
 class Engine:
-    def __init__(self, scheduler: Scheduler, step_time: Callable[[list[ScheduledItem]], float],
-                 sums_time: Callable[[int, int, int, int, int], float] | None,
+    def __init__(self, scheduler: Scheduler, backend: StepBackend,
                  make_request: Callable[[Any, int], SimRequest],
                  on_finish: Callable[[SimRequest], None], jump: bool = True,
                  progress: Callable[[int], None] | None = None):
         self.env = simpy.Environment()
         self.sched = scheduler
-        self._step_time_s = step_time
-        self.sums_time = sums_time
-        # The analytical model's bound methods, called natively (a call through the
-        # Callable costs ~550 CPU instructions in the compiled build, a few times a step)
-        owner = getattr(step_time, "__self__", None)
-        self.cost: CostModel | None = owner if isinstance(owner, CostModel) else None
-        if self.cost is not None and (sums_time is None
-                                      or getattr(sums_time, "__self__", None) is not owner):
-            self.cost = None   # (mixed callables: keep the generic calls)
+        self.backend = backend
+        # The analytical model is called natively (a call through the protocol costs ~550
+        # CPU instructions in the compiled build, a few times a step)
+        self.cost: CostModel | None = backend if isinstance(backend, CostModel) else None
+        self.plan = StepPlan()   # refilled every step
+        self.no_items: list[ScheduledItem] = []
         self.make_request = make_request
         self.on_finish = on_finish
-        self.jump = jump
+        self.jump = jump and backend.jumps
         self.progress = progress
         self.wake: simpy.Event | None = None
         self.next_arrival = NEVER   # time of the next known arrival (ns)
@@ -86,11 +88,46 @@ class Engine:
         self.steps = 0
         self.finished = 0
         self.rejected: list[SimRequest] = []   # refused on arrival (see Scheduler.add)
+        self.on_step: Callable[[list[ScheduledItem], int, int, int], None] | None = None
 
-    def step_time(self, items: list[ScheduledItem]) -> int:
-        """Step duration in integer nanoseconds (at least 1)."""
+    def step_time(self, items: list[ScheduledItem], now: int) -> int:
+        """Duration (integer nanoseconds, at least 1) of the step of ``items`` starting at
+        ``now``, as the backend times its plan."""
+        plan = self.make_plan(items, now)
         cost = self.cost
-        return max(1, ns(cost.step_time(items) if cost is not None else self._step_time_s(items)))
+        d = ns(cost.step_time(plan) if cost is not None else self.backend.step_time(plan))
+        if plan.finished:
+            plan.finished.clear()
+        return d if d > 1 else 1
+
+    def make_plan(self, items: list[ScheduledItem], now: int) -> StepPlan:
+        """The step plan of ``items``: each item's share of the step's draft acceptance
+        (decided once per step by the scheduler, applied by its update), the tokens it
+        keeps, whether it finishes, whether it is part of the first prefill."""
+        acc = self.sched.step_accepted
+        for it in items:
+            r = it.req
+            out = r.num_output
+            left = r.max_tokens - out
+            it.first_prefill = out == 0
+            if it.is_prefill:
+                n = it.num_tokens
+                it.accepted = 0
+                it.kept = n
+                # (only the last chunk samples, one token)
+                it.finishes = left <= 1 and it.context + n >= r.cache.num_tokens
+            else:
+                s = it.spec_tokens
+                a = 0 if it.padded else (acc if acc < s else s)
+                k = 1 + a
+                it.accepted = a
+                it.kept = k if k < left else left
+                it.finishes = left <= k
+        plan = self.plan
+        plan.items = cast("list[StepItem]", items)   # (a string: no alias built per step)
+        plan.index = self.steps
+        plan.start_ns = now
+        return plan
 
     # ---------------------------------------------------------------- requests --
     def _wake(self) -> None:
@@ -181,13 +218,14 @@ class Engine:
                 else:
                     stalls = 0
                 self.wake = env.event()
-                yield self.wake | env.timeout(self.step_time([]))
+                yield self.wake | env.timeout(self.step_time(self.no_items, now))
                 self.wake = None
                 now = int(env.now)
                 continue
             stalls = 0
             k, total = self._jump_steps(items, now) if self.jump else (1, 0)
-            end = now + (total if k > 1 else self.step_time(items))
+            end = now + (total if k > 1 else self.step_time(items, now))
+            if self.on_step is not None: self.on_step(items, now, end, k)  # noqa: E701 (planned)
             if end >= env.peek():
                 # another event is due by the end of this step: SimPy orders them
                 yield env.timeout(end - int(env.now))
@@ -202,6 +240,7 @@ class Engine:
                         yield env.timeout(now - int(env.now))   # finish at its time
                     for r in finished:
                         self.finished += 1
+                        self.plan.finished.append(r.cache.request_id)
                         self.on_finish(r)
                         r.done_event.succeed()
                         if self.progress is not None:
@@ -219,7 +258,7 @@ class Engine:
         sched = self.sched
         r = sched.waiting[0] if sched.waiting else sched.running[0]
         c = r.cache
-        pool = sched.kv.pool
+        kv = sched.kv
         state = "running" if not sched.waiting else (
             "waiting" + (f", {len(sched.waiting) - 1:,} more behind it"
                          if len(sched.waiting) > 1 else ""))
@@ -227,7 +266,7 @@ class Engine:
                 f"{r.num_output:,} of {r.max_tokens:,} output tokens, {state}) can never be "
                 f"scheduled: admitting it takes {sched.admission_blocks(r):,} pool blocks and "
                 f"its longest step up to {sched.blocks_needed(r):,}, but the pool has "
-                f"{pool.num_free():,} free or evictable of {pool.num_blocks - 1:,} usable and "
+                f"{kv.num_free_blocks():,} free or evictable of {kv.usable_blocks:,} usable and "
                 f"nothing else can change that (no other request running, arriving or finishing; "
                 f"vLLM would keep it waiting forever): give the pool more blocks or shorten "
                 f"the request")
@@ -242,7 +281,7 @@ class Engine:
         the next arrival.
         """
         sched = self.sched
-        if self.sums_time is None or sched.waiting or len(items) != len(sched.running):
+        if sched.waiting or len(items) != len(sched.running):
             return 1, 0
         if sched.has_swa:
             return 1, 0  # the window slides inside a block: step it exactly
@@ -284,7 +323,7 @@ class Engine:
         s0 = sched.step_index
         num, den = sched.acc_num, sched.acc_den
         base = s0 * num // den
-        sums_time = self.sums_time
+        backend = self.backend
         cost = self.cost
         a_prev = 0                      # advance before step k: positions of step k
         if pos < grow:
@@ -297,7 +336,7 @@ class Engine:
                 break
             C = C0 + n * a_prev
             d = ns(cost.time_from_sums(n, T, C, t * C, TT) if cost is not None
-                   else sums_time(n, T, C, t * C, TT))
+                   else backend.time_from_sums(n, T, C, t * C, TT))
             if d < 1:
                 d = 1
             if now + total + d >= horizon:

@@ -3,16 +3,18 @@ recording each finished one (compiled: both run once per request, and
 interpreted closures cost several thousand CPU instructions each time).
 
 ``RequestMaker.make`` and ``Recorder.finish`` are what ``Engine`` calls as
-``make_request`` and ``on_finish``."""
+``make_request`` and ``on_finish``; ``StepSampler.step`` is its ``on_step``."""
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Callable, Final
 
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry
-from sim.engine.scheduler import SimRequest
+from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
 
 NS: Final = 1e-9   # engine times are integer nanoseconds
+MS_PER_NS: Final = 1e-6
+MEMORY_ROWS: Final = 20_000   # memory.csv holds between half this and this many rows
 
 
 class RequestMaker:
@@ -28,17 +30,139 @@ class RequestMaker:
         keys = self.streams.keys_of(trace.segments, self.kv.hasher)
         r = SimRequest(self.kv.make_request(rid, keys), trace.output_tokens, index)
         r.out_stream = self.streams.id(f"out/{rid}")
+        r.priority = getattr(trace, "priority", 0)   # scheduler.policy priority (default 0)
         self.sessions[index] = trace.session
         return r
 
 
+
+class StepSampler:
+    """What the engine's steps show and no request row can: the pool's memory over time
+    and every inter-token latency (ITL).  ``Engine`` calls ``step`` once per loop
+    iteration, after the scheduler planned the step and before its outputs apply, with
+    the step's start and end (ns) and how many identical decode steps it stands for
+    (``k`` > 1: a decode jump).
+
+    Memory: one row per step, ``(start ns, attention blocks held, Mamba blocks held,
+    blocks in use, running, waiting)`` (held = in use or cached); past ``MEMORY_ROWS``
+    rows every other row is dropped and the stride doubles, so a run of any length
+    keeps a bounded, evenly thinned series (deterministic: it depends on the step count
+    only).  The peaks (``occupied_peak``, ``in_use_peak``) see every step.
+
+    ITL: a request that delivers tokens at a step's end adds the time since its previous
+    delivery (a step with speculative decoding delivers several tokens at once, as one
+    chunk of a streamed response: one ITL, as ``vllm bench serve`` counts).  The gaps are
+    kept as a histogram of whole microseconds (``itl_hist``: bounded by the distinct
+    values, not the token count) with their exact sum in ns.  Inside a decode jump the
+    k steps are counted as ``(end - start) / k`` each (the first ``k - r`` steps the
+    quotient, the last ``r`` one ns more: the jump's total is kept exactly)."""
+
+    def __init__(self, sched: Scheduler,
+                 occupancy: Callable[[], tuple[int, int, int]] | None = None):
+        self.sched = sched
+        # the pool's (attention occupied, Mamba occupied, in use) now: the cache
+        # manager's, or one a test sets by hand
+        self.occupancy = occupancy if occupancy is not None else sched.kv.occupancy
+        self.rows: list[tuple[int, int, int, int, int, int]] = []
+        self.stride = 1
+        self.countdown = 1
+        self.occupied_peak = 0
+        self.in_use_peak = 0
+        # arrival index -> [its last delivery (ns), deliveries so far], until it finishes
+        self.state: dict[int, list[int]] = {}
+        self.itl_hist: dict[int, int] = {}  # gap in whole us -> count
+        self.itl_sum_ns = 0
+        self.itl_count = 0
+
+    def step(self, items: list[ScheduledItem], start: int, end: int, k: int) -> None:
+        a, m, in_use = self.occupancy()
+        if a + m > self.occupied_peak:
+            self.occupied_peak = a + m
+        if in_use > self.in_use_peak:
+            self.in_use_peak = in_use
+        self.countdown -= 1
+        if self.countdown <= 0:
+            sched = self.sched
+            self.rows.append((start, a, m, in_use, len(sched.running), len(sched.waiting)))
+            self.countdown = self.stride
+            if len(self.rows) >= MEMORY_ROWS:
+                # keep rows 0, 2, 4, ... (MEMORY_ROWS is even: the row just taken goes, and
+                # the next is due one old stride on, where the kept series continues)
+                self.rows = self.rows[::2]
+                self.stride *= 2
+        state = self.state
+        hist = self.itl_hist
+        total = 0
+        count = 0
+        run_gap = -1          # run-length of equal gaps: most requests of a step share one
+        run_n = 0
+        first_end = end
+        q = 0
+        r = 0
+        if k > 1:
+            q = (end - start) // k
+            r = (end - start) - q * k
+            first_end = start + q
+        for it in items:
+            req = it.req
+            if it.is_prefill:
+                c = req.cache
+                if c.num_computed_tokens + it.num_tokens < c.num_tokens:
+                    continue          # a chunk that is not the prompt's last samples nothing
+            st = state.get(req.index)
+            if st is None:
+                state[req.index] = [end, k]       # its first token
+                continue
+            g = first_end - st[0]
+            st[0] = end
+            st[1] += k
+            if g != run_gap:
+                if run_n:
+                    us = (run_gap + 500) // 1000
+                    hist[us] = hist.get(us, 0) + run_n
+                    total += run_gap * run_n
+                    count += run_n
+                run_gap = g
+                run_n = 1
+            else:
+                run_n += 1
+        if run_n:
+            us = (run_gap + 500) // 1000
+            hist[us] = hist.get(us, 0) + run_n
+            total += run_gap * run_n
+            count += run_n
+        if k > 1:
+            n = len(items)      # a jump: every item decodes in each of its k steps
+            plain = n * (k - 1 - r)
+            if plain:
+                us = (q + 500) // 1000
+                hist[us] = hist.get(us, 0) + plain
+            if r:
+                us = (q + 1 + 500) // 1000
+                hist[us] = hist.get(us, 0) + n * r
+            total += n * (q * (k - 1) + r)
+            count += n * (k - 1)
+        self.itl_sum_ns += total
+        self.itl_count += count
+
+    def forget(self, index: int) -> int:
+        """A finished request's delivery count (its state is dropped)."""
+        st = self.state.get(index)
+        if st is None:
+            return 0
+        del self.state[index]
+        return st[1]
+
+
 class Recorder:
     """One ``requests.csv`` row per finished request: a plain tuple, the arrival index
-    first, then the columns of ``sim.records.RequestRecord`` in order (a served row stops
-    before ``rejected``); ``sim/run.py`` makes the records once the replay is over."""
+    first, then the columns of ``sim.records.RequestRecord`` in order up to
+    ``output_chunks`` (``slo_ok`` is left to ``sim/run.py``, which knows the SLOs and
+    makes the records once the replay is over)."""
 
-    def __init__(self, maker: RequestMaker):
+    def __init__(self, maker: RequestMaker, sampler: StepSampler):
         self.maker = maker
+        self.sampler = sampler
         self.rows: list[tuple] = []
         self.rejected_rows: list[tuple] = []
 
@@ -52,7 +176,7 @@ class Recorder:
             del sessions[r.index]
         c = r.cache
         self.rejected_rows.append((r.index, c.request_id, session or "", r.arrival_ns * NS,
-                                   c.num_prompt_tokens) + ("",) * 11 + (r.rejected,))
+                                   c.num_prompt_tokens) + ("",) * 11 + (r.rejected, "", "", ""))
 
     def finish(self, r: SimRequest) -> None:
         sessions = self.maker.sessions
@@ -62,9 +186,13 @@ class Recorder:
             del sessions[r.index]
         c = r.cache
         ns = NS
+        chunks = self.sampler.forget(r.index)
+        decode_ns = r.finish_ns - r.first_token_ns     # first delivery to last
+        tpot: float | str = decode_ns * MS_PER_NS / (r.num_output - 1) if r.num_output > 1 else ""
+        itl: float | str = decode_ns * MS_PER_NS / (chunks - 1) if chunks > 1 else ""
         self.rows.append((
             r.index, c.request_id, session or "", r.arrival_ns * ns, c.num_prompt_tokens,
             r.hit_tokens, r.attention_hit_tokens, max(r.attention_hit_tokens - r.hit_tokens, 0),
             r.junction, r.recomputed_tokens, (r.first_scheduled_ns - r.arrival_ns) * ns,
             (r.first_token_ns - r.arrival_ns) * ns, (r.finish_ns - r.arrival_ns) * ns,
-            r.num_output, r.preemptions, r.mamba_states_written))
+            r.num_output, r.preemptions, r.mamba_states_written, "", tpot, itl, chunks))

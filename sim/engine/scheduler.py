@@ -5,22 +5,25 @@ Each step: running requests first (in order), each gets its remaining tokens
 prefill threshold (ignored while only one request is in the system, as vLLM
 does), the step token budget and the align-mode split; if blocks run out the
 newest running request is preempted (recompute) until the allocation fits.
-Then, unless someone was preempted, waiting requests in arrival order: the
-prefix lookup on first admission, the same caps and split, ``max_num_seqs``.
+Then, unless someone was preempted, waiting requests in the order of the
+scheduler policy (``sim/engine/request_queue.py``: arrival order under ``fcfs``): the
+prefix lookup on first admission, the same caps and split, ``max_num_seqs``.  The
+policy also names the preemption victim (``fcfs``: the newest running request).
 
 The scheduler knows nothing about time; the engine calls ``schedule`` and
 ``update_from_output`` once per step.
 """
 from __future__ import annotations
 
-from collections import deque
 from fractions import Fraction
 from typing import Any, Final
 
+from backends.base import StepItem
 from sim.cache.kv_manager import KVCacheManager
-from sim.cache.managers import MambaManager
+from sim.cache.mamba_manager import MambaManager
 from sim.cache.request import CacheRequest
 from sim.config.scheduler import SchedulerConfig
+from sim.engine.request_queue import RequestQueue, make_queue
 
 # why a request is refused on arrival (requests.csv ``rejected``)
 EXCEEDS_MAX_MODEL_LEN: Final = "exceeds_max_model_len"   # prompt >= max_model_len
@@ -28,23 +31,8 @@ TOO_LONG_FOR_POOL: Final = "too_long_for_pool"           # the pool can never ho
 
 
 def blocks_per_request(kv: KVCacheManager, num_slots: int) -> int:
-    """The most pool blocks one request of ``num_slots`` slots holds, over every group:
-    vLLM's per-request accounting (``max_memory_usage_bytes`` in pages, as its start-up
-    check and its max-concurrency figure count them).  A full-attention group holds a
-    block per ``block_size`` slots; a Mamba group (align mode) its running state, the
-    one before it and one block per speculative token (2 + K, whatever the length); a
-    sliding-window group at most its admission cap."""
-    n = 0
-    for m in kv.coordinator.managers:
-        blocks = -(-num_slots // m.block_size)
-        if isinstance(m, MambaManager):
-            blocks = 2 + m.num_spec_blocks
-        else:
-            cap = m.admission_cap
-            if cap is not None and cap < blocks:
-                blocks = cap
-        n += blocks * m.width
-    return n
+    """vLLM's per-request accounting at ``num_slots`` slots (``KVCacheManager.blocks_per_request``)."""
+    return kv.blocks_per_request(num_slots)
 
 
 class SimRequest:
@@ -59,7 +47,8 @@ class SimRequest:
                  "finish_ns", "preemptions", "recomputed_tokens", "mamba_states_written",
                  "chunk_ends", "chunk_end_steps", "first_prefill_done", "done_event",
                  "out_stream", "fast_n", "fast_until", "item", "has_drafts",
-                 "is_prefill_chunk", "recording", "cache_mark", "rejected")
+                 "is_prefill_chunk", "recording", "cache_mark", "rejected", "priority",
+                 "arrival_step")
 
     def __init__(self, cache: CacheRequest, max_tokens: int, index: int):
         self.cache = cache
@@ -92,6 +81,8 @@ class SimRequest:
                                            # update-time cache_blocks (later calls before the
                                            # next block completes are no-ops and are skipped)
         self.rejected = ""                 # why it was refused on arrival (a reason token), or ""
+        self.priority = 0                  # scheduler.policy priority: lower goes first
+        self.arrival_step = 0              # scheduler step at arrival (lpm's starvation bound)
 
     def __repr__(self) -> str:
         return (f"SimRequest({self.cache.request_id!r}, index={self.index}, "
@@ -111,21 +102,18 @@ class SimRequest:
         return self.num_output > 0 and self.cache.num_computed_tokens >= self.cache.num_tokens - 1
 
 
-class ScheduledItem:
-    """One request's share of a step (the object is reused step after step)."""
+class ScheduledItem(StepItem):
+    """One request's share of a step (the object is reused step after step): the step
+    plan's item, which the engine hands to the backend, plus the scheduler's own handle
+    on the request (no backend reads it)."""
 
-    __slots__ = ("req", "num_tokens", "context", "is_prefill", "spec_tokens", "new_hit",
-                 "padded")
+    __slots__ = ("req",)
 
     def __init__(self, req: SimRequest, num_tokens: int, context: int, is_prefill: bool,
                  spec_tokens: int = 0, new_hit: int = 0, padded: bool = False):
+        super().__init__(req.cache, req.out_stream, num_tokens, context, is_prefill,
+                         spec_tokens, new_hit, padded)
         self.req = req
-        self.num_tokens = num_tokens       # tokens computed this step (incl. drafts in decode)
-        self.context = context             # tokens already in the KV cache before this step
-        self.is_prefill = is_prefill
-        self.spec_tokens = spec_tokens
-        self.new_hit = new_hit
-        self.padded = padded               # a new request padded to 1 + K with drafts never accepted
 
 
 class Scheduler:
@@ -150,19 +138,23 @@ class Scheduler:
         self.acc_num, self.acc_den = frac.numerator, frac.denominator
         self.step_index = 0
         self.accept_list: list[int] | None = None   # per-step acceptance (step cases)
+        self.step_accepted = 0   # drafts a decode item accepts in the step being scheduled
         self.sched_time = 0
         # drafter slots allocated past the scheduled tokens (vLLM's num_lookahead_tokens:
         # K for EAGLE-family and draft-model drafters, 0 for n-gram)
         self.num_lookahead = self.num_speculative_tokens if eagle_family else 0
         # the fast path reasons about block boundaries only; a sliding window also
         # frees blocks as it slides, so step those exactly
-        self.has_swa = any(sp.kind == "swa" for sp in kv.coordinator.specs)
+        self.group_kinds = kv.group_kinds
+        self.has_swa = "swa" in self.group_kinds
         self.fast_decode = fast_decode and not self.has_swa
-        self.has_full = any(sp.kind == "full" for sp in kv.coordinator.specs)
+        self.has_full = "full" in self.group_kinds
         # smallest group block: allocation only changes when a position crosses one
-        self.min_block = min(m.block_size for m in kv.coordinator.managers)
+        self.min_block = kv.min_block_size
         self.running: list[SimRequest] = []
-        self.waiting: deque[SimRequest] = deque()
+        # the waiting queue is the scheduler policy (order, return after preemption, victim)
+        self.waiting: RequestQueue = make_queue(cfg)
+        self.reorders: bool = self.waiting.reorders
         self.preemptions = 0
         self.max_model_len = cfg.max_model_len
         # sim run: refuse on arrival a request the pool can never hold (vLLM refuses a
@@ -170,7 +162,7 @@ class Scheduler:
         # than max_model_len); step cases keep it waiting, as vLLM's scheduler would (the
         # engine's progress guard then stops the replay)
         self.reject_unservable = reject_unservable
-        self.usable_blocks = kv.pool.num_blocks - 1   # (block 0 is the null block)
+        self.usable_blocks = kv.usable_blocks   # (block 0 is the null block)
 
     # ----------------------------------------------------------------- helpers --
     def add(self, req: SimRequest) -> bool:
@@ -189,7 +181,8 @@ class Scheduler:
         if self.reject_unservable and self.blocks_needed(req) > self.usable_blocks:
             req.rejected = TOO_LONG_FOR_POOL
             return False
-        self.waiting.append(req)
+        req.arrival_step = self.step_index
+        self.waiting.add_request(req)
         return True
 
     def longest_slots(self, req: SimRequest) -> int:
@@ -210,11 +203,7 @@ class Scheduler:
     def admission_blocks(self, req: SimRequest) -> int:
         """Blocks the admission gate asks for ``req`` now without a prefix hit: its whole
         sequence so far (what a waiting request is refused on)."""
-        c = req.cache
-        mml = self.kv.cfg.max_model_len
-        full = c.num_tokens if c.num_tokens < mml else mml
-        return self.kv.coordinator.blocks_to_allocate(c.request_id, full, self.kv.empty, 0, 0,
-                                                      full, True)
+        return self.kv.admission_blocks(req.cache)
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
@@ -228,6 +217,11 @@ class Scheduler:
     # ---------------------------------------------------------------- schedule --
     def schedule(self, now: int) -> list[ScheduledItem]:
         self.sched_time = now
+        # the step's draft acceptance, decided once: update_from_output applies it and the
+        # engine hands it to the backend in the step plan
+        al = self.accept_list
+        self.step_accepted = (al[min(now, len(al) - 1)] if al is not None
+                              else self.accepted_at(self.step_index))
         kv = self.kv
         kv.new_step_starts()
         budget = self.max_num_batched_tokens
@@ -290,22 +284,33 @@ class Scheduler:
                     else:
                         r.fast_n = -1
                     break
-                victim = running.pop()
-                self._preempt(victim, out)
+                # the policy's victim (fcfs: the newest, running[-1]); one scheduled
+                # earlier in this step gives its tokens back to the budget (priority)
+                v = self.waiting.victim(running)
+                victim = running[v]
+                del running[v]
+                if v < i:
+                    i -= 1
+                budget += self._preempt(victim, out)
                 preempted = True
                 if victim is r:
                     break
             if not ok:
-                break
+                # r preempted itself; those after it may still fit (under fcfs there
+                # are none: r was the newest)
+                continue
             prefill_scheduled |= r.is_prefill_chunk
             self._emit(out, r, n, comp, not decode, sk if decode else 0)
             budget -= n
             i += 1
         if not preempted:
+            if (self.reorders and budget > 0 and len(self.waiting) > 1
+                    and len(running) < self.max_num_seqs):
+                self.waiting.order(kv, self.step_index)
             while budget > 0 and self.waiting:
                 if len(self.running) >= self.max_num_seqs:
                     break
-                r = self.waiting[0]
+                r = self.waiting.peek_request()
                 c = r.cache
                 lookup = None
                 new_local = 0
@@ -345,7 +350,7 @@ class Scheduler:
                                        full_sequence_must_fit=True)
                 if not ok:
                     break
-                self.waiting.popleft()
+                self.waiting.pop_request()
                 self.running.append(r)
                 if r.hit_tokens < 0:
                     r.hit_tokens = new_local
@@ -409,13 +414,14 @@ class Scheduler:
             return 0
         per = self.kv.per_group_hits(c, kinds=("full",))
         best = 0
-        for gid, spec in enumerate(self.kv.coordinator.specs):
-            if spec.kind == "full" and per[gid] > best:
+        for gid, kind in enumerate(self.group_kinds):
+            if kind == "full" and per[gid] > best:
                 best = per[gid]
         return best
 
-    def _preempt(self, r: SimRequest, out: list[ScheduledItem]) -> None:
-        """Recompute preemption: free everything, back to the front of waiting."""
+    def _preempt(self, r: SimRequest, out: list[ScheduledItem]) -> int:
+        """Recompute preemption: free everything, back to waiting (fcfs: the front).
+        Returns the tokens it had been scheduled in this step (0 if none)."""
         r.mamba_states_written += self.kv.states_written(r.cache)
         self.kv.free(r.cache)
         r.fast_n = -1
@@ -427,11 +433,14 @@ class Scheduler:
         r.cache.shared_prefix_boundary = 0
         r.preemptions += 1
         self.preemptions += 1
+        given_back = 0
         for k, it in enumerate(out):
             if it.req is r:
+                given_back = it.num_tokens
                 del out[k]
                 break
-        self.waiting.appendleft(r)
+        self.waiting.prepend_request(r)
+        return given_back
 
     # ------------------------------------------------------------- acceptance --
     def accepted_before(self, s: int) -> int:
@@ -475,11 +484,7 @@ class Scheduler:
         unit = kv.hasher.unit
         min_block = self.min_block
         step_time = self.sched_time
-        if self.accept_list is not None:
-            al = self.accept_list
-            acc_step = al[min(step_time, len(al) - 1)]
-        else:
-            acc_step = self.accepted_at(self.step_index)
+        acc_step = self.step_accepted
         for it in items:
             r = it.req
             c = r.cache

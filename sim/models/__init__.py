@@ -11,7 +11,13 @@ Where the two disagree the vLLM 0.33.0 behaviour is implemented and the spot is 
   from a mapping.
 * ``layout`` -- :func:`derive_layout`: the page sizes and the attention block size vLLM picks
   (``Platform._align_hybrid_block_size``), with the steps written out in ``KVLayout.derivation``.
+* ``drafter`` -- the speculative method vLLM runs for a model (what it refuses) and the
+  drafter layers (MTP module, EAGLE head) it adds to the pool.
+* ``pool`` -- how pages of different layers are unified and split into KV-cache groups.
 * ``describe`` -- :func:`describe`: the text ``sim model NAME`` prints.
+
+``tools/check_layout_vs_vllm.py`` checks ``derive_layout`` against vLLM 0.33.0's own derivation
+(golden table ``tests/models/layout_vllm_golden.csv``).
 
 Parameter counts (``total_params``, ``active_params``, ``mtp_params``) are *estimated from the
 shapes* (projection matrices, embeddings, norms; biases and small gates ignored), not read from

@@ -11,7 +11,7 @@ from sim.models.spec import _SEPARATE_CHARS, ModelSpec, UnknownModelError, resol
 _MB = "NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/models/nemotronh/nemotron_h_provider.py"
 _NEMOTRON_H = dict(mamba_kind="mamba2", mamba_head_dim=64, n_groups=8, conv_kernel=4, head_dim=128,
                    vocab=131072, ffn_gated=False, chunk_size=128, passes_num_spec=True,
-                   default_ssm_dtype="float32")
+                   default_ssm_dtype="float32", vllm_architecture="NemotronHForCausalLM")
 _NEMOTRON_H_NOTE = ("vLLM NemotronH rule: mamba_ssm_cache_dtype=auto -> HF config's "
                     "mamba_ssm_cache_dtype, else float32 (NemotronHForCausalLMConfig)")
 
@@ -97,6 +97,8 @@ def _entries() -> list[ModelSpec]:
             q_heads=16, kv_heads=2, head_dim=256, attn_output_gate=True, vocab=151936,
             num_experts=512, top_k=10, expert_ffn=512, shared_experts=1, shared_expert_ffn=512,
             mtp_layers=1, mtp_pattern="*", passes_num_spec=True, default_ssm_dtype=None,
+            # vLLM 0.33.0 Qwen3NextForCausalLM declares SupportsEagle3 only
+            vllm_architecture="Qwen3NextForCausalLM", eagle_methods=("eagle3",),
             hf_names=("Qwen/Qwen3-Next-80B-A3B-Instruct", "Qwen/Qwen3-Next-80B-A3B-Thinking",
                       "Qwen3-Next-80B-A3B"),
             notes="mamba_cache_mode 'all' is rejected by vLLM ('please use --mamba-cache-mode=align')"),
@@ -113,6 +115,8 @@ def _entries() -> list[ModelSpec]:
             # vLLM 0.33.0 granitemoehybrid.py passes num_spec=vllm_config.num_speculative_tokens into
             # mamba2_state_shape (models.md §1 says Granite does not; that was an older vLLM).
             passes_num_spec=True, default_ssm_dtype=None,
+            # vLLM 0.33.0 GraniteMoeHybridForCausalLM declares neither SupportsEagle nor SupportsEagle3
+            vllm_architecture="GraniteMoeHybridForCausalLM", eagle_methods=(),
             hf_names=("ibm-granite/granite-4.0-h-small",),
             notes="conv state grows with num_speculative_tokens in vLLM 0.33.0 (granitemoehybrid.py)"),
         ModelSpec(
@@ -127,6 +131,8 @@ def _entries() -> list[ModelSpec]:
             q_heads=32, kv_heads=8, head_dim=128, vocab=65536,
             ffn_dim=14336, num_experts=16, top_k=2, expert_ffn=14336,
             passes_num_spec=False, default_ssm_dtype=None,
+            # vLLM 0.33.0 JambaForCausalLM declares neither SupportsEagle nor SupportsEagle3
+            vllm_architecture="JambaForCausalLM", eagle_methods=(),
             hf_names=("ai21labs/AI21-Jamba-1.5-Mini", "AI21-Jamba-1.5-Mini", "ai21labs/Jamba-v0.1",
                       "jamba-v0.1"),
             notes="Mamba1: conv state never includes speculative rows; no 'all' mode"),
@@ -202,13 +208,13 @@ def model_from_mapping(d: Mapping[str, Any]) -> ModelSpec:
             raise ValueError("name: required when overriding a base model")
         kw["source"] = f"inline definition based on {base.name} ({base.source})"
     for key, value in data.items():
-        if key == "hf_names":
+        if key in ("hf_names", "eagle_methods"):
             if isinstance(value, str):
                 value = (value,)
             elif isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value):
                 value = tuple(value)
             else:
-                raise ValueError(f"hf_names: must be a list of strings, got {value!r}")
+                raise ValueError(f"{key}: must be a list of strings, got {value!r}")
         elif key in ("dtype", "default_ssm_dtype") and isinstance(value, str):
             value = resolve_dtype(value, what=key)
         elif key == "pattern" and value is not None and not isinstance(value, str):

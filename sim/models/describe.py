@@ -79,6 +79,10 @@ def describe(layout: KVLayout, model: ModelSpec) -> str:
       f"SSM {_mib(L.ssm_bytes_per_seq)} = {_n(L.mamba_bytes_per_seq)} B ({_mib(L.mamba_bytes_per_seq)})")
     w(f"KV per token: {_n(L.attn_bytes_per_token_per_layer)} B per attention layer, "
       f"{_n(L.attn_bytes_per_token)} B over all {L.num_attention_layers}")
+    if L.num_draft_layers:
+        w(f"  drafter ({L.speculative_method}): {L.num_draft_layers} layer(s), {L.draft_kv_heads_per_rank} "
+          f"KV heads/rank x {L.draft_head_dim}, {_n(L.draft_attn_bytes_per_token_per_layer)} B per token "
+          f"and layer, in the same pool")
     w(f"  one layer's state = the KV of {L.tokens_per_mamba_state:,.0f} tokens in one layer; a sequence's "
       f"state = the whole-model KV of {L.mamba_bytes_per_seq / L.attn_bytes_per_token:,.0f} tokens")
     w("")
@@ -89,14 +93,40 @@ def describe(layout: KVLayout, model: ModelSpec) -> str:
     w(f"block_size {L.block_size} tokens, mamba_block_size {L.mamba_block_size or 'max_model_len'}; "
       f"page {_n(L.page_bytes)} B, padding {L.padding_fraction:.2%} of each Mamba state "
       f"({_n(L.page_bytes - L.mamba_page_bytes)} B)")
+    if not L.uniform_block_size:
+        w(f"  per-group blocks: target attention {L.attention_block_size} tokens"
+          + (f", drafter {L.draft_block_size} tokens" if L.draft_block_size else "")
+          + f", Mamba {L.block_size} tokens")
     pb = L.pool_block_bytes
     w(f"one pool block = one page for each of the {L.group_size} layer slots of a group = "
       f"{_n(pb)} B ({_mib(pb)}); all {L.num_attention_groups} attention + {L.num_mamba_groups} Mamba "
       f"groups draw blocks from one pool")
+    if L.num_draft_groups:
+        w(f"  the drafter's attention shape differs: {L.num_draft_groups} of the attention groups are "
+          f"the drafter's own")
+    if L.eagle_groups:
+        w(f"  EAGLE groups (holding the drafter's layers): {', '.join(map(str, L.eagle_groups))}")
     w(f"  {L.block_size} tokens of KV (all {L.num_attention_layers} attention layers) = "
       f"{L.num_attention_groups} pool block(s) = {_n(L.num_attention_groups * pb)} B "
       f"({_mib(L.num_attention_groups * pb)})")
     w(f"  one Mamba checkpoint of a sequence (all {L.num_mamba_layers} layers) = {L.num_mamba_groups} pool "
       f"block(s) = {_n(L.num_mamba_groups * pb)} B ({_mib(L.num_mamba_groups * pb)}), of which states "
       f"{_n(L.mamba_bytes_per_seq)} B")
+    if L.prefill_checkpoint_blocks:
+        grid = ("any position" if L.prefill_checkpoint_grid <= 1 else
+                f"lcm(hash unit, {L.prefill_checkpoint_grid}), or the Mamba block without one")
+        how = ("MambaMixer2" if model.mamba_kind == "mamba2"
+               else f"GDN on {L.gdn_prefill_backend}")
+        w(f"internal prefill checkpoints: {how} exports a state inside a prefill chunk "
+          f"(num_prefill_checkpoint_blocks {L.prefill_checkpoint_blocks}, alignment {grid})")
+    else:
+        why = ("MambaMixer has none" if model.mamba_kind == "mamba1"
+               else f"GDN on {L.gdn_prefill_backend} exports none" if model.mamba_kind == "gdn"
+               else f"mamba_cache_mode {L.mamba_cache_mode}")
+        w(f"internal prefill checkpoints: off ({why}); the scheduler splits prefills at "
+          f"the cacheable positions")
+    ck = f" + {L.prefill_checkpoint_blocks} checkpoint" if L.prefill_checkpoint_blocks else ""
+    base = "1" if L.mamba_cache_mode == "none" else "2"
+    w(f"a request holds up to {L.mamba_blocks_per_request} blocks per Mamba group ({base} + "
+      f"{L.num_speculative_tokens} speculative{ck}; every speculative method)")
     return "\n".join(out)

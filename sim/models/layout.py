@@ -12,16 +12,28 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from sim.models.drafter import check_kv_heads, resolve_drafter
+from sim.models.pool import Bucket, plan_pool, pool_groups, unify_pages
 from sim.models.spec import DTYPE_BYTES, ModelSpec, resolve_dtype
+
+__all__ = ["KVLayout", "derive_layout", "pool_groups"]
 
 @dataclass(frozen=True)
 class KVLayout:
     """Per-GPU (per TP rank) KV-cache layout vLLM derives for one model and cache configuration.
 
     Byte counts are per layer and per request slot unless named ``_per_seq`` (all Mamba layers)
-    or ``attn_bytes_per_token`` (all attention layers).  ``page_bytes`` is the one page size every
-    layer shares after vLLM pads the Mamba page; the block pool is described by ``group_size``
+    or ``attn_bytes_per_token`` (all attention layers, drafter included).  ``page_bytes`` is the
+    one page size every layer shares after vLLM pads the Mamba page (and, with a drafter of
+    another attention shape, unifies the pages); the block pool is described by ``group_size``
     (layers per KV-cache group, one page each per pool block) and ``pool_block_bytes``.
+
+    The drafter's layers are in the pool as vLLM puts them there: MTP attention layers
+    (``num_mtp_attention_layers``) and EAGLE decoder layers (``num_draft_layers``) count in
+    ``num_attention_layers``; a drafter whose per-rank attention shape equals the target's shares
+    its groups, any other gets groups of its own (``num_draft_groups``, counted in
+    ``num_attention_groups``).  ``eagle_groups`` lists the groups (attention groups first, then
+    Mamba, as ``groups``) that hold drafter layers: vLLM's EAGLE groups.
     """
 
     model: str
@@ -33,7 +45,7 @@ class KVLayout:
     conv_dtype: str
     ssm_dtype: str
     # attention
-    num_attention_layers: int          # incl. MTP attention layers when spec decode uses MTP
+    num_attention_layers: int          # incl. the drafter's (MTP or EAGLE) attention layers
     num_mtp_attention_layers: int
     kv_heads_per_rank: int
     attn_bytes_per_token_per_layer: int
@@ -53,7 +65,7 @@ class KVLayout:
     kernel_alignment: int
     block_size: int
     mamba_block_size: int | None       # None in mode 'none' (vLLM: max_model_len)
-    page_bytes: int                    # block_size x attn_bytes_per_token_per_layer
+    page_bytes: int                    # the unified page: block_size x target KV per token, or the drafter's
     padding_fraction: float            # (page - mamba_page) / mamba_page
     # block pool (vLLM _get_kv_cache_groups_uniform_page_size)
     group_size: int
@@ -62,6 +74,55 @@ class KVLayout:
     padding_layer_slots: int
     pool_block_bytes: int              # one pool block = one page for each layer slot of a group
     derivation: list[str] = field(default_factory=list, compare=False, hash=False)
+    # internal prefill checkpoints (vLLM's MambaSpec fields, as the model's Mamba layer sets
+    # them): blocks reserved per chunk (0 = the layer cannot export a state mid-chunk) and the
+    # layer's checkpoint grid (MambaMixer2: any position, 1; GDN on FlashInfer: 64)
+    prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_grid: int = 0
+    gdn_prefill_backend: str | None = None
+    # the drafter's KV layers (EAGLE heads; MTP layers are num_mtp_attention_layers)
+    num_draft_layers: int = 0
+    draft_kv_heads_per_rank: int = 0
+    draft_head_dim: int = 0
+    draft_attn_bytes_per_token_per_layer: int = 0
+    num_draft_groups: int = 0          # groups of the drafter's own spec (0: it shares the target's)
+    attention_block_size: int = 0      # tokens per block of the target's attention groups
+    draft_block_size: int = 0          # ... of the drafter's own groups (0 without them)
+    eagle_groups: tuple[int, ...] = ()
+    mamba_blocks_per_request: int = 0  # align mode: 2 + k (+ prefill checkpoint blocks) per Mamba group
+    group_kinds: tuple[str, ...] = ()  # full | mamba per group, in vLLM's order (see ``groups``)
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """The pool's KV-cache groups in vLLM's order (``kv_cache_config.kv_cache_groups``):
+        buckets in the order their first layer registers, so Mamba first for a model that
+        starts with a Mamba layer.  The order decides which group's blocks a step takes from
+        the free queue first, hence what is evicted."""
+        if self.group_kinds:
+            return self.group_kinds
+        return ("full",) * self.num_attention_groups + ("mamba",) * self.num_mamba_groups
+
+    @property
+    def uniform_block_size(self) -> bool:
+        """True when every group has ``block_size`` tokens per block (False when vLLM grew
+        the target's or the drafter's attention block to unify pages)."""
+        return all(b in (0, self.block_size) for b in (self.attention_block_size,
+                                                        self.draft_block_size))
+
+    def prefill_checkpoints(self, hash_block_size: int | None) -> tuple[int, int]:
+        """(num_prefill_checkpoint_blocks, prefill_checkpoint_alignment) of every Mamba group.
+
+        MambaMixer2 sets (1, 1) unconditionally; a GDN layer exporting checkpoints (FlashInfer
+        prefill) sets its alignment to the prefix-cache grid: lcm(hash unit, 64), or the Mamba
+        block when no hash unit is set (vLLM 0.33.0 ``get_mamba_prefill_checkpoint_grid``)."""
+        if self.prefill_checkpoint_blocks <= 0:
+            return 0, 1
+        if self.prefill_checkpoint_grid <= 1:
+            return self.prefill_checkpoint_blocks, 1
+        if hash_block_size is not None:
+            return self.prefill_checkpoint_blocks, math.lcm(hash_block_size,
+                                                            self.prefill_checkpoint_grid)
+        return self.prefill_checkpoint_blocks, self.mamba_block_size or self.block_size
 
     @property
     def mamba_bytes_per_layer(self) -> int:
@@ -81,26 +142,6 @@ class KVLayout:
         return self.mamba_page_bytes / self.attn_bytes_per_token_per_layer
 
 
-def pool_groups(num_attention_layers: int, num_mamba_layers: int) -> dict[str, int]:
-    """vLLM's KV-cache groups for one attention type + one Mamba type (uniform page size).
-
-    vLLM 0.33.0 ``kv_cache_planning._get_kv_cache_groups_uniform_page_size``: group_size = the
-    smaller layer count, or the larger one when it is < 1.5x the smaller; each type is split into
-    ``ceil(n / group_size)`` groups (layers[i::n_groups]); every group is ``group_size`` layer
-    slots wide, so one pool block costs ``group_size`` pages and narrower groups leave slots empty.
-    """
-    lo, hi = sorted((num_attention_layers, num_mamba_layers))
-    group_size = hi if hi < lo * 1.5 else lo
-    ga = math.ceil(num_attention_layers / group_size)
-    gm = math.ceil(num_mamba_layers / group_size)
-    padding = (ga + gm) * group_size - num_attention_layers - num_mamba_layers
-    return {"group_size": group_size, "num_attention_groups": ga, "num_mamba_groups": gm,
-            "padding_layer_slots": padding}
-
-
-_SPEC_METHODS = ("auto", "mtp", "external", "eagle", "eagle3", "ngram", "draft_model", "suffix")
-
-
 def _positive_int(name: str, v: Any, minimum: int = 1) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
         raise ValueError(f"{name}: must be an integer >= {minimum}, got {v!r}")
@@ -117,11 +158,25 @@ def _n(x: int) -> str:
     return f"{x:,}"
 
 
+def _first_mixer_is_mamba(m: ModelSpec) -> bool:
+    """Whether the model's first mixer layer is a Mamba layer.  NemotronH-style models say
+    it in ``pattern``; the FFN-in-every-layer models of the catalogue (Granite-4.0-H,
+    Qwen3-Next, Jamba) all start with Mamba layers (attention every few layers)."""
+    if m.pattern:
+        for c in m.pattern:
+            if c in "M*":
+                return c == "M"
+    return True
+
+
 def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int = 0,
                   mamba_cache_dtype: str = "auto", mamba_ssm_cache_dtype: str = "auto",
                   kv_cache_dtype: str = "auto", kernel_block_size: int = 16,
                   block_size: int | None = None, mamba_cache_mode: str = "align",
-                  speculative_method: str = "auto") -> KVLayout:
+                  speculative_method: str = "auto",
+                  gdn_prefill_backend: str = "flashinfer",
+                  draft_num_layers: int | None = None, draft_num_kv_heads: int | None = None,
+                  draft_head_dim: int | None = None) -> KVLayout:
     """Page sizes and the attention block size vLLM picks (models.md §1; vLLM 0.33.0
     ``Platform._align_hybrid_block_size``).
 
@@ -134,9 +189,19 @@ def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int 
     * ``mamba_cache_mode``: ``align`` (default; ``mamba_block_size = block_size``), ``none`` (same
       block size, Mamba block = max_model_len, no prefix caching) or ``all`` (legacy mode of older
       vLLM releases, removed in 0.33.0; kept to reproduce models.md §4's 'all' column).
-    * ``speculative_method``: ``auto`` = ``mtp`` when ``num_speculative_tokens > 0`` and the model
-      ships MTP layers, else ``external``; ``mtp`` adds the MTP attention layers to the KV cache;
-      the KV layers of any other drafter (EAGLE heads, draft models) are not modelled.
+    * ``gdn_prefill_backend`` (GDN models only): ``flashinfer`` (what vLLM picks on Hopper, and on
+      Blackwell for 128-wide keys) exports prefill checkpoints on a 64-token grid, so vLLM keeps
+      the block a multiple of 64; ``triton`` exports none (models.md §4 assumes it: a = 16).
+    * ``speculative_method`` (``sim.models.drafter``): ``auto`` = ``mtp`` when
+      ``num_speculative_tokens > 0`` and the model ships MTP layers, else its first EAGLE variant,
+      else ``ngram``.  ``mtp`` adds the MTP attention layers to the pool, ``eagle`` / ``eagle3`` the
+      EAGLE head's ``draft_num_layers`` layers with ``draft_num_kv_heads`` x ``draft_head_dim``
+      (defaults: the catalogue's, else one layer shaped like the target's attention); a head of
+      another per-rank shape gets its own groups and vLLM unifies the pages
+      (``unify_kv_cache_spec_page_size``).  ``ngram`` / ``suffix`` / ``external`` add none.  Every
+      method keeps ``k`` speculative conv rows and ``k`` speculative Mamba blocks per request.
+    * ``kv_cache_dtype``: ``auto``, ``fp8`` or the model's own dtype; vLLM refuses ``float32``
+      and a 16-bit dtype other than the model's.
 
     Raises ``ValueError`` (one line, naming the setting) on invalid settings.
     """
@@ -145,9 +210,6 @@ def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int 
     a0 = _positive_int("kernel_block_size", kernel_block_size)
     if mamba_cache_mode not in ("align", "none", "all"):
         raise ValueError(f"mamba_cache_mode: must be align, none or all, got {mamba_cache_mode!r}")
-    if speculative_method not in _SPEC_METHODS:
-        raise ValueError(f"speculative_method: must be one of {', '.join(_SPEC_METHODS)}, "
-                         f"got {speculative_method!r}")
     steps: list[str] = []
     m = model
 
@@ -158,6 +220,13 @@ def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int 
         return resolve_dtype(value, what=what, allow_fp8=fp8), "set"
 
     kv_dt, kv_why = pick(kv_cache_dtype, "kv_cache_dtype", m.dtype, "model dtype", fp8=True)
+    if kv_why == "set" and kv_dt == "float32":
+        raise ValueError("kv_cache_dtype: vLLM 0.33.0 has no float32 KV cache (CacheDType: auto, "
+                         "bfloat16, float16, fp8, ...); use auto for a float32 model")
+    if kv_why == "set" and kv_dt in ("bfloat16", "float16") and kv_dt != m.dtype:
+        allowed = f"auto or {m.dtype}" if m.dtype in ("bfloat16", "float16") else "auto"
+        raise ValueError(f"kv_cache_dtype: {kv_dt} is incompatible with the model dtype {m.dtype} "
+                         f"(vLLM 0.33.0 refuses it; use {allowed})")
     conv_dt, conv_why = pick(mamba_cache_dtype, "mamba_cache_dtype", m.dtype, "model dtype")
     if m.default_ssm_dtype is not None:
         ssm_auto, ssm_auto_why = m.default_ssm_dtype, "NemotronH default (HF config / float32)"
@@ -169,30 +238,36 @@ def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int 
                  f"SSM state {ssm_dt} ({ssm_why})")
 
     # speculative method ------------------------------------------------------------------------
-    method: str | None
-    if k == 0:
-        if speculative_method == "mtp":
-            raise ValueError("speculative_method: 'mtp' needs num_speculative_tokens >= 1")
-        method = None
-    elif speculative_method == "auto":
-        method = "mtp" if m.mtp_layers else "external"
-    else:
-        method = speculative_method
-    if method == "mtp" and not m.mtp_layers:
-        raise ValueError(f"speculative_method: {m.name} has no MTP layers")
-    n_mtp_attn = m.mtp_attention_layers if method == "mtp" else 0
-
-    # attention page -------------------------------------------------------------------------
     if m.q_heads % tp:
         raise ValueError(f"tp: {tp} does not divide the attention heads ({m.q_heads})")
+    check_kv_heads("tp", m.kv_heads, tp)
+    d = resolve_drafter(m, k=k, method=speculative_method, tp=tp, draft_num_layers=draft_num_layers,
+                        draft_num_kv_heads=draft_num_kv_heads, draft_head_dim=draft_head_dim)
+    method = d.method
+    n_mtp_attn, n_draft = d.mtp_attention_layers, d.eagle_layers
+    if method is not None:
+        steps.append(f"speculative method {method} ({d.why}), k = {k}")
+
+    # attention page -------------------------------------------------------------------------
     kv_rank = max(1, m.kv_heads // tp)
     attn_1 = 2 * kv_rank * m.head_dim * kv_b
-    n_attn = m.num_attention_layers + n_mtp_attn
+    n_attn = m.num_attention_layers + n_mtp_attn + n_draft
+    d_rank = max(1, d.kv_heads // tp) if n_draft else 0
+    d_attn_1 = 2 * d_rank * d.head_dim * kv_b
     steps.append(f"attention page for 1 token = 2 (K,V) x {kv_rank} KV heads/rank "
                  f"(max(1, {m.kv_heads}/{tp})) x {m.head_dim} head_dim x {kv_b} B = {_n(attn_1)} B")
     mtp_txt = f" incl. {n_mtp_attn} MTP attention layer(s)" if n_mtp_attn else ""
-    steps.append(f"KV per token, all {n_attn} attention layers{mtp_txt}: {_n(attn_1)} x {n_attn} "
-                 f"= {_n(attn_1 * n_attn)} B")
+    n_same = n_attn - n_draft
+    attn_all = attn_1 * n_same + d_attn_1 * n_draft
+    if n_draft:
+        steps.append(f"{method} drafter: {n_draft} layer(s) x 2 (K,V) x {d_rank} KV heads/rank "
+                     f"(max(1, {d.kv_heads}/{tp})) x {d.head_dim} head_dim x {kv_b} B = "
+                     f"{_n(d_attn_1)} B per token and layer")
+        mtp_txt = f" incl. the drafter's {n_draft}"
+    steps.append(f"KV per token, all {n_attn} attention layers{mtp_txt}: "
+                 + (f"{_n(attn_1)} x {n_attn}" if d_attn_1 in (0, attn_1) else
+                    f"{_n(attn_1)} x {n_same} + {_n(d_attn_1)} x {n_draft}")
+                 + f" = {_n(attn_all)} B")
 
     # Mamba page -----------------------------------------------------------------------------
     ns = k if m.passes_num_spec else 0
@@ -246,6 +321,19 @@ def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int 
         steps.append(f"kernel alignment a = {a} (attention backend's smallest kernel block)")
     else:
         steps.append(f"kernel alignment a = max(kernel {a0}, --block-size {block_size}) = {a}")
+    if gdn_prefill_backend not in ("flashinfer", "triton"):
+        raise ValueError(f"gdn_prefill_backend: must be flashinfer or triton, "
+                         f"got {gdn_prefill_backend!r}")
+    ckpt_blocks, ckpt_grid = 0, 0
+    if mamba_cache_mode == "align":
+        if m.mamba_kind == "mamba2":
+            ckpt_blocks, ckpt_grid = 1, 1
+        elif m.mamba_kind == "gdn" and gdn_prefill_backend == "flashinfer":
+            ckpt_blocks, ckpt_grid = 1, 64
+            if a % 64:
+                steps.append(f"GDN prefill on FlashInfer exports checkpoints on a 64-token grid: "
+                             f"a = lcm({a}, 64) = {math.lcm(a, 64)}")
+                a = math.lcm(a, 64)
     if mamba_cache_mode == "all":
         if m.mamba_kind == "mamba1" or not m.supports_all_mode:
             raise ValueError(f"mamba_cache_mode: 'all' is not supported for {m.name} "
@@ -280,23 +368,72 @@ def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int 
         steps.append("mode none: no Mamba prefix caching (mamba_block_size = max_model_len)")
 
     # block pool -----------------------------------------------------------------------------
-    g = pool_groups(n_attn, m.num_mamba_layers)
-    pool_block = g["group_size"] * padded
-    pad_txt = f", {g['padding_layer_slots']} empty layer slot(s)" if g["padding_layer_slots"] else ""
-    steps.append(f"block pool: {n_attn} attention + {m.num_mamba_layers} Mamba layers -> group_size "
-                 f"{g['group_size']} -> {g['num_attention_groups']} attention + {g['num_mamba_groups']} "
-                 f"Mamba group(s){pad_txt}; one pool block = {g['group_size']} pages = {_n(pool_block)} B")
+    n_m = m.num_mamba_layers
+    own_draft = n_draft > 0 and (d_rank, d.head_dim) != (kv_rank, m.head_dim)
+    pages = {"attention": (padded, blk, False), "mamba": (padded, blk, True)}
+    if own_draft:
+        pages["draft"] = (blk * d_attn_1, blk, False)
+    unified = unify_pages(pages)
+    page_u, attn_blk = unified["attention"]
+    draft_blk = unified["draft"][1] if own_draft else 0
+    if own_draft:
+        d_page = blk * d_attn_1
+        how = {"attention": "", "draft": ""}
+        for kind, own in (("attention", padded), ("draft", d_page)):
+            if own == page_u:
+                how[kind] = "as is"
+            elif unified[kind][1] != blk:
+                how[kind] = f"block x {page_u // own} = {_n(unified[kind][1])} tokens"
+            else:
+                how[kind] = f"padded by {_n(page_u - own)} B"
+        steps.append(f"the drafter's page ({_n(blk)} x {_n(d_attn_1)} = {_n(d_page)} B) differs from the "
+                     f"target's ({_n(padded)} B): vLLM unifies both to {_n(page_u)} B (target "
+                     f"attention {how['attention']}, drafter {how['draft']}, Mamba "
+                     f"{'as is' if page_u == padded else 'padded to it'}) and gives the drafter "
+                     f"groups of its own")
+    # vLLM forms one bucket per layer spec in the order the layers register (the target's
+    # layers in model order, the drafter's after them), so a model whose first mixer is a
+    # Mamba layer (every catalogue model) has its Mamba groups first
+    attn_bucket = Bucket("attention", n_attn - (n_draft if own_draft else 0), attn_blk, page_u,
+                         draft_layers=0 if own_draft else n_draft + n_mtp_attn)
+    mamba_bucket = Bucket("mamba", n_m, blk, page_u)
+    first = ([mamba_bucket, attn_bucket] if _first_mixer_is_mamba(m)
+             else [attn_bucket, mamba_bucket])
+    buckets = first + [Bucket("draft", n_draft if own_draft else 0, draft_blk, page_u,
+                              draft_layers=n_draft)]
+    plan = plan_pool(buckets)
+    ga = sum(1 for kind, _, _ in plan.groups if kind != "mamba")
+    gm = len(plan.groups) - ga
+    gd = sum(1 for kind, _, _ in plan.groups if kind == "draft")
+    eagle = tuple(i for i, (_, _, held) in enumerate(plan.groups) if held) if method else ()
+    pad_txt = f", {plan.padding_layer_slots} empty layer slot(s)" if plan.padding_layer_slots else ""
+    draft_txt = f" (of them {gd} the drafter's)" if gd else ""
+    steps.append(f"block pool: {n_attn} attention + {n_m} Mamba layers -> group_size "
+                 f"{plan.group_size} -> {ga} attention{draft_txt} + {gm} Mamba group(s){pad_txt}; one "
+                 f"pool block = {plan.group_size} pages = {_n(plan.pool_block_bytes)} B")
+    if eagle:
+        steps.append(f"EAGLE groups (holding drafter layers): {', '.join(map(str, eagle))} "
+                     f"(attention groups first)")
+    per_req = (1 + k) if mamba_cache_mode == "none" else (2 + k + ckpt_blocks)
+    pad_u = (page_u - page) / page
 
     return KVLayout(
         model=m.name, tp=tp, num_speculative_tokens=k, speculative_method=method,
         mamba_cache_mode=mamba_cache_mode, kv_dtype=kv_dt, conv_dtype=conv_dt, ssm_dtype=ssm_dt,
         num_attention_layers=n_attn, num_mtp_attention_layers=n_mtp_attn, kv_heads_per_rank=kv_rank,
-        attn_bytes_per_token_per_layer=attn_1, attn_bytes_per_token=attn_1 * n_attn,
-        num_mamba_layers=m.num_mamba_layers, conv_shape=conv_shape, ssm_shape=ssm_shape,
+        attn_bytes_per_token_per_layer=attn_1, attn_bytes_per_token=attn_all,
+        num_mamba_layers=n_m, conv_shape=conv_shape, ssm_shape=ssm_shape,
         conv_bytes_per_layer=conv_bytes, ssm_bytes_per_layer=ssm_bytes, mamba_page_bytes=page,
-        conv_bytes_per_seq=conv_bytes * m.num_mamba_layers, ssm_bytes_per_seq=ssm_bytes * m.num_mamba_layers,
-        mamba_bytes_per_seq=page * m.num_mamba_layers, mamba_page_bytes_padded=padded,
-        kernel_alignment=a, block_size=blk, mamba_block_size=mamba_blk, page_bytes=padded,
-        padding_fraction=pad, group_size=g["group_size"], num_attention_groups=g["num_attention_groups"],
-        num_mamba_groups=g["num_mamba_groups"], padding_layer_slots=g["padding_layer_slots"],
-        pool_block_bytes=pool_block, derivation=steps)
+        conv_bytes_per_seq=conv_bytes * n_m, ssm_bytes_per_seq=ssm_bytes * n_m,
+        mamba_bytes_per_seq=page * n_m, mamba_page_bytes_padded=page_u,
+        kernel_alignment=a, block_size=blk, mamba_block_size=mamba_blk, page_bytes=page_u,
+        padding_fraction=pad_u, group_size=plan.group_size, num_attention_groups=ga,
+        num_mamba_groups=gm, padding_layer_slots=plan.padding_layer_slots,
+        pool_block_bytes=plan.pool_block_bytes, derivation=steps, prefill_checkpoint_blocks=ckpt_blocks,
+        prefill_checkpoint_grid=ckpt_grid,
+        gdn_prefill_backend=gdn_prefill_backend if m.mamba_kind == "gdn" else None,
+        num_draft_layers=n_draft, draft_kv_heads_per_rank=d_rank,
+        draft_head_dim=d.head_dim if n_draft else 0, draft_attn_bytes_per_token_per_layer=d_attn_1,
+        num_draft_groups=gd, attention_block_size=attn_blk, draft_block_size=draft_blk,
+        eagle_groups=eagle, mamba_blocks_per_request=per_req,
+        group_kinds=tuple("mamba" if kind == "mamba" else "full" for kind, _, _ in plan.groups))

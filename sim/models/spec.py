@@ -42,6 +42,7 @@ def resolve_dtype(name: str, *, what: str, allow_fp8: bool = False) -> str:
 # model spec
 
 MAMBA_KINDS = ("mamba2", "gdn", "mamba1")
+EAGLE_METHODS = ("eagle", "eagle3")
 _SEPARATE_CHARS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
@@ -118,6 +119,15 @@ class ModelSpec:
     mtp_pattern: str = ""
     passes_num_spec: bool = True  # vLLM adds num_speculative_tokens rows to the conv state
     default_ssm_dtype: str | None = None  # SSM dtype when mamba_ssm_cache_dtype=auto; None = conv dtype
+    # vLLM 0.33.0 model class, and the EAGLE variants it declares (SupportsEagle -> 'eagle',
+    # SupportsEagle3 -> 'eagle3'); vLLM refuses the others for this class
+    vllm_architecture: str = ""
+    eagle_methods: tuple[str, ...] = ("eagle", "eagle3")
+    # the default EAGLE drafter (its decoder layers join the KV pool): one layer; 0 = the
+    # target's KV heads / head_dim (a scenario's ``speculative:`` section can override them)
+    draft_num_layers: int = 1
+    draft_num_kv_heads: int = 0
+    draft_head_dim: int = 0
     hf_names: tuple[str, ...] = ()
     # parameters: None = estimate from the shapes (params_estimated then True)
     total_params: int | None = None
@@ -324,3 +334,9 @@ def _validate(m: ModelSpec) -> None:
         _fail("mtp_pattern", f"characters {''.join(bad)!r} not allowed here (use {style_chars!r})")
     if m.total_params is not None and m.total_params <= 0:
         _fail("total_params", "must be positive")
+    # EAGLE drafter
+    if not isinstance(m.eagle_methods, tuple) or not set(m.eagle_methods) <= set(EAGLE_METHODS):
+        _fail("eagle_methods", f"must be a list drawn from {', '.join(EAGLE_METHODS)}, "
+                               f"got {m.eagle_methods!r}")
+    if m.draft_num_layers < 1:
+        _fail("draft_num_layers", f"an EAGLE drafter has at least one layer, got {m.draft_num_layers}")

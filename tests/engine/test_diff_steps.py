@@ -1,30 +1,22 @@
 """Random differential test: our step engine against vLLM 0.33.0's real ``Scheduler``.
 
 Drives ``tools/diff_steps.py`` (see its docstring) on a small fixed-seed sample.  The oracle
-(``sched_oracle.py`` in the oracle folder, see ``tools/oracle_worker.py``) runs in its own venv
+(``sched_oracle.py`` in the oracle folder, see ``sim/oracle/worker.py``) runs in its own venv
 (``$HOME/.vllm-oracle/venv/bin/python``, or ``$VLLM_ORACLE_PYTHON``); without it the
 differential test is skipped.  The generator / mapping tests need no oracle.
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "diff_steps.py"
-
-
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("diff_steps", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("diff_steps", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ds = _load_tool()
+import tools.diff_steps as ds
+from sim.oracle import step_case
+from sim.oracle.harness import COMPARED, Verdict
+from sim.oracle.keys import STEPS
+from sim.oracle.segments import prompt_notation, stream_numbers, token_ids
+from sim.oracle.worker import default_oracle_python, oracle_unavailable
 
 SEED = 20250101
 N_CASES = 25
@@ -62,17 +54,21 @@ def test_generator_covers_the_brief():
     assert all(1 <= q["max_tokens"] <= 40 for s in specs for q in s["requests"])
 
 
+def _ids(spec: dict, q: dict) -> list[int]:
+    return token_ids(q["segments"], stream_numbers(r["segments"] for r in spec["requests"]))
+
+
 def test_both_sides_get_the_same_token_ids():
     spec = ds.gen_case(SEED, 3)
-    ours = ds.to_ours(spec)
-    oracle = ds.to_oracle(spec)
+    ours = step_case.to_ours(spec)
+    oracle = step_case.to_oracle(spec)
     assert [r["prompt"] for r in ours["requests"]] == [r["tokens"]["ids"] for r in oracle["requests"]]
     assert [r["arrival_step"] for r in ours["requests"]] == [r["arrival"] for r in oracle["requests"]]
     # replays and multi-turn extensions share exactly their common prefix
     for q in spec["requests"]:
         if q["kind"] == "turn":
-            ids = ds.token_ids(spec, q)
-            assert any(ids[:len(ds.token_ids(spec, p))] == ds.token_ids(spec, p)
+            ids = _ids(spec, q)
+            assert any(ids[:len(_ids(spec, p))] == _ids(spec, p)
                        for p in spec["requests"] if p is not q)
 
 
@@ -83,14 +79,14 @@ def test_ours_runs_every_generated_case_and_yaml_is_runnable(tmp_path):
 
     for i in range(15):
         spec = ds.gen_case(SEED, i)
-        got = ds.run_ours(spec, timeout=30)
+        got = step_case.run_ours(spec, timeout=30)
         assert "results" in got or "hang" in got, got
         path = tmp_path / f"{i}.yaml"
         path.write_text(ds.ours_yaml(spec, None))
         data = yaml.safe_load(path.read_text())
-        assert data["requests"][0]["prompt"] == ds.prompt_notation(spec["requests"][0])
+        assert data["requests"][0]["prompt"] == prompt_notation(spec["requests"][0]["segments"])
         if "results" in got:
-            assert run_steps_file(path) == ds.run_ours(spec, literal=False)["results"]
+            assert run_steps_file(path) == step_case.run_ours(spec, literal=False)["results"]
 
 
 def test_compare_maps_the_oracle_fields():
@@ -103,11 +99,36 @@ def test_compare_maps_the_oracle_fields():
     theirs = dict(mine, preemptions=[{"step": 1}], num_output_tokens=2)
     del theirs["output_tokens"]
     ans = {"config": {}, "requests": [theirs]}
-    assert ds.compare(spec, {"results": [mine]}, ans) == ("compared", [])
+    assert step_case.compare(spec, {"results": [mine]}, ans) == Verdict(COMPARED, [], 1)
     # a chunk list that goes on through the re-prefill after a preemption is labelled
     theirs2 = dict(theirs, chunk_ends=[16], chunk_end_steps=[0])
-    _, mm = ds.compare(spec, {"results": [mine]}, dict(ans, requests=[theirs2]))
-    assert {m[0] for m in mm} == {"chunk_ends@replay", "chunk_end_steps@replay"}
+    ans2 = dict(ans, requests=[theirs2])
+    v = step_case.compare(spec, {"results": [mine]}, ans2)
+    assert v.fields == ["chunk_end_steps@replay", "chunk_ends@replay"]
+    # --assume replay-chunks looks past exactly that class
+    opts = ds.Options().assuming(["replay-chunks"])
+    assert step_case.compare(spec, {"results": [mine]}, ans2, opts.ignore).mismatches == []
+    # a hang where vLLM ran out of steps too is a stall on both sides, not a mismatch
+    assert step_case.compare(spec, {"hang": 5}, {"config": {}, "error": "max_steps 2000"}
+                             ).status == "both_stall"
+
+
+def test_ckpt_profile_turns_internal_checkpoints_on_in_most_cases():
+    specs = [ds.gen_case(SEED, i, "ckpt") for i in range(200)]
+    on = [s["config"] for s in specs if s["config"].get("num_prefill_checkpoint_blocks") == 1]
+    assert len(on) >= 100
+    aligns = [c.get("prefill_checkpoint_alignment", 1) for c in on]
+    assert aligns.count(1) > len(on) / 2 and 16 in aligns and any(a not in (1, 16) for a in aligns)
+    assert "ckpt" in ds.PROFILES and "ckpt" not in ds.OPT_IN_PROFILES   # checked in CI
+    assert not any("num_prefill_checkpoint_blocks" in ds.gen_case(SEED, i)["config"]
+                   for i in range(200))
+    # the default case of the same index otherwise (a pool grown by the checkpoint blocks)
+    base = ds.gen_case(SEED, 4)
+    ck = ds.gen_case(SEED, 4, "ckpt")
+    assert ck["requests"] == base["requests"] and ck["name"] == "k" + base["name"][1:]
+    assert ck["config"]["groups"] == base["config"]["groups"]
+    case = step_case.to_oracle(specs[[s["config"] for s in specs].index(on[0])])
+    assert case["num_prefill_checkpoint_blocks"] == 1
 
 
 def test_mooncake_case_is_the_trace_on_the_seven_group_layout():
@@ -119,7 +140,7 @@ def test_mooncake_case_is_the_trace_on_the_seven_group_layout():
     longest = max(sum(sg[2] for sg in q["segments"]) + q["max_tokens"]
                   for q in spec["requests"])
     assert cfg["max_model_len"] > longest
-    ours = ds.run_ours(spec, timeout=120)
+    ours = step_case.run_ours(spec, timeout=120)
     res = ours["results"]
     assert len(res) == 40 and all(r["finish_step"] is not None for r in res)
     # the small pool makes the scheduler preempt (recompute) some requests
@@ -129,7 +150,7 @@ def test_mooncake_case_is_the_trace_on_the_seven_group_layout():
 # ------------------------------------------------------------------ with the oracle --
 def test_mooncake_slice_matches_the_step_oracle(capsys):
     """A real trace slice (long prompts, seven groups, a pool small enough to preempt)."""
-    why = ds.oracle_unavailable("sched_oracle")
+    why = oracle_unavailable(STEPS)
     if why:
         pytest.skip(why)
     rc = ds.main(["--mooncake", str(MOONCAKE), "--cases", "60", "--start", "2000",
@@ -139,13 +160,14 @@ def test_mooncake_slice_matches_the_step_oracle(capsys):
     assert rc == 0, out[:12000]
 
 
-def test_diff_against_the_step_oracle(capsys):
-    why = ds.oracle_unavailable("sched_oracle")
+@pytest.mark.parametrize("profile", ["default", "ckpt"])
+def test_diff_against_the_step_oracle(capsys, profile):
+    why = oracle_unavailable(STEPS)
     if why:
         pytest.skip(why)
-    py = ds.default_oracle_python()
+    py = default_oracle_python()
     rc = ds.main(["--seed", str(SEED), "--cases", str(N_CASES), "--oracle-python", str(py),
-                  "--classify", "--show", "1", "--tables", "1"])
+                  "--profile", profile, "--classify", "--show", "1", "--tables", "1"])
     out = capsys.readouterr().out
     assert f"compared {N_CASES} cases" in out or "rejected by both" in out
     # the summary and the per-case class labels come first; one case in full after them

@@ -95,16 +95,17 @@ def test_second_request_queues_behind_the_first(tmp_path):
 
 
 def test_preemption_recomputes_the_newest_request(tmp_path):
-    # A pool of 10 blocks (1 attention + 6 Mamba groups): two requests of 1,000
-    # tokens fit (1 + 6 blocks each would not: the second waits), long decodes
-    # cross a block boundary and need one more attention block.
+    # A pool of 21 blocks (6 Mamba + 1 attention group): the smallest that passes vLLM's
+    # per-request accounting for 1,120 slots (2 attention + 6 x (2 + 1 internal prefill
+    # checkpoint) = 20 usable blocks); both 1,000-token prompts are admitted, and long
+    # decodes cross a block boundary and need one more attention block.
     sc = load_scenario(scenario(tmp_path, [
         {"id": "a", "arrival_s": 0.0, "prompt": "A:1000", "output_tokens": 120},
         {"id": "b", "arrival_s": 0.0, "prompt": "B:1000", "output_tokens": 120}],
-        kv_cache={"num_gpu_blocks_override": 17}))
+        kv_cache={"num_gpu_blocks_override": 21}))
     dep, rows, s = simulate(sc)
     a, b = by_id(rows)["a"], by_id(rows)["b"]
-    assert dep.groups == ("full",) + ("mamba",) * 6
+    assert dep.groups == ("mamba",) * 6 + ("full",)      # vLLM's order: Mamba layers come first
     assert s["preemptions"] >= 1
     assert a["preemptions"] == 0 and b["preemptions"] >= 1   # the newest is preempted
     assert b["recomputed_tokens"] > 0
@@ -235,9 +236,9 @@ def test_the_report_says_how_many_requests_were_rejected(tmp_path):
         (out / "report.md").read_text()
     # the refused request has its row, marked, with no measurements; the served one none
     lines = (out / "requests.csv").read_text().splitlines()
-    assert lines[0].endswith(",mamba_states_written,rejected")
-    assert lines[1] == "a,,0.000000,3000" + "," * 11 + ",exceeds_max_model_len"
-    assert lines[2].startswith("b,,0.100000,100,") and lines[2].endswith(",")
+    assert lines[0].endswith(",mamba_states_written,rejected,tpot_ms,itl_ms,output_chunks,slo_ok")
+    assert lines[1] == "a,,0.000000,3000" + "," * 11 + ",exceeds_max_model_len" + "," * 4
+    assert lines[2].startswith("b,,0.100000,100,") and ",," in lines[2]   # served: rejected ""
     assert len(lines[2].split(",")) == len(REQUEST_COLUMNS)
 
 
@@ -257,28 +258,138 @@ def test_ns_rounds_exactly_as_round():
     assert sum(1 for k in range(2_000) if ((k + 0.5) / 1e9) * 1e9 == k + 0.5) > 100  # ties hit
 
 
+class _Protocol:
+    """The analytical model behind the plain backend protocol, as any other backend is
+    called; ``jumps=False``: every step becomes a plan (``log`` keeps what each said)."""
+
+    def __init__(self, cost, jumps: bool = True, log: list | None = None):
+        self.cost = cost
+        self.jumps = jumps
+        self.log = log
+        self.plan_ids: set[int] = set()
+
+    def step_time(self, plan) -> float:
+        self.plan_ids.add(id(plan))
+        if self.log is not None:
+            self.log.append((plan.index, list(plan.finished), [
+                (it.request_id, it.is_prefill, it.padded, it.spec_tokens, it.accepted,
+                 it.kept, it.finishes, it.first_prefill, it.context, it.num_tokens,
+                 it.tokens.num_tokens) for it in plan.items]))
+        return self.cost.step_time(plan)
+
+    def time_from_sums(self, n, T, C, TC, TT) -> float:
+        assert self.jumps
+        return self.cost.time_from_sums(n, T, C, TC, TT)
+
+
 def test_cost_model_called_natively_gives_the_same_run(monkeypatch):
-    """The engine calls the analytical model's methods directly when both
-    callables are its bound methods, and through the callables otherwise: the
-    runs are identical (athena-tiny: chunked prefill, jumps, MTP)."""
+    """The engine calls the analytical model's methods directly when the backend is the
+    cost model, and through the backend protocol otherwise: the runs are identical
+    (athena-tiny: chunked prefill, jumps, MTP)."""
     from sim import run as R
 
     sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "athena-tiny.yaml")
     made = []
     orig = R.Engine
 
-    def spy(sched, step_time, sums_time, *a, **k):
-        made.append(orig(sched, step_time, sums_time, *a, **k))
+    def spy(sched, backend, *a, **k):
+        made.append(orig(sched, backend, *a, **k))
         return made[-1]
 
-    def generic(sched, step_time, sums_time, *a, **k):
-        made.append(orig(sched, lambda items: step_time(items),
-                         lambda *x: sums_time(*x), *a, **k))
+    def generic(sched, backend, *a, **k):
+        made.append(orig(sched, _Protocol(backend), *a, **k))
         return made[-1]
 
     monkeypatch.setattr(R, "Engine", spy)
     _, fast, s1 = R.simulate(sc)
     monkeypatch.setattr(R, "Engine", generic)
     _, slow, s2 = R.simulate(sc)
-    assert made[0].cost is not None and made[1].cost is None
+    assert made[0].cost is not None and made[1].cost is None and made[1].jump
     assert fast == slow and len(fast) >= 40 and s1["steps"] == s2["steps"]
+
+
+def _planned_run(monkeypatch, sc):
+    """``sc`` run with every step handed to a logging backend (no jumps)."""
+    from sim import run as R
+
+    log: list = []
+    backends = []
+
+    def build(scen, dep, plant=None):
+        backends.append(_Protocol(dep.cost, jumps=False, log=log))
+        return backends[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(R, "build_backend", build)
+        _, rows, summary = R.simulate(sc)
+    return sc, rows, summary, log, backends[0]
+
+
+def _plan_case(tmp_path, case: str):
+    if case == "padded":   # b's 2,064-token hit leaves one token: padded to 1 + K
+        return load_scenario(scenario(tmp_path, [
+            {"id": "a", "arrival_s": 0.0, "prompt": "S:2080", "output_tokens": 2},
+            {"id": "b", "arrival_s": 1.0, "prompt": "S:2065", "output_tokens": 4},
+            {"id": "c", "arrival_s": 1.0, "prompt": "Q:50", "output_tokens": 40}],
+            speculative={"method": "eagle", "num_speculative_tokens": 3,
+                         "mean_accepted_tokens": 1.5}))
+    K, mean = {"tiny-k1": (1, 0.6), "tiny-k3": (3, 1.8)}[case]
+    return load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "athena-tiny.yaml",
+                         {"speculative.num_speculative_tokens": K,
+                          "speculative.mean_accepted_tokens": mean})
+
+
+@pytest.mark.parametrize("case", ["tiny-k1", "tiny-k3", "padded"])
+def test_the_step_plan_says_what_each_step_does_to_each_request(monkeypatch, tmp_path, case):
+    """What the plan hands a backend, checked against the scripted acceptance pattern and
+    the requests' outputs: step s accepts floor((s + 1) m) - floor(s m) drafts (at most
+    the drafts the item verifies; none of a padded one); each request's sampled tokens
+    (a decode step's ``kept``, one per last prefill chunk) add up to its output tokens; it
+    finishes in exactly one item, its last; its id reaches the next plan's ``finished``;
+    ``first_prefill`` marks its items up to the first token; one plan object throughout."""
+    from fractions import Fraction
+
+    sc = _plan_case(tmp_path, case)
+    K, mean = sc.speculative.num_speculative_tokens, sc.speculative.mean_accepted_tokens
+    sc, rows, summary, log, backend = _planned_run(monkeypatch, sc)
+    _, plain_rows, plain = simulate(sc)   # the same run, with jumps and the native calls
+    assert rows == plain_rows and summary["steps"] == plain["steps"] == len(log)
+    assert len(backend.plan_ids) == 1
+    frac = Fraction(mean).limit_denominator(1000)
+    pattern = [int((s + 1) * frac) - int(s * frac) for s in range(len(log) + 1)]
+    assert [index for index, _, _ in log] == list(range(len(log)))   # (no empty steps here)
+    sampled: dict[str, int] = {}
+    finished_at: dict[str, int] = {}
+    first_token: dict[str, int] = {}
+    decodes = padded = 0
+    for step, (index, done, items) in enumerate(log):
+        for rid in done:
+            assert finished_at[rid] < step
+        for (rid, prefill, pad, spec, acc, kept, fin, first, ctx, n, total) in items:
+            assert rid not in finished_at
+            if prefill:
+                assert acc == 0 and kept == n and spec == 0
+                got = 1 if ctx + n >= total else 0
+            else:
+                if pad:
+                    padded += 1
+                    assert acc == 0 and spec == K and n == 1 + K
+                else:
+                    decodes += 1
+                    assert acc == min(spec, pattern[index])
+                got = kept
+                assert kept == min(1 + acc, next(r.output_tokens for r in rows
+                                                 if r.request_id == rid) - sampled.get(rid, 0))
+            assert first == (rid not in first_token)
+            if got and rid not in first_token:
+                first_token[rid] = step
+            sampled[rid] = sampled.get(rid, 0) + got
+            if fin:
+                finished_at[rid] = step
+    outputs = {r.request_id: r.output_tokens for r in rows}
+    assert sampled == outputs and set(finished_at) == set(outputs)
+    delivered = [rid for _, done, _ in log for rid in done]
+    assert len(delivered) == len(set(delivered))
+    assert set(delivered) <= set(outputs) and len(delivered) >= len(outputs) - 3
+    assert decodes > 10 and (K == 1 or any(pattern[i] > 1 for i in range(len(log))))
+    assert padded == (1 if case == "padded" else 0)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from backends.base import FixedStep
 from sim.cache.config import CacheConfig
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry, parse_prompt
@@ -56,7 +57,7 @@ def _replay(cfg: CacheConfig, traces: list[_Trace], timeout_s: float = 60.0, **s
         made[trace.request_id] = r
         return r
 
-    eng = Engine(sched, lambda items: UNIT_S, lambda *a: UNIT_S, make, lambda r: None)
+    eng = Engine(sched, FixedStep(UNIT_S), make, lambda r: None)
     result: dict = {}
 
     def work():

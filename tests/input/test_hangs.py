@@ -99,26 +99,30 @@ def test_a_mooncake_line_of_1e9_tokens_is_a_rejected_row_and_the_run_goes_on(tmp
 
 
 def test_every_request_rejected_is_one_line(tmp_path):
-    # athena's requests need 1 attention block + 5 Mamba groups x (2 + 5 speculative)
-    # blocks = 36 at least: a 3-block pool (2 usable) can serve none of them
+    # athena's requests need 1 attention block + 5 Mamba groups x (2 + 5 speculative + 1
+    # internal prefill checkpoint) blocks = 41 at least (vLLM's max_memory_usage_bytes in
+    # align mode): a 3-block pool (2 usable) can serve none of them
     line = _refused(tmp_path, "run", ATHENA, "--set", "kv_cache.num_gpu_blocks_override=3",
                     "--out", "out", "-q", names=("athena.yaml", "every request was rejected",
-                                                 "2,000", "r0000000", "36 pool blocks",
+                                                 "2,000", "r0000000", "41 pool blocks",
                                                  "2 usable", "too_long_for_pool"))
     assert "Traceback" not in line
 
 
 def test_a_thousand_speculative_tokens_need_more_mamba_blocks_than_the_pool_has(tmp_path):
-    # each Mamba group holds 2 + K state blocks per request: K = 1000 cannot fit 400 blocks
+    # each Mamba group holds 2 + K state blocks per request, + 1 for the internal prefill
+    # checkpoint (MambaMixer2): K = 1000 cannot fit 400 blocks (athena-tiny with its EAGLE
+    # layer: 3 attention + 4 Mamba layers in groups of 4, one Mamba group)
     _refused(tmp_path, "run", TINY, "--set", "speculative.num_speculative_tokens=1000",
              "--out", "out", "-q",
-             names=("athena-tiny.yaml", "every request was rejected", "2,007 pool blocks",
+             names=("athena-tiny.yaml", "every request was rejected", "1,006 pool blocks",
                     "399 usable", "too_long_for_pool"))
 
 
 def test_a_request_too_long_for_the_pool_is_rejected_beside_ones_that_fit(tmp_path):
-    # 400 blocks of 1,088 tokens (nemotron-h-8b, EAGLE k=3): 399 usable; 6 Mamba groups x
-    # (2 + 3) = 30 of them for Mamba leave 369 attention blocks = 401,472 slots.  A request's
+    # 400 blocks of 1,088 tokens (nemotron-h-8b + its EAGLE layer, k=3): 399 usable; 5 Mamba
+    # groups x (2 + 3 + 1 checkpoint) = 30 of them for Mamba leave 369 attention blocks =
+    # 401,472 slots.  A request's
     # longest step asks for prompt + 3 outputs - 1 + 3 drafts + 3 lookahead slots: the
     # boundary, exactly
     records = _head(4)
@@ -138,12 +142,12 @@ def test_a_request_too_long_for_the_pool_is_rejected_beside_ones_that_fit(tmp_pa
 # ---- max_model_len ------------------------------------------------------------------------
 
 def test_a_max_model_len_the_pool_cannot_hold_names_both_numbers(tmp_path):
-    # athena: 1 attention group (block 4,416) + 5 Mamba groups x (2 + 5); 65,536 tokens
-    # need 15 + 35 = 50 blocks; a pool of 40 has 39 usable beside the null block
+    # athena: 1 attention group (block 4,416) + 5 Mamba groups x (2 + 5 + 1 checkpoint);
+    # 65,536 tokens need 15 + 40 = 55 blocks; a pool of 45 has 44 usable beside the null block
     line = _refused(tmp_path, "run", ATHENA, "--set", "scheduler.max_model_len=65536",
-                    "--set", "kv_cache.num_gpu_blocks_override=40", "--out", "out", "-q",
+                    "--set", "kv_cache.num_gpu_blocks_override=45", "--out", "out", "-q",
                     names=("athena.yaml", "scheduler.max_model_len", "65,536",
-                           "50 pool blocks", "39 usable", "MiB",
+                           "55 pool blocks", "44 usable", "MiB",
                            "kv_cache.num_gpu_blocks_override"))
     # vLLM's estimate of the largest length that fits: 4 attention blocks of 4,416
     assert "the largest max_model_len it holds is 17,664" in line

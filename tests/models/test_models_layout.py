@@ -34,15 +34,16 @@ def test_table4_block_sizes(name, col, want):
         with pytest.raises(ValueError, match="mamba_cache_mode"):
             derive_layout(model, mamba_cache_dtype="bf16", mamba_ssm_cache_dtype=ssm, mamba_cache_mode=mode)
         return
+    # models.md's table assumes a = 16 everywhere: for GDN that is the Triton prefill backend
     layout = derive_layout(model, mamba_cache_dtype="bf16", mamba_ssm_cache_dtype=ssm,
-                           kv_cache_dtype=kv, mamba_cache_mode=mode)
+                           kv_cache_dtype=kv, mamba_cache_mode=mode, gdn_prefill_backend="triton")
     assert layout.block_size == want
     assert layout.mamba_block_size == want
 
 
 @pytest.mark.parametrize("name,want", DEFAULT_BLOCK.items())
 def test_default_dtypes_block_size(name, want):
-    assert derive_layout(get_model(name)).block_size == want
+    assert derive_layout(get_model(name), gdn_prefill_backend="triton").block_size == want
 
 
 # models.md §4 "Where does 4,416 come from?": default dtypes, k = 0..5
@@ -58,7 +59,25 @@ SWEEPS = {
 @pytest.mark.parametrize("name,want", SWEEPS.items())
 def test_speculative_sweep(name, want):
     model = get_model(name)
-    assert [derive_layout(model, num_speculative_tokens=k).block_size for k in range(6)] == want
+    assert [derive_layout(model, num_speculative_tokens=k, gdn_prefill_backend="triton").block_size
+            for k in range(6)] == want
+
+
+def test_qwen3_next_flashinfer_gdn_aligns_block_to_64():
+    """Issue #20 §2: on H100/H200 vLLM picks FlashInfer's GDN prefill, whose checkpoint grid
+    (64) joins the kernel alignment, so TP 1 gives 576, not 544; Nemotron (MambaMixer2) is
+    unaffected, and Triton keeps models.md's 544."""
+    q = get_model("qwen3-next-80b-a3b")
+    assert [derive_layout(q, num_speculative_tokens=k).block_size for k in range(6)] == [576] * 6
+    assert derive_layout(q, gdn_prefill_backend="triton").block_size == 544
+    lay = derive_layout(q)
+    assert (lay.prefill_checkpoint_blocks, lay.prefill_checkpoint_grid) == (1, 64)
+    assert lay.prefill_checkpoints(None) == (1, 576)       # grid = the Mamba block
+    assert lay.prefill_checkpoints(16) == (1, 64)          # lcm(hash unit, 64)
+    assert derive_layout(q, gdn_prefill_backend="triton").prefill_checkpoints(16) == (0, 1)
+    n = derive_layout(get_model("nemotron-h-8b"))
+    assert n.block_size == 1040 and n.prefill_checkpoints(None) == (1, 1)   # MambaMixer2
+    assert derive_layout(get_model("jamba-1.5-mini")).prefill_checkpoints(None) == (0, 1)
 
 
 @pytest.mark.parametrize("name,kw", [
@@ -257,7 +276,7 @@ def test_block_size_override_must_be_aligned():
 def test_kernel_alignment():
     q = get_model("qwen3-next-80b-a3b")
     assert derive_layout(q, kernel_block_size=64).block_size == 576      # 64 x ceil(1,097,728 / 131,072)
-    assert derive_layout(q, kernel_block_size=32).block_size == 544
+    assert derive_layout(q, kernel_block_size=32, gdn_prefill_backend="triton").block_size == 544
     with pytest.raises(ValueError, match="^kernel_block_size:"):
         derive_layout(q, kernel_block_size=-16)
 
@@ -282,11 +301,15 @@ def test_super_mtp_adds_its_attention_layer():
     assert layout.speculative_method == "mtp" and layout.uses_mtp
     assert layout.num_attention_layers == 9 and layout.num_mtp_attention_layers == 1
     assert layout.attn_bytes_per_token == 9 * 1024
-    # another drafter: the model's own attention layers only
+    # an EAGLE-3 head instead: its one layer (the target's attention shape) joins the pool
     other = derive_layout(model, num_speculative_tokens=3, speculative_method="eagle3")
-    assert other.num_attention_layers == 8 and not other.uses_mtp
+    assert other.num_attention_layers == 9 and not other.uses_mtp
+    assert other.num_draft_layers == 1 and other.num_mtp_attention_layers == 0
+    # a drafter-free method: the model's own attention layers only
+    ngram = derive_layout(model, num_speculative_tokens=3, speculative_method="ngram")
+    assert ngram.num_attention_layers == 8 and ngram.eagle_groups == ()
     # the block size does not depend on the attention layer count
-    assert other.block_size == layout.block_size
+    assert other.block_size == layout.block_size == ngram.block_size
 
 
 def test_qwen_mtp_layer():
@@ -303,7 +326,12 @@ def test_mtp_errors():
         derive_layout(get_model("nemotron-3-super-120b"), num_speculative_tokens=1, speculative_method="x")
     with pytest.raises(ValueError, match="^num_speculative_tokens:"):
         derive_layout(get_model("nemotron-3-super-120b"), num_speculative_tokens=-1)
-    assert derive_layout(get_model("nemotron-h-8b"), num_speculative_tokens=2).speculative_method == "external"
+    # auto: MTP if the model has it, else its EAGLE head, else ngram (no drafter layers)
+    assert derive_layout(get_model("nemotron-h-8b"), num_speculative_tokens=2).speculative_method == "eagle"
+    assert derive_layout(get_model("qwen3-next-80b-a3b"), num_speculative_tokens=2).speculative_method == "mtp"
+    assert derive_layout(get_model("jamba-1.5-mini"), num_speculative_tokens=2).speculative_method == "ngram"
+    with pytest.raises(ValueError, match="^speculative_method: draft_model is not modelled"):
+        derive_layout(get_model("nemotron-h-8b"), num_speculative_tokens=2, speculative_method="draft_model")
 
 
 # block pool groups (vLLM _get_kv_cache_groups_uniform_page_size) ----------------------------

@@ -1,4 +1,4 @@
-"""Long-lived workers in the vLLM oracle venv, shared by the differential tools.
+"""Locating the vLLM oracle, and long-lived workers in its venv.
 
 The oracle folder (optional, not part of the project: ``$VLLM_ORACLE_DIR``, see
 ``default_oracle_dir``) holds ``oracle.py`` (vLLM 0.33.0's real KV-cache manager) and
@@ -7,9 +7,9 @@ The oracle folder (optional, not part of the project: ``$VLLM_ORACLE_DIR``, see
 a pipe: one JSON list of cases per line in, one JSON list of ``run_case`` answers per line out.
 Whatever the oracle prints while importing goes to a log, never into the protocol.
 
-Used by ``tools/diff_vllm.py`` (module ``oracle``), ``tools/diff_steps.py`` (``sched_oracle``),
-``sim validate --against-vllm`` and their pytest wrappers (``oracle_unavailable`` says why a
-test skips).
+Used by the differential harness (``sim.oracle.harness``: ``tools/diff_vllm.py`` with module
+``oracle``, ``tools/diff_steps.py`` with ``sched_oracle``), ``sim validate --against-vllm``, the
+golden makers and their pytest wrappers (``oracle_unavailable`` says why a test skips).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]   # the project root (sim/oracle/ is two down)
 
 
 def default_oracle_dir() -> Path:
@@ -34,10 +34,8 @@ def default_oracle_dir() -> Path:
     env = os.environ.get("VLLM_ORACLE_DIR")
     if env:
         return Path(env)
-    return REPO.parent / "shared" / "vllm-oracle"   # ../shared/vllm-oracle: optional oracle
+    return ROOT.parent / "shared" / "vllm-oracle"   # ../shared/vllm-oracle: optional oracle
 
-
-DEFAULT_ORACLE_DIR = default_oracle_dir()
 
 WORKER = r"""
 import importlib, json, sys
@@ -60,11 +58,15 @@ def default_oracle_python() -> Path:
     return Path.home() / ".vllm-oracle" / "venv" / "bin" / "python"
 
 
+class OracleUnavailable(RuntimeError):
+    """The oracle venv or the oracle folder is not here (the message says which)."""
+
+
 def oracle_unavailable(module: str = "oracle", python: Path | None = None,
                        oracle_dir: Path | None = None) -> str | None:
     """Why a worker for ``module`` cannot start here (None when it can)."""
     py = python or default_oracle_python()
-    d = (oracle_dir or DEFAULT_ORACLE_DIR).resolve()
+    d = (oracle_dir or default_oracle_dir()).resolve()
     if not py.exists():
         return (f"vLLM oracle venv not found ({py}); build it with {d}/setup.sh "
                 f"or set VLLM_ORACLE_PYTHON")
@@ -166,3 +168,16 @@ class OraclePool:
     def close(self) -> None:
         for w in self.workers:
             w.close()
+
+
+def start_oracle(module: str = "oracle", python: Path | None = None,
+                 oracle_dir: Path | None = None, workers: int = 1,
+                 batch: int = 16) -> OraclePool:
+    """Up to ``workers`` processes answering ``module.run_case``; raises
+    ``OracleUnavailable`` (saying why) where the venv or the folder is absent."""
+    py = python or default_oracle_python()
+    d = (oracle_dir or default_oracle_dir()).resolve()
+    why = oracle_unavailable(module, py, d)
+    if why:
+        raise OracleUnavailable(why)
+    return OraclePool(py, d, module, n=workers, batch=batch)

@@ -1,0 +1,109 @@
+"""The run report's memory section: the pool over time (``memory.png``) and its numbers.
+
+It answers "does this deployment's cache fit, and how full does it run?".  Two peaks in
+``summary.json`` (``kv_bytes_peak``, ``mamba_state_bytes_peak``) are each the most one
+kind of block held at any moment; they need not be simultaneous, so their sum can exceed
+the pool (the cache fills the pool with evictable blocks of both kinds at different
+times).  The figure and ``occupied_bytes_peak`` show what both held at once.
+
+Reads ``memory.csv`` and ``summary.json`` of a run folder; a folder written before they
+existed gets no memory section.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from reports import style
+
+CAPTION = ("How full is each GPU's cache pool over time? Attention KV and Mamba blocks held "
+           "(in use by requests, or cached for reuse and evictable), stacked, against the "
+           "pool; the black line is what requests hold. All memory is per GPU.")
+
+
+def read_memory(path: Path) -> dict[str, list[float]]:
+    """``memory.csv`` as columns (``time_s`` float, every other column int)."""
+    with open(path, newline="") as f:
+        rd = csv.reader(f)
+        header = next(rd)
+        cols: dict[str, list[float]] = {h: [] for h in header}
+        for rec in rd:
+            for h, v in zip(header, rec):
+                cols[h].append(float(v) if h == "time_s" else int(v))
+    return cols
+
+
+def memory_figure(cols: dict[str, list[float]], block_bytes: float, pool_bytes: float,
+                  folder: Path, title: str) -> style.Saved:
+    """``memory.png``: held blocks by kind (stacked, GiB per GPU), the blocks in use, and
+    the pool; below it the requests running and waiting."""
+    gib = block_bytes / style.GIB
+    t = cols["time_s"]
+    with style.rc():
+        fig = style.figure(*style.SINGLE)
+        ax, bx = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+        kv = [v * gib for v in cols["kv_blocks"]]
+        mamba = [v * gib for v in cols["mamba_blocks"]]
+        in_use = [v * gib for v in cols["in_use_blocks"]]
+        if t:
+            ax.stackplot(t, kv, mamba, step="post", colors=("#1f77b4", "#2ca02c"), alpha=0.55,
+                         labels=("attention KV held", "Mamba states held"))
+            ax.step(t, in_use, where="post", color="black", lw=0.9, label="in use by requests")
+            bx.step(t, cols["running"], where="post", color=style.HIT, lw=0.9, label="running")
+            bx.step(t, cols["waiting"], where="post", color=style.P99, lw=0.9, label="waiting")
+        else:
+            style.empty(ax, "no engine step")
+        ax.axhline(pool_bytes / style.GIB, color=style.LOSS, ls="--", lw=1.0,
+                   label=f"pool ({style.gib(pool_bytes)})")
+        ax.set_ylim(0, pool_bytes / style.GIB * 1.08)
+        ax.set_ylabel("memory (GiB per GPU)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        bx.set_ylabel("requests")
+        bx.set_xlabel("simulated time (s)")
+        bx.grid(alpha=0.3)
+        bx.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        style.integer_axis(bx.yaxis)
+        return style.save(fig, folder, "memory", CAPTION, svg=False)
+
+
+def memory_blocks(folder: Path, s: dict) -> list:
+    """The report blocks (``reports/render.py``) of the memory section: the figure and a
+    table of the pool and the peaks; [] for a run folder without ``memory.csv``."""
+    from reports.render import Table
+
+    folder = Path(folder)
+    path = folder / "memory.csv"
+    if not path.is_file() or not s.get("pool_bytes") or not s.get("num_gpu_blocks"):
+        return []
+    pool = float(s["pool_bytes"])
+    block = pool / s["num_gpu_blocks"]
+    saved = memory_figure(read_memory(path), block, pool, folder,
+                          f"{s.get('scenario', '')}: pool memory over time")
+    rows = [
+        ["pool", f"{style.gib(pool)} ({s['num_gpu_blocks']:,} blocks of "
+                 f"{block / 2**20:,.2f} MiB)"],
+        ["attention KV held, peak", style.gib(s["kv_bytes_peak"])],
+        ["Mamba states held, peak", style.gib(s["mamba_state_bytes_peak"])],
+        ["both held at once, peak", style.gib(s["occupied_bytes_peak"])],
+        ["in use by requests at once, peak", style.gib(s["in_use_bytes_peak"])],
+    ]
+    return [
+        ("h2", "Memory"),
+        ("p", "All memory figures are per GPU (per tensor-parallel rank). Blocks are held "
+              "while in use by a request or cached for reuse (evictable). The attention and "
+              "Mamba peaks are each that kind's most at any moment and need not be "
+              "simultaneous, so they may add up to more than the pool; `both held at once` "
+              "is the most the two held together (at an engine step)."),
+        ("table", Table(["memory per GPU", "value"], rows, "lr")),
+        ("img", saved.files[0].name, saved.caption),
+    ]
+
+
+def memory_markdown(folder: Path, s: dict) -> list[str]:
+    """The memory section as Markdown lines (for a report assembled as lines)."""
+    from reports.render import render_md
+
+    blocks = memory_blocks(folder, s)
+    return render_md(blocks).splitlines() + [""] if blocks else []

@@ -1,0 +1,174 @@
+"""One look for every report figure: colours, fonts, sizes, captions, units, saving.
+
+The run, sweep and compare reports import their figure and number style from here so
+that a TTFT axis, a GiB value or a caption reads the same in each.  Saving goes
+through ``save`` alone, which is what keeps figures byte-identical for the same
+inputs: matplotlib's Agg backend, no date/version/software metadata, a fixed SVG hash
+salt, and a bounding box computed once for PNG and SVG.
+"""
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+from typing import NamedTuple
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter  # noqa: E402
+
+GIB = 2**30
+DPI = 110
+PNG_META = {"Software": None}
+SVG_META = {"Date": None, "Creator": None}
+RC = {
+    "svg.hashsalt": "hybrid-cache-sim-report",
+    "svg.fonttype": "none",  # text stays text: smaller files, searchable labels
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "legend.fontsize": 8,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+}
+
+# colours: one meaning each across the reports
+HIT = "#1f77b4"          # reuse, TTFT p50, the highlighted series
+LOSS = "#d62728"         # reuse given up by reconciliation
+FRONTIER = "#d62728"     # on the Reuse-Pareto frontier
+DOMINATED = "#7f7f7f"
+P99 = "#ff7f0e"
+CONTEXT = "#c8c8c8"      # the other series behind a highlighted one
+NOTE = "grey"
+CAPTION = "#333333"
+
+# figure sizes (inches)
+SINGLE = (8.0, 4.6)      # one panel with a legend outside on the right
+PANEL = (3.0, 2.2)       # one small multiple
+
+
+def rc():
+    """The report style as a context (``with rc(): ...``)."""
+    return plt.rc_context(RC)
+
+
+def figure(w: float, h: float):
+    return plt.figure(figsize=(w, h), dpi=DPI)
+
+
+def _under(fig, text: str, renderer, **kw) -> None:
+    """``text`` under everything drawn so far, left-aligned, wrapped to the width."""
+    bb = fig.get_tightbbox(renderer)  # inches
+    w, h = fig.get_figwidth(), fig.get_figheight()
+    chars = max(40, int(bb.width / (0.008 * kw["fontsize"])))  # ~0.008 in per char and pt
+    text = "\n".join(textwrap.wrap(text, chars)) or text
+    fig.text(bb.x0 / w, (bb.y0 - 0.08) / h, text, ha="left", va="top", **kw)
+
+
+class Saved(NamedTuple):
+    """A figure as written: its files (PNG first) and its caption, which the report
+    also uses as the image's alt text."""
+
+    files: list[Path]
+    caption: str
+
+
+def save(fig, folder: Path, stem: str, caption: str = "", svg: bool = True,
+         note: str = "") -> Saved:
+    """``stem``.png (and .svg) with a small grey ``note`` (e.g. what short names stand
+    for) and then the caption under the figure; one bounding box for both files; the
+    figure is closed."""
+    renderer = fig.canvas.get_renderer()
+    if note:
+        _under(fig, note, renderer, fontsize=7.5, color=NOTE)
+    if caption:
+        _under(fig, caption, renderer, fontsize=8.5, style="italic", color=CAPTION)
+    bb = fig.get_tightbbox(renderer).padded(0.1)
+    png = Path(folder) / f"{stem}.png"
+    fig.savefig(png, dpi=DPI, bbox_inches=bb, metadata=PNG_META)
+    out = [png]
+    if svg:
+        out.append(png.with_suffix(".svg"))
+        fig.savefig(out[-1], bbox_inches=bb, metadata=SVG_META)
+    plt.close(fig)
+    return Saved(out, caption)
+
+
+def empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color=NOTE)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def series_style(i: int, n: int):
+    """(colour, line style, marker) of the i-th of n series."""
+    if n <= 10:
+        return plt.get_cmap("tab10")(i % 10), "-", "o"
+    styles, markers = ("-", "--", ":"), ("o", "s", "^")
+    return plt.get_cmap("tab20")(i % 20), styles[(i // 20) % 3], markers[(i // 20) % 3]
+
+
+# ---------------------------------------------------------------- numbers and units
+
+
+def finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def gib(nbytes: float, digits: int = 2) -> str:
+    """Bytes as ``12.34 GiB`` (GiB = 2^30 bytes)."""
+    return f"{nbytes / GIB:.{digits}f} GiB"
+
+
+def tokens_text(v: float) -> str:
+    """A token count for a tick or a bar: 950, 4.4k, 120k, 1.2M."""
+    a = abs(v)
+    if a >= 1e6:
+        return f"{v / 1e6:.3g}M"
+    if a >= 1000:
+        return f"{v / 1000:.3g}k"
+    return f"{v:g}"
+
+
+def token_axis(axis) -> None:
+    """Linear token axis with short tick labels (no colliding ``100000120000``)."""
+    axis.set_major_formatter(FuncFormatter(lambda v, _: tokens_text(v)))
+
+
+def integer_axis(axis) -> None:
+    """Counts: integer ticks only."""
+    axis.get_major_locator().set_params(integer=True)
+
+
+def nice_step(raw: float, mantissas: tuple[float, ...] = (1, 2, 2.5, 5)) -> float:
+    """The smallest round width (a mantissa x 10^k) at least ``raw``."""
+    if not raw > 0:
+        return 1.0
+    e = 10.0 ** math.floor(math.log10(raw))
+    return next(m * e for m in (*mantissas, 10) if m * e >= raw * (1 - 1e-12))
+
+
+def nice_log_ticks(lo: float, hi: float) -> list[float]:
+    """Round tick values (1-3, 1-2-5 or finer) within [lo, hi] on a log axis, at least 4."""
+    if not (lo > 0 and hi > lo):
+        return []
+    ticks: list[float] = []
+    for mant in ((1,), (1, 3), (1, 2, 5), (1, 2, 3, 5, 7), (1, 1.5, 2, 3, 4, 5, 7)):
+        ticks = []
+        for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1):
+            ticks += [m * 10.0**e for m in mant]
+        ticks = [t for t in ticks if lo <= t * (1 + 1e-9) and t <= hi * (1 + 1e-9)]
+        if len(ticks) >= 4:
+            return ticks
+    return ticks
+
+
+def log_axis(axis, lo: float, hi: float, tokens: bool = False) -> None:
+    """Log scale with round, plainly written ticks (no 10^x, no minor labels)."""
+    ticks = nice_log_ticks(lo, hi)
+    if ticks:
+        axis.set_major_locator(FixedLocator(ticks))
+        axis.set_ticklabels([tokens_text(t) if tokens else f"{t:g}" for t in ticks])
+    axis.set_minor_formatter(NullFormatter())

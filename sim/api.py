@@ -1,0 +1,234 @@
+"""The Python API for notebooks: ``sim.run``, ``sim.load`` and ``sim.sweep``.
+
+::
+
+    import sim
+    r = sim.run("scenarios/athena.yaml", set={"workload.num_requests": 200})
+    r.summary["p99_itl_ms"]            # summary.json, a dict
+    r.requests                         # requests.csv as a pandas DataFrame, typed columns
+    r.memory                           # memory.csv (the pool over time), a DataFrame
+    r2 = sim.load("runs/athena")       # the same from a run folder
+    pts = sim.sweep("scenarios/sweeps/flag-onoff.yaml", set={"workload.num_requests": 40})
+
+There is no second implementation: ``sim.run`` loads the scenario, simulates and writes
+the run folder with the functions ``sim run`` calls, into ``out`` or a temporary folder,
+and reads it back as ``sim.load`` does; ``sim.sweep`` runs ``sim sweep``'s functions and
+reads ``points.csv``.  So a notebook sees exactly what the CLI wrote.
+
+pandas is imported only when a table is first asked for (``import sim`` stays cheap);
+without it the tables raise an ``ImportError`` saying how to install it, while
+``summary``, ``info`` and the column dictionaries (``request_columns``) still work.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PANDAS_HINT = ("the notebook API's tables need pandas, a dependency of the project: "
+               "reinstall it (pip install -e .) or pip install pandas")
+
+
+def _pandas():
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError(PANDAS_HINT) from None
+    return pandas
+
+
+def _request_kinds() -> dict[str, str]:
+    """requests.csv column -> "int" | "float" | "text", from ``sim.records``."""
+    from sim.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS
+
+    return {c: "int" if c in INT_COLUMNS else "text" if c in TEXT_COLUMNS else "float"
+            for c in REQUEST_COLUMNS}
+
+
+def _memory_kinds() -> dict[str, str]:
+    from sim.records import MEMORY_COLUMNS
+
+    return {c: "float" if c == "time_s" else "int" for c in MEMORY_COLUMNS}
+
+
+def read_columns(path: Path, kinds: dict[str, str]) -> dict[str, list]:
+    """A CSV written by ``sim run`` as typed columns: ints, floats (NaN where empty),
+    text; an int column's empty cell (a request refused on arrival) is None.  Every
+    column of ``kinds`` is present: one the file lacks (an older run folder) is all
+    None/NaN."""
+    with open(path, newline="") as f:
+        rd = csv.reader(f)
+        header = next(rd, [])
+        rows = list(rd)
+    out: dict[str, list] = {}
+    for name, kind in kinds.items():
+        if name in header:
+            j = header.index(name)
+            raw = [r[j] if j < len(r) else "" for r in rows]
+        else:
+            raw = [""] * len(rows)
+        if kind == "text":
+            out[name] = raw
+        elif kind == "int":
+            out[name] = [int(v) if v != "" else None for v in raw]
+        else:
+            out[name] = [float(v) if v != "" else math.nan for v in raw]
+    return out
+
+
+def _frame(columns: dict[str, list], kinds: dict[str, str]):
+    """Typed columns as a DataFrame: nullable ``Int64`` (or ``int64`` when no cell is
+    empty), ``float64``, ``string``."""
+    pd = _pandas()
+    data = {}
+    for name, values in columns.items():
+        kind = kinds[name]
+        if kind == "text":
+            data[name] = pd.array(values, dtype="string")
+        elif kind == "int":
+            data[name] = pd.array(values, dtype="Int64" if None in values else "int64")
+        else:
+            data[name] = pd.array(values, dtype="float64")
+    return pd.DataFrame(data)
+
+
+@dataclass
+class Run:
+    """One run: what its folder holds.  ``path`` is None for a run made without ``out``
+    (its folder was temporary)."""
+
+    path: Path | None
+    summary: dict                         # summary.json
+    info: dict                            # run.json: header, resolved scenario, command
+    request_columns: dict[str, list] = field(repr=False)
+    memory_columns: dict[str, list] | None = field(default=None, repr=False)
+
+    @property
+    def requests(self):
+        """requests.csv as a DataFrame (one row per request, arrival order)."""
+        return _frame(self.request_columns, _request_kinds())
+
+    @property
+    def memory(self):
+        """memory.csv as a DataFrame (the pool per GPU, in blocks, over time); None for a
+        run folder written before memory.csv existed."""
+        if self.memory_columns is None:
+            return None
+        return _frame(self.memory_columns, _memory_kinds())
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"Run({s.get('scenario')!r}, {s.get('requests', 0):,} requests, token hit "
+                f"{s.get('token_hit_rate', 0):.2%}, path={str(self.path) if self.path else None})")
+
+
+def load(run_dir: str | Path) -> Run:
+    """A run folder (``sim run``'s, a sweep point's) as a ``Run``.  A missing or corrupt
+    file is an ``InputError`` naming it."""
+    from sim.config.errors import InputError
+    from sim.config.loader import load_file
+
+    folder = Path(run_dir)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: not a run folder (no such directory)")
+    summary = load_file(folder / "summary.json", fmt="json")
+    info = load_file(folder / "run.json", fmt="json")
+    for name, data in (("summary.json", summary), ("run.json", info)):
+        if not isinstance(data, dict):
+            raise InputError(f"{folder / name}: expected a JSON object (as sim run writes it)")
+    req = folder / "requests.csv"
+    try:
+        requests = read_columns(req, _request_kinds())
+        mem_path = folder / "memory.csv"
+        memory = read_columns(mem_path, _memory_kinds()) if mem_path.is_file() else None
+    except OSError as e:
+        raise InputError(f"{e.filename}: cannot read: {e.strerror or e}") from None
+    except (ValueError, csv.Error) as e:
+        raise InputError(f"{req}: not a run's table ({e})") from None
+    return Run(folder, summary, info, requests, memory)
+
+
+def _with_requests(overrides: dict | None, requests: int | None) -> dict:
+    """``set`` plus ``requests`` as ``--requests`` sets it (``workload.num_requests``; an
+    old name of it in the file is cleared)."""
+    out = dict(overrides or {})
+    if requests is not None:
+        from workloads import RENAMED
+
+        out["workload.num_requests"] = requests
+        out.update({f"workload.{old}": None for old, new in RENAMED.items()
+                    if new == "num_requests"})
+    return out
+
+
+def _call(name: str, path, overrides: dict) -> str:
+    """The call as run.json's ``command`` records it."""
+    return f"{name}({str(path)!r}" + (f", set={overrides!r}" if overrides else "") + ")"
+
+
+def run(scenario: str | Path, set: dict[str, Any] | None = None,   # noqa: A002 (as --set)
+        out: str | Path | None = None, requests: int | None = None,
+        report: bool | None = None) -> Run:
+    """Run a scenario (a YAML file, or a run folder's ``run.json``) as ``sim run`` does.
+
+    ``set``: dotted field -> value overrides (``--set``, values as Python objects);
+    ``requests``: only the first N (``--requests``); ``out``: the run folder to write (as
+    ``--out``; default none: a temporary folder, removed once read); ``report``: write
+    report.md and its figures (default: only when ``out`` is given)."""
+    from sim.atomic import check_output_folder
+    from sim.provenance import load_scenario_or_run
+    from sim.run import simulate, write_run
+
+    overrides = _with_requests(set, requests)
+    sc = load_scenario_or_run(Path(scenario), overrides or None)
+    command = [_call("sim.run", scenario, overrides)]
+    if out is not None:
+        check_output_folder(Path(out))
+    dep, rows, summary = simulate(sc)
+    if out is not None:
+        folder = write_run(Path(out), sc, dep, rows, summary,
+                           report=True if report is None else report, command=command)
+        return load(folder)
+    tmp = Path(tempfile.mkdtemp(prefix="hcs-run-"))
+    try:
+        folder = write_run(tmp / "run", sc, dep, rows, summary, report=bool(report),
+                           command=command)
+        r = load(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    r.path = None
+    return r
+
+
+def sweep(sweep_file: str | Path, set: dict[str, Any] | None = None,   # noqa: A002
+          out: str | Path | None = None, requests: int | None = None, workers: int = 1,
+          search: str | None = None, report: bool | None = None):
+    """Run a sweep as ``sim sweep`` does and return ``points.csv`` as a DataFrame (one row
+    per point; ``df.attrs["path"]`` is the sweep folder, or None without ``out``).
+    ``set`` applies to every point; ``search="rate"`` runs the rate search."""
+    from sim.atomic import check_output_folder
+    from sim.sweep import load_sweep, run_sweep
+
+    pd = _pandas()
+    overrides = _with_requests(set, requests)
+    sw = load_sweep(sweep_file, overrides or None, search=search)
+    command = [_call("sim.sweep", sweep_file, overrides)]
+    if out is not None:
+        check_output_folder(Path(out))
+        run_sweep(sw, Path(out), workers=workers, report=True if report is None else report,
+                  command=command)
+        df = pd.read_csv(Path(out) / "points.csv")
+        df.attrs["path"] = Path(out)
+        return df
+    tmp = Path(tempfile.mkdtemp(prefix="hcs-sweep-"))
+    try:
+        run_sweep(sw, tmp / "sweep", workers=workers, report=bool(report), command=command)
+        df = pd.read_csv(tmp / "sweep" / "points.csv")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    df.attrs["path"] = None
+    return df

@@ -1,0 +1,315 @@
+"""vLLM 0.33.0's KV cache events, as its ``BlockPool`` queues them.
+
+With ``--kv-events-config '{"enable_kv_cache_events": true}'`` vLLM queues a
+``BlockStored`` each time it caches blocks, a ``BlockRemoved`` for each key it drops,
+and publishes the queue once per engine step.  The cache model queues the same events
+at the same places into a ``KVEventLog`` hung on the block pool (``BlockPool.events``);
+without one (the default) every call site costs a single ``is not None`` test.
+
+Where vLLM queues, and where we do (the managers and the pool call the helpers here):
+
+* ``cache_full_blocks``: per group, the keys of the new full, non-null, unmasked
+  blocks; the token range spans every new block, null ones included; the parent is the
+  key at the group's previously cached end (which may be a null block).  Promoting a
+  block that held a partial entry first removes that entry.
+* ``cache_partial_block``: one key at the prompt tail (hash unit < block), unless that
+  block already holds it; an older, shorter entry of the block is removed first (the
+  internal-checkpoint block is re-keyed whatever it held: ``replace``).
+* ``get_new_blocks``: one ``BlockRemoved`` per key of each cached block it reuses.
+* ``emit_cached_block_events`` (``kv_cache_report_mode: full``): at admission with a
+  hit, per group one ``BlockStored`` naming the keys at every position of the group's hit
+  list -- null Mamba / sliding-window blocks and a partly hit tail block included, keys
+  the pool never held; and ``IndexError`` when that list reaches past the request's
+  block-size hash view (``fail``; vLLM's engine dies there).  ``fix_emit`` publishes
+  only the keys the pool holds instead, and never raises.
+* moves (copy-on-write of a Mamba state) and frees publish nothing.
+
+Events are plain records (``Stored``, ``Removed``, ``Cleared``) holding prefix keys and
+token positions; ``CanonicalForm`` turns them into the oracle's comparable form
+(positions instead of hashes), ``sim/kv_events.py`` into vLLM's wire records.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from sim.cache.block_pool import Block, BlockPool
+    from sim.cache.request import CacheRequest
+
+GROUP_BITS = 5   # (as sim.cache.block_pool: a pool key is prefix key << 5 | group)
+
+# where a BlockStored came from (not part of vLLM's record: tools and `sim events check`)
+FULL = "full"            # cache_full_blocks
+PARTIAL = "partial"      # cache_partial_block (prompt tail, Mamba junction / checkpoint)
+ANNOUNCE = "announce"    # emit_cached_block_events (report_mode full)
+
+
+class Stored:
+    """A ``BlockStored``: ``keys[i]`` is the prefix key ending at token ``ends[i]``;
+    the event's tokens are ``[tok_start, tok_end)`` of ``req``'s sequence."""
+
+    __slots__ = ("group", "req", "keys", "ends", "block_size", "tok_start", "tok_end",
+                 "parent_key", "parent_end", "source", "seq_len")
+
+    def __init__(self, group: int, req: CacheRequest, keys: list[int], ends: list[int],
+                 block_size: int, tok_start: int, tok_end: int, parent_key: int,
+                 parent_end: int | None, source: str):
+        self.group = group
+        self.req = req
+        self.keys = keys
+        self.ends = ends
+        self.block_size = block_size
+        self.tok_start = tok_start
+        self.tok_end = tok_end
+        self.parent_key = parent_key      # -1: none
+        self.parent_end = parent_end
+        self.source = source
+        self.seq_len = req.num_tokens      # (token slices stop here, as vLLM's did then)
+
+    @property
+    def pool_keys(self) -> list[int]:
+        return [(k << GROUP_BITS) | self.group for k in self.keys]
+
+
+class Removed:
+    """A ``BlockRemoved`` of one pool key (vLLM 0.33 emits one hash per event)."""
+
+    __slots__ = ("pool_key",)
+
+    def __init__(self, pool_key: int):
+        self.pool_key = pool_key
+
+    @property
+    def group(self) -> int:
+        return self.pool_key & ((1 << GROUP_BITS) - 1)
+
+    @property
+    def key(self) -> int:
+        return self.pool_key >> GROUP_BITS
+
+
+class Cleared:
+    """``AllBlocksCleared`` (``reset_prefix_cache``; nothing in a replay calls it)."""
+
+    __slots__ = ()
+
+
+Event = Stored | Removed | Cleared
+
+
+class KVEventLog:
+    """The event queue of one block pool, published once per step.
+
+    ``clock()`` names the step that starts (the scheduler's time); ``sink(step, events)``
+    receives each step's non-empty batch, as vLLM's publisher does.  ``report_mode`` is
+    the default ``kv_cache_report_mode`` of requests that set none.  After ``fail`` (the
+    ``IndexError`` vLLM raises while announcing a hit) nothing more is recorded: vLLM's
+    engine died there."""
+
+    def __init__(self, sink: Callable[[int, list[Event]], None],
+                 clock: Callable[[], int] | None = None, report_mode: str | None = None,
+                 fix_emit: bool = False):
+        self.sink = sink
+        self.clock = clock
+        self.report_mode = report_mode
+        self.fix_emit = fix_emit
+        self.pending: list[Event] = []
+        self.step = 0
+        self.error: dict[str, Any] | None = None   # {step, type, message, request, group}
+        self.unpublished: list[Event] = []
+        self.published = 0          # events handed to the sink
+        # each request's first prefix lookup (request, hit), for tools that judge the stream
+        # (``sim events check``): not part of what vLLM publishes
+        self.lookups: list[tuple[CacheRequest, int]] | None = None
+        self._looked_up: set[str] = set()
+
+    @property
+    def active(self) -> bool:
+        return self.error is None
+
+    # -- the step boundary (``KVCacheManager.new_step_starts``) --------------------
+    def new_step(self) -> None:
+        self.flush()
+        if self.clock is not None:
+            self.step = self.clock()
+
+    def flush(self) -> None:
+        """Publish what this step queued (``take_events`` + ``publish``)."""
+        if self.pending:
+            events = self.pending
+            self.pending = []
+            self.published += len(events)
+            self.sink(self.step, events)
+
+    def looked_up(self, req: CacheRequest, hit: int) -> None:
+        """A prefix lookup (``get_computed_blocks``); kept when ``lookups`` is a list."""
+        if self.lookups is not None and self.error is None:
+            rid = req.request_id
+            if rid not in self._looked_up:
+                self._looked_up.add(rid)
+                self.lookups.append((req, hit))
+
+    # -- queueing (the call-site helpers below) ---------------------------------------
+    def add(self, ev: Event) -> None:
+        if self.error is None:
+            self.pending.append(ev)
+
+    def removed(self, pool_keys: list[int]) -> None:
+        if self.error is None:
+            for k in pool_keys:
+                self.pending.append(Removed(k))
+
+    def mark(self) -> int:
+        return len(self.pending)
+
+    def by_group(self, mark: int) -> None:
+        """Order the events queued since ``mark`` by group, stably.  A manager serving
+        several identical groups caches them together (full blocks of every group, then
+        the partial entries); vLLM caches group after group."""
+        tail = self.pending[mark:]
+        if len(tail) > 1:
+            tail.sort(key=_group_of)
+            self.pending[mark:] = tail
+
+    def fail(self, type_name: str, message: str, request: str, group: int) -> None:
+        """vLLM raised here (its engine dies): keep what this step queued as unpublished
+        and record nothing more."""
+        if self.error is not None:
+            return
+        self.error = {"step": self.step, "type": type_name, "message": message,
+                      "request": request, "group": group}
+        self.unpublished = self.pending
+        self.pending = []
+
+
+def _group_of(ev: Event) -> int:
+    return -1 if isinstance(ev, Cleared) else ev.group
+
+
+# ----------------------------------------------------------------- call sites --
+def log_full_stores(log: KVEventLog, req: CacheRequest, tables: list[list[Block]],
+                    group_ids: list[int], indices: list[int], block_size: int,
+                    num_cached: int, num_full: int, unit: int) -> None:
+    """``cache_full_blocks`` of each member group: blocks ``[num_cached, num_full)`` were
+    cached, those at ``indices`` (the unmasked ones) keyed."""
+    if not log.active:
+        return
+    scale = block_size // unit
+    block_keys = req.block_hashes.keys_at([(i + 1) * scale - 1 for i in indices])
+    parent_key = -1
+    parent_end = None
+    if num_cached > 0:
+        parent_end = num_cached * block_size
+        parent_key = req.block_hashes.key(num_cached * scale - 1)
+    for blocks, g in zip(tables, group_ids):
+        keys: list[int] = []
+        ends: list[int] = []
+        for j in range(len(indices)):
+            i = indices[j]
+            if not blocks[i].is_null:
+                keys.append(block_keys[j])
+                ends.append((i + 1) * block_size)
+        log.add(Stored(g, req, keys, ends, block_size, num_cached * block_size,
+                       num_full * block_size, parent_key, parent_end, FULL))
+
+
+def partial_is_new(pool: BlockPool, unit_hash: int, block: Block, group: int) -> bool:
+    """Whether ``cache_partial_block`` will publish: the block does not hold the key yet."""
+    key = (unit_hash << GROUP_BITS) | group
+    return block.key != key and not pool.contains(key, block.block_id)
+
+
+def log_partial_store(log: KVEventLog, req: CacheRequest, unit_hash: int, end: int,
+                      unit: int, group: int) -> None:
+    """``cache_partial_block``: one key, the last hash unit before ``end``."""
+    if not log.active:
+        return
+    parent_key = -1
+    parent_end = None
+    if end > unit:
+        parent_end = end - unit
+        parent_key = req.block_hashes.key(end // unit - 2)
+    log.add(Stored(group, req, [unit_hash], [end], unit, end - unit, end, parent_key,
+                   parent_end, PARTIAL))
+
+
+def log_evictions(log: KVEventLog, pool: BlockPool, n: int) -> None:
+    """``get_new_blocks(n)``: the keys of the ``n`` blocks at the front of the free queue,
+    which it is about to reuse, in the order it drops them."""
+    if not log.active:
+        return
+    km = pool.key_map
+    b = pool.head.next_free
+    for _ in range(n):
+        if b is pool.tail:
+            break
+        if b.key >= 0 or b.extra is not None:
+            keys = [b.key] if b.key >= 0 else []
+            if b.extra is not None:
+                keys.extend(b.extra)
+            log.removed([k for k in keys if km.maps(k, b.block_id)])
+        b = b.next_free
+
+
+def announce(log: KVEventLog, req: CacheRequest, blocks: list[list[Block]],
+             block_sizes: list[int], pool: BlockPool) -> list[dict] | None:
+    """``emit_cached_block_events`` for a hit (``blocks`` per group).  Returns the
+    per-group summary ``sim case`` prints, or None when vLLM raised (``log.fail``)."""
+    out: list[dict] = []
+    unit = pool.hash_block_size
+    keys = req.block_hashes
+    for gid, gb in enumerate(blocks):
+        if not gb:
+            continue
+        bs = block_sizes[gid]
+        scale = bs // unit
+        view_len = keys.count // scale
+        k = len(gb)
+        if k > view_len and not log.fix_emit:
+            log.fail("IndexError", "list index out of range", req.request_id, gid)
+            return None
+        ends: list[int] = []
+        hashes: list[int] = []
+        for i in range(k if k <= view_len else view_len):
+            h = keys.key((i + 1) * scale - 1)
+            if log.fix_emit and (gb[i].is_null
+                                 or not pool.contains((h << GROUP_BITS) | gid, gb[i].block_id)):
+                continue   # a key the pool does not hold under this block: not published
+            hashes.append(h)
+            ends.append((i + 1) * bs)
+        tokens = min(k * bs, req.num_tokens)
+        if hashes:   # (vLLM publishes nothing for a group without hashes)
+            log.add(Stored(gid, req, hashes, ends, bs, 0, tokens, -1, None, ANNOUNCE))
+        out.append({"group": gid, "keys": k, "tokens": tokens})
+    return out
+
+
+# ------------------------------------------------------------- canonical form --
+class CanonicalForm:
+    """The oracle's comparable form (``sched_oracle.py``, README "KV cache events"):
+    hashes become positions, and a removed (key, group) the ``[req, start, end]`` of the
+    first ``BlockStored`` that named it in the run (``[null, null, null]`` if none did)."""
+
+    def __init__(self) -> None:
+        self.ident: dict[int, list] = {}
+
+    def event(self, ev: Event) -> dict:
+        if isinstance(ev, Stored):
+            b = ev.block_size
+            rid = ev.req.request_id
+            blocks = []
+            for pk, end in zip(ev.pool_keys, ev.ends):
+                blocks.append([end - b, end])
+                if pk not in self.ident:
+                    self.ident[pk] = [rid, end - b, end]
+            return {"type": "BlockStored", "group": ev.group, "req": rid, "blocks": blocks,
+                    "block_size": b, "num_token_ids": ev.tok_end - ev.tok_start,
+                    "parent_end": ev.parent_end}
+        if isinstance(ev, Removed):
+            got = self.ident.get(ev.pool_key)
+            return {"type": "BlockRemoved", "group": ev.group,
+                    "blocks": [list(got) if got is not None else [None, None, None]]}
+        return {"type": "AllBlocksCleared"}
+
+    def events(self, evs: list[Event]) -> list[dict]:
+        return [self.event(e) for e in evs]

@@ -1,0 +1,450 @@
+"""The Mamba manager (vLLM 0.33.0's ``MambaManager``): align mode with prefix caching
+(one running state per request, cached states only where a chunk ends at a registered
+position, the prompt checkpoint, the junction, internal prefill checkpoints, copy-on-write
+of partial tails, same-step deferral), and mode ``none`` without it.
+
+Split from ``managers.py`` (the base and the attention managers) because it is half of
+the per-type logic on its own; compiled with the hot path like it (``sim/native.py``).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.cache.block_pool import GROUP_BITS, Block, BlockPool, make_key
+from sim.cache.events import log_partial_store, partial_is_new
+from sim.cache.hashing import PrefixKeys, unit_key
+from sim.cache.managers import SingleTypeManager
+from sim.cache.rules import cdiv, mamba_checkpoint_position, prefill_checkpoint_valid
+from sim.cache.specs import GroupSpec
+
+if TYPE_CHECKING:
+    from sim.cache.request import CacheRequest
+
+
+def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: list[int],
+               block_size: int, align: int) -> tuple[list[list[Block]], int]:
+    h = pool.hash_block_size
+    computed: list[list[Block]] = [[] for _ in group_ids]
+    null = pool.null_block
+    km = pool.key_map
+    g0 = group_ids[0]
+    if align < block_size and block_size % align == 0:
+        sf = block_size // align
+        fi = min(max_length // align, hashes.count) - 1
+        # walk the units right to left, run by run: inside one run a key is
+        # unit_key(chain, stream, start, offset) (PrefixKeys.key without the search)
+        unit = hashes.unit
+        e = (fi + 1) * unit + hashes.lookahead
+        while fi >= 0:
+            ch, s, st, b0, _ = hashes.run_at(e)
+            while fi >= 0 and e > b0:
+                kf = unit_key(ch, s, st, e - b0)
+                # cheap membership probe on the first group before the full lookup
+                if km.has((kf << GROUP_BITS) | g0):
+                    got = pool.get_cached_block(kf, group_ids)
+                    if got:
+                        k = fi // sf
+                        for c, b in zip(computed, got):
+                            c.extend([null] * k)
+                            c.append(b)
+                        return computed, (fi + 1) * align
+                fi -= 1
+                e -= unit
+        return computed, 0
+    scale = block_size // h
+    for i in range(max_length // block_size - 1, -1, -1):
+        idx = (i + 1) * scale - 1
+        if idx >= hashes.count:
+            raise IndexError("list index out of range")
+        kx = hashes.key(idx)
+        if not km.has((kx << GROUP_BITS) | g0):
+            continue
+        got = pool.get_cached_block(kx, group_ids)
+        if got:
+            if block_size != align and (i + 1) * block_size % align != 0:
+                continue
+            for c, b in zip(computed, got):
+                c.extend([null] * i)
+                c.append(b)
+            return computed, (i + 1) * block_size
+    return computed, 0
+
+
+# ---------------------------------------------------------------- managers --
+
+
+class MambaManager(SingleTypeManager):
+    """Mamba in ``align`` mode: one running state block per request; cached
+    states only where a chunk ends at a registered position.
+
+    In mode ``none`` (prefix caching off, ``cache.policy: none``) vLLM sizes the
+    Mamba block at ``max_model_len`` tokens, so its base-manager arithmetic gives
+    every request ``cdiv(n + K * max_model_len, max_model_len) = 1 + K`` blocks
+    for any length ``n <= max_model_len`` and never skips one (``(n - 1) //
+    max_model_len = 0``): the running state plus one per speculative token, held
+    from the first allocation to the finish.  We keep that closed form rather
+    than a block of ``max_model_len`` tokens, so no grid (scheduler block, hash
+    unit) is ever derived from ``max_model_len``."""
+
+    fine_lookup = True
+
+    def __init__(self, spec: GroupSpec, pool: BlockPool, group_ids: list[int],
+                 scheduler_block_size: int, num_speculative_blocks: int = 0,
+                 checkpoint_rule: str = "v0.33"):
+        super().__init__(spec, pool, group_ids, scheduler_block_size)
+        # (a caching coordinator insists on align mode: get_coordinator)
+        self.align_mode = spec.mamba_mode == "align"
+        self.num_spec_blocks = num_speculative_blocks
+        self.checkpoint_rule = checkpoint_rule
+        self.drop_eagle_checkpoint = False
+        self.cached_this_step: set[int] = set()   # keys of every member
+        self.last_state_idx: dict[str, int] = {}
+        self.retired: dict[str, int] = {}
+        self.allocated: set[str] = set()
+        self.states_written: dict[str, int] = {}   # states this request registered (per group)
+        self._checkpoints: dict[int, int] = {}     # prompt length -> checkpoint position
+        # internal prefill checkpoints: this group reserves a block per chunk
+        self.ckpt_blocks = spec.prefill_checkpoint_blocks > 0 and spec.mamba_mode == "align"
+        self.ckpt_align = spec.prefill_checkpoint_alignment
+        # rid -> (checkpoint position, reserved block index) of the current chunk
+        self.checkpoints: dict[str, tuple[int, int]] = {}
+
+    def find(self, hashes: PrefixKeys, max_length: int, group_ids: list[int], drop_eagle: bool,
+             align: int) -> tuple[list[list[Block]], int]:
+        return find_mamba(self.pool, hashes, max_length, group_ids, self.block_size, align)
+
+    def num_skipped_tokens(self, num_computed: int) -> int:
+        return num_computed - 1
+
+    def reachable_mask(self, start: int, end: int, retention: int | None,
+                       boundaries: list[int]) -> list[bool] | None:
+        if retention is None:
+            return None
+        bs = self.block_size
+        mask = [False] * (end - start)
+        if retention != 0:
+            per = retention // bs
+            if per <= 1:
+                return None
+            first = (start + per) // per * per - 1
+            for i in range(first - start, len(mask), per):
+                mask[i] = True
+        for b in boundaries:
+            aligned = b // self.align * self.align
+            blk = aligned // bs - 1
+            if start <= blk < end:
+                mask[blk - start] = True
+        return mask
+
+    def remove_skipped_blocks(self, rid: str, processed: int) -> None:
+        """Free the states below the running one: the skipped range (nulls
+        skipped, tail first) and the previous running state, member by member."""
+        if not self.align_mode:
+            return   # mode none: the one running state is never skipped
+        t = self.tables.get(rid)
+        if t is None:
+            return
+        n_blocks = len(t[0])
+        first = last = 0
+        skipped = processed - 1
+        if skipped > 0:
+            first = self.retired.get(rid, 0)
+            last = min(skipped // self.block_size, n_blocks)
+        last_state = self.last_state_idx.get(rid)
+        drop_last = last_state is not None and last_state < -(-processed // self.block_size) - 1
+        ls = last_state if last_state is not None else 0
+        if first >= last and not drop_last:
+            return
+        null = self.pool.null_block
+        lists: list[list[Block]] = []   # the frees in the order one manager per group makes
+        for blocks in t:
+            if first < last:
+                freed: list[Block] = []
+                for i in range(last - 1, first - 1, -1):
+                    b = blocks[i]
+                    if not b.is_null:
+                        freed.append(b)
+                        blocks[i] = null
+                lists.append(freed)
+            if drop_last and not blocks[ls].is_null:
+                lists.append([blocks[ls]])
+                blocks[ls] = null
+        self.pool.free_blocks_each(lists)
+        if first < last:
+            self.retired[rid] = last
+
+    @property
+    def max_blocks_per_request(self) -> int:
+        """Pages one request holds at most in align mode (vLLM ``max_memory_usage_bytes``):
+        the running state, the one before it, one per speculative token and the internal
+        prefill checkpoint blocks.  Mode none: the running state and K speculative ones."""
+        if not self.align_mode:
+            return 1 + self.num_spec_blocks
+        return 2 + self.num_spec_blocks + (self.spec.prefill_checkpoint_blocks
+                                           if self.ckpt_blocks else 0)
+
+    def _needs_internal_checkpoint(self, rid: str, query_start: int, query_end: int,
+                                   checkpoint: int, prefill_end: int) -> bool:
+        """Whether this chunk exports a state from inside itself into a reserved
+        block (vLLM's ``MambaManager._needs_internal_checkpoint``): the backend
+        can, and the column it would write is not already a live block."""
+        if not self.ckpt_blocks or query_end < prefill_end:
+            return False
+        bs = self.block_size
+        if not prefill_checkpoint_valid(query_start, query_end, checkpoint,
+                                        self.pool.hash_block_size, bs, self.ckpt_align):
+            return False
+        idx = -(-query_end // bs) - 2
+        if idx < 0:
+            return False
+        t = self.tables.get(rid)
+        blocks = t[0] if t else []
+        n = len(blocks)
+        return (idx >= n or blocks[idx].is_null
+                or (rid in self.allocated and idx >= n - self.num_spec_blocks))
+
+    def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[list[Block]],
+                           total_computed: int, num_local: int, num_tokens_main: int,
+                           admission: bool = False, prefill_end: int = 0) -> int:
+        cts = self.cached_this_step
+        if cts:
+            for g in self.group_ids:
+                nc = new_computed[g]
+                if nc and nc[-1].key in cts:
+                    # A state cached by another request in this same step is not
+                    # handed out: report "no room" so the request waits a step.
+                    return self.pool.num_blocks + 1
+        if not self.align_mode:
+            t = self.tables.get(rid)
+            new = 1 + self.num_spec_blocks - (len(t[0]) if t else 0)
+            return (new if new > 0 else 0) * self.width + self._evictable(new_computed)
+        bs = self.block_size
+        required = -(-num_tokens_main // bs) + self.num_spec_blocks
+        t = self.tables.get(rid)
+        nc0 = new_computed[self.group_id]
+        new = required - len(nc0) - (len(t[0]) if t else 0)
+        has_partial = bool(nc0 and num_local % bs) or rid in self.partial_hit
+        if has_partial:
+            new = max(new, 0) + 1
+        ckpt_block = 0
+        if self.ckpt_blocks:
+            # keyed on the chunk end, where the worker exports the state
+            pos = mamba_checkpoint_position(num_tokens_main, self.align, self.drop_eagle_checkpoint,
+                                            self.pool.lookahead, self.checkpoint_rule)
+            if not self._needs_internal_checkpoint(rid, total_computed, num_tokens_main, pos,
+                                                   prefill_end):
+                pos = 0
+            ckpt_block = int(pos > 0)
+            if not admission:
+                if pos > 0:
+                    self.checkpoints[rid] = (pos, -(-num_tokens_main // bs) - 2)
+                elif rid in self.checkpoints:
+                    del self.checkpoints[rid]
+        if new > 0:
+            cap = 1 + int(has_partial) + ckpt_block
+            if rid not in self.allocated:
+                cap += self.num_spec_blocks
+            new = min(new, cap)
+        return new * self.width + self._evictable(new_computed)
+
+    def allocate_new(self, rid: str, num_tokens: int, num_tokens_main: int) -> None:
+        t = self.tables.get(rid) or self._new_table(rid)
+        b0 = t[0]
+        if not self.align_mode:
+            # mode none: the running state and K speculative blocks, once
+            new = 1 + self.num_spec_blocks - len(b0)
+            if new > 0:
+                fresh = self.pool.get_new_blocks(new * self.width, self.group_id)
+                for mi in range(self.width):
+                    t[mi].extend(fresh[mi * new:(mi + 1) * new])
+            return
+        nspec = self.num_spec_blocks
+        required = -(-num_tokens_main // self.block_size) + nspec
+        partial = self.partial_hit.get(rid)
+        ckpt_block = 1 if self.ckpt_blocks and rid in self.checkpoints else 0
+        if required <= len(b0) and partial is None and not ckpt_block:
+            self.allocated.add(rid)
+            return
+        prev = len(b0)
+        was_allocated = rid in self.allocated
+        if was_allocated:
+            self.last_state_idx[rid] = prev - 1 - nspec
+        elif prev > 0:
+            self.last_state_idx[rid] = prev - 1
+        skipped = required - nspec - 1
+        # the reserved checkpoint column stays a real block (the worker exports there)
+        live_from = skipped - ckpt_block
+        null = self.pool.null_block
+        for blocks in t:
+            if prev < skipped and prev < live_from:
+                blocks.extend([null] * (live_from - prev))
+            if was_allocated:
+                # the speculative blocks move up past the skipped range
+                for idx in range(prev - nspec, prev):
+                    if idx < live_from:
+                        blocks.append(blocks[idx])
+                        blocks[idx] = null
+                    else:
+                        break
+        new = max(required - len(b0), 0)
+        if partial is not None:
+            new += 1
+        pool = self.pool
+        # one pop for every member: the free queue hands out the same blocks in
+        # the same order as member-by-member pops (nothing in between touches it)
+        fresh = pool.get_new_blocks(new * self.width, self.group_id) if new else []
+        for mi in range(self.width):
+            blocks = t[mi]
+            j = mi * new          # this member's blocks: fresh[j:j + new]
+            end = j + new
+            if partial is not None:
+                idx, srcs = partial
+                src = srcs[mi]
+                cow = fresh[j]
+                j += 1
+                if was_allocated:
+                    # The running request keeps writing into src: the cache entry
+                    # moves to a private copy instead.
+                    assert blocks[idx] is src
+                    pool.move_keys(src, cow)
+                    self.pending_cow[mi].append((src, cow))
+                    self.has_pending_cow = True
+                    src.ref_cnt += 1
+                    if cow.key >= 0:
+                        self.cached_this_step.add(cow.key)
+                else:
+                    self._apply_cow(blocks, mi, idx, src, cow)
+            while j < end:
+                blocks.append(fresh[j])
+                j += 1
+        self.allocated.add(rid)
+        if partial is not None:
+            del self.partial_hit[rid]
+
+    def _forget(self, rid: str) -> list[list[Block]] | None:
+        self.allocated.discard(rid)
+        if rid in self.last_state_idx:
+            del self.last_state_idx[rid]
+        if rid in self.retired:
+            del self.retired[rid]
+        if rid in self.states_written:
+            del self.states_written[rid]
+        if rid in self.checkpoints:
+            del self.checkpoints[rid]
+        return super()._forget(rid)
+
+    def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,
+                     replay: tuple[int, ...]) -> None:
+        rid = req.request_id
+        before = self.num_cached.get(rid, 0)
+        super().cache_blocks(req, num_tokens, retention, replay)
+        after = self.num_cached.get(rid, 0)
+        written = self._cache_partial_tail(req, num_tokens, retention)
+        if after > before:
+            cts = self.cached_this_step
+            for mi, blocks in enumerate(self.tables[rid]):
+                for i in range(before, after):
+                    b = blocks[i]
+                    if b.is_null or b.key < 0:
+                        continue
+                    cts.add(b.key)
+                    if mi == 0:
+                        written += 1
+        if written:
+            self.states_written[rid] = self.states_written.get(rid, 0) + written
+
+    def new_step_starts(self) -> None:
+        if self.cached_this_step:
+            self.cached_this_step.clear()
+
+    def _cache_checkpoint(self, req: CacheRequest, pos: int, idx: int,
+                          retention: int | None) -> int:
+        """Key the reserved checkpoint block at the state the chunk exported
+        (vLLM re-keys it whatever it held before).  A transient checkpoint (not
+        the prompt's, not a retained boundary, not the junction) is overwritten
+        by the next chunk: its block loses every key instead."""
+        rid = req.request_id
+        t = self.tables[rid]
+        npt = req.num_prompt_tokens
+        prompt_ckpt = pos == mamba_checkpoint_position(
+            npt, self.align, self.drop_eagle_checkpoint, self.pool.lookahead, self.checkpoint_rule)
+        retained = False
+        if not prompt_ckpt and pos % self.block_size == 0:
+            blk = pos // self.block_size - 1
+            mask = self.reachable_mask(blk, blk + 1, retention, [])
+            retained = mask is None or mask[0]
+        pool = self.pool
+        if not prompt_ckpt and not retained and pos != req.shared_prefix_boundary:
+            for blocks in t:
+                pool.drop_keys(blocks[idx])
+            return 0
+        written = 0
+        unit_hash = req.block_hashes.key(pos // pool.hash_block_size - 1)
+        for mi, g in enumerate(self.group_ids):
+            b = t[mi][idx]
+            if b.is_null or b.key_tokens == pos:
+                continue
+            pool.drop_keys(b)
+            key = make_key(unit_hash, g)
+            pool.insert_key(key, b, pos)
+            if pool.events is not None:   # (re-keyed whatever it held: always published)
+                log_partial_store(pool.events, req, unit_hash, pos, pool.hash_block_size, g)
+            self.cached_this_step.add(key)
+            if mi == 0:
+                written = 1
+        return written
+
+    def _cache_partial_tail(self, req: CacheRequest, num_tokens: int,
+                            retention: int | None) -> int:
+        """Register the prompt checkpoint (or junction) state inside a block;
+        returns the states the first member registered (0 or 1)."""
+        if self.checkpoints:
+            got = self.checkpoints.get(req.request_id)
+            if got is not None:
+                return self._cache_checkpoint(req, got[0], got[1], retention)
+        h = self.pool.hash_block_size
+        if num_tokens <= 0 or num_tokens % h != 0:
+            return 0
+        npt = req.num_prompt_tokens
+        latest = self._checkpoints.get(npt)
+        if latest is None:
+            latest = self._checkpoints[npt] = mamba_checkpoint_position(
+                npt, h, self.drop_eagle_checkpoint, self.pool.lookahead, self.checkpoint_rule)
+        at_junction = (self.shared_prefix_checkpoint
+                       and num_tokens == req.shared_prefix_boundary
+                       and req.num_computed_tokens < num_tokens <= req.num_prompt_tokens)
+        if num_tokens != latest and not at_junction:
+            return 0
+        idx = cdiv(num_tokens, self.block_size) - 1
+        t = self.tables.get(req.request_id)
+        if t is None or idx >= len(t[0]):
+            return 0
+        written = 0
+        registered = []
+        unit_hash = -1
+        for mi, g in enumerate(self.group_ids):
+            src = t[mi][idx]
+            if src.is_null or src.key_tokens == num_tokens:
+                continue
+            if unit_hash < 0:
+                unit_hash = req.block_hashes.key(num_tokens // h - 1)
+            log = self.pool.events
+            if log is not None and partial_is_new(self.pool, unit_hash, src, g):
+                key = self.pool.cache_partial_block(unit_hash, src, num_tokens, g)
+                log_partial_store(log, req, unit_hash, num_tokens, h, g)
+            else:
+                key = self.pool.cache_partial_block(unit_hash, src, num_tokens, g)
+            if key is None:
+                continue
+            self.cached_this_step.add(key)
+            registered.append(src)
+            if mi == 0:
+                written = 1
+        if registered and num_tokens % self.block_size:
+            if len(registered) != self.width:
+                # Mid-block states are only registered on blocks this request
+                # wrote itself, which every member holds alike.
+                raise AssertionError("identical KV-cache groups diverged at a partial state")
+            self.partial_hit[req.request_id] = (idx, registered)
+            self.num_cached[req.request_id] = idx
+        return written

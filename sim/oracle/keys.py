@@ -1,0 +1,131 @@
+"""The one table from the simulator's case keys to the vLLM oracle's case keys.
+
+The oracle (``$VLLM_ORACLE_DIR``) has two drivers with their own key names: ``oracle.py``
+(vLLM's real KV-cache manager, what ``sim case`` models) and ``sched_oracle.py`` (its real
+scheduler, what ``sim steps`` models).  Every translation between our ``config:`` keys and
+theirs -- the differential testers, ``sim validate``, the golden makers -- reads this table,
+so a key is named in exactly one place.  A row with ``None`` in a column has no counterpart
+in that driver: a case that sets it cannot be sent there (``OracleKeyError``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+KV = "oracle"              # module name of the KV-cache manager driver
+STEPS = "sched_oracle"     # module name of the scheduler driver
+ORACLES = (KV, STEPS)
+
+OMIT = object()   # "no value": the key is left out rather than written
+
+
+class OracleKeyError(KeyError):
+    """A case key the chosen oracle driver has no counterpart for."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Key:
+    """One row: our key, its name in each driver, and ``oracle.py``'s default for it.
+
+    ``kv_default`` is the value ``oracle.py`` uses when a case leaves the key out; it is what
+    ``tools/make_goldens.py`` writes into a golden case (``OMIT``: write nothing).
+    ``none_is_default``: our ``None`` means "the driver's own default" (block / gcd), so the
+    key is left out of the oracle case rather than sent as ``null``."""
+    ours: str
+    kv: str | None
+    steps: str | None
+    kv_default: Any = OMIT
+    none_is_default: bool = False
+
+    def oracle_name(self, oracle: str) -> str | None:
+        return self.kv if oracle == KV else self.steps
+
+
+# Row order is the order tools/make_goldens.py writes a golden case's config in.
+KEYS: tuple[Key, ...] = (
+    Key("groups", "layout", "layout", kv_default=["full", "mamba"]),
+    Key("block_size", "block", "block", kv_default=16),
+    Key("mamba_block_size", "mamba_block", "mamba_block", none_is_default=True),
+    Key("hash_block_size", "hash", "hash", none_is_default=True),
+    Key("eagle", "eagle", "eagle", kv_default=False),
+    Key("shared_prefix_checkpoint", "shared_prefix_checkpoint", "shared_prefix_checkpoint",
+        kv_default=False),
+    Key("mamba_cache_mode", "mamba_mode", "mamba_mode", kv_default="align"),
+    Key("num_blocks", "num_blocks", "num_blocks", kv_default=256),
+    Key("schedule", "schedule", None, kv_default="scheduler"),
+    Key("long_prefill_token_threshold", "long_prefill_token_threshold",
+        "long_prefill_token_threshold", kv_default=0),
+    Key("max_num_batched_tokens", "max_num_scheduled_tokens", "max_num_batched_tokens",
+        kv_default=1 << 20),
+    Key("report_mode", "report_mode", "report_mode", kv_default=None),
+    Key("prefix_cache_retention_interval", "retention", "retention", kv_default=None),
+    Key("num_hash_lookahead_tokens", "lookahead", None, kv_default=0),
+    # the scheduler driver only
+    Key("eagle_lookahead_hashes", None, "eagle_lookahead_hashes"),
+    Key("max_num_seqs", None, "max_num_seqs"),
+    Key("num_speculative_tokens", None, "num_speculative_tokens"),
+    Key("accepted_tokens", None, "accepted_tokens"),
+    Key("max_model_len", None, "max_model_len"),
+    # internal prefill checkpoints (vLLM's MambaSpec fields on every Mamba group; 0 = off)
+    Key("num_prefill_checkpoint_blocks", "num_prefill_checkpoint_blocks",
+        "num_prefill_checkpoint_blocks"),
+    Key("prefill_checkpoint_alignment", "prefill_checkpoint_alignment",
+        "prefill_checkpoint_alignment"),
+)
+BY_OURS: dict[str, Key] = {k.ours: k for k in KEYS}
+
+
+def oracle_keys(oracle: str) -> dict[str, str]:
+    """our key -> the driver's key, for the keys ``oracle`` takes."""
+    _check(oracle)
+    return {k.ours: n for k in KEYS if (n := k.oracle_name(oracle)) is not None}
+
+
+def to_oracle_config(cfg: dict, oracle: str) -> dict:
+    """Our ``config:`` mapping as the driver's case keys (values copied as they are)."""
+    names = oracle_keys(oracle)
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        if key not in names:
+            raise OracleKeyError(f"config.{key}: the vLLM oracle ({oracle}.py) has no "
+                                 f"counterpart for this key")
+        if value is None and BY_OURS[key].none_is_default:
+            continue
+        out[names[key]] = _copy(value)
+    return out
+
+
+def from_oracle_config(case: dict, oracle: str, defaults: bool = False) -> dict:
+    """The driver's case keys (those in this table; others are ignored) as our ``config:``
+    keys, in table order.  ``defaults``: also write ``oracle.py``'s default for every key
+    the case leaves out (rows with a ``kv_default``)."""
+    _check(oracle)
+    out: dict[str, Any] = {}
+    for k in KEYS:
+        name = k.oracle_name(oracle)
+        if name is None:
+            continue
+        if name in case:
+            out[k.ours] = _copy(case[name])
+        elif defaults and oracle == KV and k.kv_default is not OMIT:
+            out[k.ours] = _copy(k.kv_default)
+    return out
+
+
+def unmapped_oracle_keys(case: dict, oracle: str, also: set[str] | frozenset = frozenset()
+                         ) -> set[str]:
+    """Keys of a driver's case that neither this table nor ``also`` names."""
+    names = set(oracle_keys(oracle).values())
+    return set(case) - names - set(also)
+
+
+def _check(oracle: str) -> None:
+    if oracle not in ORACLES:
+        raise ValueError(f"unknown oracle driver {oracle!r} (known: {', '.join(ORACLES)})")
+
+
+def _copy(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value

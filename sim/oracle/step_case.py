@@ -1,0 +1,232 @@
+"""The scheduler oracle (``sched_oracle.py``) and our ``sim steps``: one step case, both sides.
+
+A case ("spec") is ``{"name", "config": <our config keys>, "requests": [{"id", "segments":
+[[stream, offset, length], ...], "arrival", "max_tokens", "kind"}]}`` (optionally
+``"max_steps"``).  Our side gets a step case (``sim.steps.run_steps_data``) with the literal
+token ids as prompts (or, for a file to read, the stream notation); the oracle gets the
+configuration through the key table (``sim.oracle.keys``) and ``tokens: {"ids": [...]}``.
+
+Compared per request: ``FIELDS`` (the oracle's ``preemptions`` list by its length, its
+``num_output_tokens`` as ``output_tokens``).  Case-level outcomes: both sides reject the
+configuration (``both_reject``), one side rejects (``construction``), the oracle fails while
+running (``oracle_error``, e.g. ``max_steps``), our side crashes (``crash``) or runs past its
+time limit (``hang``; ``both_stall`` when the oracle ran out of steps too).
+"""
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from sim.oracle.harness import (
+    BOTH_REJECT,
+    BOTH_STALL,
+    COMPARED,
+    Mismatch,
+    OurTimeout,
+    Tester,
+    Verdict,
+    call_with_timeout,
+)
+from sim.oracle.keys import STEPS, to_oracle_config
+from sim.oracle.segments import prompt_notation, stream_numbers, token_ids
+
+MAX_STEPS = 2000
+# KV cache events (config keys of ours): the switch goes to the oracle as ``kv_events``; the
+# corrected stream is ours only (the oracle is vLLM as it is); report modes map as they are
+EVENT_SWITCH = "enable_kv_cache_events"
+OURS_ONLY = ("kv_events_fix_emit",)
+FIELDS = ["first_scheduled_step", "hit", "junction", "chunk_ends", "chunk_end_steps",
+          "first_token_step", "finish_step", "preemptions", "output_tokens"]
+# the value of this override key that means "num_speculative_tokens" (one Mamba state block
+# per draft token, as vLLM's MambaSpec holds them)
+SPEC_BLOCKS = ("mamba_num_speculative_blocks", "K")
+
+
+# ---------------------------------------------------------------------- translation --
+def our_config(spec: dict, override: dict | None = None) -> dict:
+    """The case's config for our side, with ``override`` (our side only) applied."""
+    cfg = dict(spec["config"])
+    for k, v in (override or {}).items():
+        if (k, v) == SPEC_BLOCKS:
+            k_spec = cfg.get("num_speculative_tokens", 1 if cfg.get("eagle") else 0)
+            if k_spec:
+                cfg[k] = k_spec
+        else:
+            cfg[k] = v
+    return cfg
+
+
+def to_ours(spec: dict, literal: bool = True, override: dict | None = None) -> dict:
+    """Our step case: prompts as literal ids (what is compared) or in stream notation."""
+    nums = stream_numbers(q["segments"] for q in spec["requests"])
+    reqs = [{"id": q["id"],
+             "prompt": token_ids(q["segments"], nums) if literal else
+             prompt_notation(q["segments"]),
+             "arrival_step": q["arrival"], "max_tokens": q["max_tokens"],
+             **({"report_mode": q["report_mode"]} if "report_mode" in q else {})}
+            for q in spec["requests"]]
+    return {"config": our_config(spec, override), "requests": reqs}
+
+
+def to_oracle(spec: dict) -> dict:
+    nums = stream_numbers(q["segments"] for q in spec["requests"])
+    cfg = {k: v for k, v in spec["config"].items() if k != EVENT_SWITCH and k not in OURS_ONLY}
+    case = to_oracle_config(cfg, STEPS)
+    if spec["config"].get(EVENT_SWITCH):
+        case["kv_events"] = True
+    case["id"] = spec["name"]
+    case["max_steps"] = spec.get("max_steps", MAX_STEPS)
+    case["requests"] = [{"id": q["id"], "tokens": {"ids": token_ids(q["segments"], nums)},
+                         "arrival": q["arrival"], "max_tokens": q["max_tokens"],
+                         **({"report_mode": q["report_mode"]} if "report_mode" in q else {})}
+                        for q in spec["requests"]]
+    return case
+
+
+# ------------------------------------------------------------------------- our side --
+def run_ours(spec: dict, timeout: float | None = 20.0, literal: bool = True,
+             override: dict | None = None, scheduler: type | None = None) -> dict:
+    """``{"results": [...]}`` | ``{"case_error": msg}`` | ``{"crash": tb}`` |
+    ``{"hang": seconds}``.  ``scheduler``: a subclass of ``sim.steps.Scheduler`` to run
+    instead, for this run only (e.g. one that records its decisions)."""
+    from sim.cache.case import CaseError
+    import sim.steps as steps_mod
+
+    data = to_ours(spec, literal, override)
+    orig = steps_mod.Scheduler if scheduler is not None else None
+    if scheduler is not None:
+        steps_mod.Scheduler = scheduler
+    events = bool(data["config"].get(EVENT_SWITCH))
+    try:
+        got = call_with_timeout(
+            lambda: steps_mod.run_steps_data(data, spec["name"], kv_events=events), timeout)
+        if events:   # (the KV events beside the requests: compared when the case has them)
+            return {"results": got["requests"], "kv_events": got["kv_events"],
+                    "kv_events_error": got["kv_events_error"]}
+        return {"results": got}
+    except OurTimeout:
+        return {"hang": timeout}
+    except CaseError as e:
+        return {"case_error": str(e)}
+    except Exception:  # noqa: BLE001 - a crash of our engine is itself a finding
+        return {"crash": traceback.format_exc(limit=8)}
+    finally:
+        if orig is not None:
+            steps_mod.Scheduler = orig
+
+
+# ------------------------------------------------------------------------ comparing --
+def oracle_value(rec: dict, fld: str):
+    if fld == "preemptions":
+        return len(rec.get("preemptions") or [])
+    if fld == "output_tokens":
+        return rec.get("num_output_tokens")
+    return rec.get(fld)
+
+
+def compare(spec: dict, ours: dict, ans: dict, ignore: frozenset | set = frozenset()
+            ) -> Verdict:
+    """Every request's ``FIELDS``; a field (or label, see ``label``) in ``ignore`` is left
+    out, to look past a known mismatch class."""
+    n = len(spec["requests"])
+    if "config" not in ans:   # the oracle did not build the scheduler
+        if "case_error" in ours:
+            return Verdict(BOTH_REJECT)
+        return Verdict(COMPARED, [Mismatch("construction", "-", "accepted" if "results" in ours
+                                           else short(ours), ans.get("error"))], n)
+    if "case_error" in ours:
+        return Verdict(COMPARED, [Mismatch("construction", "-",
+                                           f"CaseError: {ours['case_error']}", "accepted")], n)
+    if "crash" in ours:
+        return Verdict(COMPARED, [Mismatch("crash", "-", ours["crash"].strip().splitlines()[-1],
+                                           ans.get("error"))], n)
+    if "hang" in ours and "max_steps" in str(ans.get("error")):
+        # vLLM never admits some request either (the pool cannot hold it): both stall
+        return Verdict(BOTH_STALL)
+    if "hang" in ours:
+        return Verdict(COMPARED, [Mismatch("hang", "-", f"no result after {ours['hang']} s",
+                                           ans.get("error"))], n)
+    res = ours["results"]
+    ours_err = [r for r in res if "error" in r]
+    if "kv_events" in ours:
+        ev = compare_events(ours, ans)
+        if ans.get("kv_event_error"):
+            # vLLM's engine died there (the IndexError of an announced hit): requests stop
+            # half-way, only the events and the error compare
+            return Verdict(COMPARED, [m for m in ev if m.field not in ignore], n)
+    else:
+        ev = []
+    if ans.get("error") or ours_err:
+        o = ours_err[0]["error"] if ours_err else None
+        if ans.get("error") and ours_err:
+            return Verdict(COMPARED, [Mismatch("error", ours_err[0]["id"], o, ans["error"])], n)
+        return Verdict(COMPARED, [Mismatch("oracle_error" if ans.get("error") else "error", "-",
+                                           o, ans.get("error"))], n)
+    orecs = {r["id"]: r for r in ans["requests"]}
+    mm = []
+    for r in res:
+        o = orecs[r["id"]]
+        for f in FIELDS:
+            a, b = r.get(f), oracle_value(o, f)
+            if a != b:
+                mm.append(Mismatch(label(f, r, o, a, b), r["id"], a, b))
+    return Verdict(COMPARED, [m for m in mm + ev if m.field not in ignore], n)
+
+
+def oracle_events(ans: dict) -> tuple[list[dict], dict | None]:
+    """The oracle's KV events as ``sim steps --kv-events`` prints them: the steps that
+    published any, and the error that stopped vLLM (its fields we report)."""
+    steps = [{"step": s["step"], "events": s["kv_events"]} for s in ans.get("steps") or []
+             if s.get("kv_events")]
+    err = ans.get("kv_event_error")
+    if err:
+        err = {k: err.get(k) for k in ("step", "type", "request", "group", "unpublished")}
+    return steps, err
+
+
+def compare_events(ours: dict, ans: dict) -> list[Mismatch]:
+    """``kv_events`` (the first step where the published events differ) and
+    ``kv_events_error``."""
+    want, werr = oracle_events(ans)
+    out = []
+    if ours["kv_events"] != want:
+        a = {s["step"]: s["events"] for s in ours["kv_events"]}
+        b = {s["step"]: s["events"] for s in want}
+        step = min(s for s in set(a) | set(b) if a.get(s) != b.get(s))
+        out.append(Mismatch("kv_events", f"step {step}", a.get(step), b.get(step)))
+    if ours["kv_events_error"] != werr:
+        out.append(Mismatch("kv_events_error", "-", ours["kv_events_error"], werr))
+    return out
+
+
+def label(f: str, r: dict, o: dict, a, b) -> str:
+    """The field, with ``@replay`` where the only difference is that our chunk list goes on
+    through the re-prefill after a preemption inside the first prefill (the oracle's
+    ``chunk_ends`` stop at the first preemption)."""
+    if (f in ("chunk_ends", "chunk_end_steps") and o.get("preemptions") and r.get("preemptions")
+            and isinstance(a, list) and isinstance(b, list) and len(a) > len(b)
+            and a[:len(b)] == b):
+        return f + "@replay"
+    return f
+
+
+def short(ours: dict) -> str:
+    """Our side's outcome in one line (when it has no results)."""
+    for k in ("case_error", "crash", "hang"):
+        if k in ours:
+            return f"{k}: {str(ours[k]).strip().splitlines()[-1]}"
+    return "accepted"
+
+
+def expect(ans: dict) -> dict[str, dict[str, Any]]:
+    """The oracle's answers in our result keys (a step case's ``expect`` block)."""
+    return {r["id"]: {f: oracle_value(r, f) for f in FIELDS} for r in ans["requests"]}
+
+
+def tester(timeout: float | None = 20.0, override: dict | None = None,
+           ignore: frozenset | set = frozenset(), shrink_candidates=None, size=None) -> Tester:
+    """This case shape for the harness, with the run's options."""
+    return Tester(STEPS, to_oracle,
+                  lambda spec: run_ours(spec, timeout, override=override),
+                  lambda spec, ours, ans: compare(spec, ours, ans, ignore),
+                  shrink_candidates or (lambda spec: []), size)

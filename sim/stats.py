@@ -1,0 +1,66 @@
+"""The one percentile method of the project: numpy's default ("linear").
+
+Every summary field, report table and figure takes its percentiles from here,
+so a figure and the table beside it can never disagree.  ``linear`` is the
+method numpy names "linear" (type 7 of Hyndman & Fan), which is also what
+``vllm bench serve`` reports through ``np.percentile``.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+METHOD = "linear"
+
+
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
+    """The ``q``-th percentile (0..100) of ``values``; NaN when there are none."""
+    if len(values) == 0:
+        return math.nan
+    return float(np.percentile(np.asarray(values, dtype=float), q, method=METHOD))
+
+
+def percentiles(values: Sequence[float] | np.ndarray, qs: Sequence[float]) -> list[float]:
+    """Several percentiles of the same values in one pass."""
+    if len(values) == 0:
+        return [math.nan] * len(qs)
+    got = np.percentile(np.asarray(values, dtype=float), list(qs), method=METHOD)
+    return [float(v) for v in got]
+
+
+def mean(values: Sequence[float] | np.ndarray) -> float:
+    """The arithmetic mean; NaN when there are none."""
+    if len(values) == 0:
+        return math.nan
+    return float(np.mean(np.asarray(values, dtype=float)))
+
+
+def weighted_percentiles(values: Sequence[float] | np.ndarray,
+                         counts: Sequence[int] | np.ndarray, qs: Sequence[float]) -> list[float]:
+    """Percentiles of a multiset given as distinct ``values`` with their ``counts``,
+    equal to :func:`percentiles` of the values repeated ``counts`` times (the same
+    ``linear`` method), without building that array: a run's inter-token latencies
+    are kept as a histogram of a few thousand distinct values over millions of tokens."""
+    v = np.asarray(values, dtype=float)
+    c = np.asarray(counts, dtype=np.int64)
+    keep = c > 0
+    v, c = v[keep], c[keep]
+    n = int(c.sum())
+    if n == 0:
+        return [math.nan] * len(qs)
+    order = np.argsort(v, kind="stable")
+    v, c = v[order], c[order]
+    ends = np.cumsum(c)              # ends[j]: count of values <= v[j]
+    out = []
+    for q in qs:
+        pos = (q / 100.0) * (n - 1)   # numpy's virtual index for "linear"
+        lo = math.floor(pos)
+        hi = min(lo + 1, n - 1)
+        a = float(v[int(np.searchsorted(ends, lo, side="right"))])
+        b = float(v[int(np.searchsorted(ends, hi, side="right"))])
+        t = pos - lo
+        # numpy's lerp, both branches, so that the result matches np.percentile bit for bit
+        out.append(a + (b - a) * t if t < 0.5 else b - (b - a) * (1 - t))
+    return out

@@ -1,0 +1,96 @@
+"""The run report's figures on hand-built run folders: what each axis, title and legend
+says is read back from the matplotlib figure before it is saved."""
+from __future__ import annotations
+
+import pytest
+
+from reports import run_report, style
+from tests.reports.builders import Req, write_run
+
+TTFTS = [0.1 * (i + 1) for i in range(10)]          # 0.1 .. 1.0 s
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures ``style.save`` receives, by file stem: their axes' texts."""
+    seen = {}
+    real = style.save
+
+    def spy(fig, folder, stem, caption="", **kw):
+        seen[stem] = {
+            "titles": [ax.get_title(loc="left") + ax.get_title() for ax in fig.axes],
+            "xlabels": [ax.get_xlabel() for ax in fig.axes],
+            "ylabels": [ax.get_ylabel() for ax in fig.axes],
+            "legend": [t.get_text() for ax in fig.axes if ax.get_legend()
+                       for t in ax.get_legend().get_texts()],
+            "xticks": [[t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes],
+            "bars": [len(ax.patches) for ax in fig.axes],
+            "caption": caption,
+        }
+        return real(fig, folder, stem, caption, **kw)
+
+    monkeypatch.setattr(style, "save", spy)
+    return seen
+
+
+def _mostly_misses():
+    reqs = [Req(ttft=t) for t in TTFTS]
+    reqs[3] = Req(hit=128, ttft=TTFTS[3])
+    reqs[7] = Req(hit=256, lost=64, ttft=TTFTS[7])
+    return reqs
+
+
+def test_ttft_percentiles_are_numpy_linear(tmp_path, figures):
+    run_report.write_report(write_run(tmp_path / "r", _mostly_misses()))
+    # linear interpolation (sim.stats), not the nearest rank the report once drew (0.600 s)
+    assert figures["ttft_cdf"]["legend"] == ["p50 = 0.550 s", "p90 = 0.910 s", "p99 = 0.991 s"]
+    assert figures["ttft_cdf"]["xlabels"] == ["time to first token (s)"]
+
+
+def test_hit_histogram_leaves_misses_out_and_says_so(tmp_path, figures):
+    run_report.write_report(write_run(tmp_path / "r", _mostly_misses()))
+    hist = figures["hit_hist"]
+    top, bottom = hist["titles"]
+    assert "2 of 10 requests (20.0%) reuse a prefix; 8 miss (not drawn)" in top
+    assert "1 of 10 requests (10.0%), 64 tokens" in bottom
+    # few distinct values: one bar each, labelled with the exact token count
+    assert hist["bars"] == [2, 1]
+    assert hist["xticks"] == [["128", "256"], ["64"]]
+    assert all("(tokens" in x for x in hist["xlabels"])
+    assert hist["ylabels"] == ["requests", "requests"]
+
+
+def test_many_hit_values_are_binned_in_round_hash_units(tmp_path, figures):
+    reqs = [Req(hit=64 * (i + 1), ttft=0.1) for i in range(100)]     # 64 .. 6,400 tokens
+    run_report.write_report(write_run(tmp_path / "r", reqs))
+    xl = figures["hit_hist"]["xlabels"][0]
+    # 6,400 / 64 / 40 bins = 2.5 units -> the next of 1, 2, 5 x 10^k: 5 units = 320 tokens
+    assert xl == "reused prefix per request (tokens; bins of 320)"
+    assert figures["hit_hist"]["bars"][0] == 21
+    # short tick labels on a wide token axis (no "100000120000")
+    assert all(len(t) <= 5 for t in figures["hit_hist"]["xticks"][0])
+
+
+def test_every_figure_has_a_caption_used_as_alt_text(tmp_path, figures):
+    folder = write_run(tmp_path / "r", _mostly_misses())
+    run_report.write_report(folder)
+    md = (folder / "report.md").read_text()
+    for stem in ("ttft_cdf", "hit_hist"):
+        cap = figures[stem]["caption"]
+        assert cap.endswith("?") and cap == run_report.CAPTIONS[stem]
+        assert f"![{cap}]({stem}.png)" in md
+
+
+def test_report_is_deterministic(tmp_path):
+    a = write_run(tmp_path / "a", _mostly_misses())
+    b = write_run(tmp_path / "b", _mostly_misses())
+    run_report.write_report(a)
+    run_report.write_report(b)
+    for name in ("report.md", "ttft_cdf.png", "hit_hist.png"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_no_request_with_a_hit(tmp_path, figures):
+    run_report.write_report(write_run(tmp_path / "r", [Req(ttft=t) for t in TTFTS]))
+    assert "0 of 10 requests (0.0%) reuse a prefix; 10 miss" in figures["hit_hist"]["titles"][0]
+    assert figures["hit_hist"]["bars"] == [0, 0]
