@@ -1,0 +1,343 @@
+"""The checking and modelling commands of ``sim``: verify and calibrate (the torch backend),
+validate and check (against vLLM and golden hit lengths), model (vLLM's KV layout) and events
+(KV event streams).  They register on ``sim.cli.app``; ``sim/cli.py`` imports this module."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from sim.cli import (COMMAND, DType, Device, Grid, Plant, _expected_requests, _parse_sets,
+                     _progress, app, fail, require_torch)
+
+
+@app.command()
+def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with the torch backend)."),
+           plant: Plant = typer.Option(None, "--plant", help="Break resumes on purpose to see "
+                                       "the check fail."),
+           tol: float = typer.Option(None, "--tol", help="Max abs error against the float32 "
+                                     "reference (default: fp32 1e-4, bf16 0.25)."),
+           sets: list[str] = typer.Option([], "--set", help="Override a field (repeatable)."),
+           out: Path = typer.Option(None, "--out", help="Also write the run folder and verify.csv."),
+           quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar.")
+           ) -> None:
+    """Prove that every cached-resume prefill equals a from-scratch prefill (torch backend).
+
+    The hidden states of every position a request's prefill computed (from its resume point,
+    on cached KV blocks and a cached Mamba state where it hit) and of its last decode step
+    (after speculative steps with rejected drafts) are compared with one float32 pass over
+    the same tokens with no cache and the same weights. Exit 1 if the worst error exceeds
+    the tolerance, or if no request resumed from the cache (nothing was proved).
+    """
+    from sim.config.errors import ConfigError
+    from sim.run import simulate, write_run
+    from sim.config.scenario import ScenarioError, load_scenario
+
+    require_torch("verify")
+    plant = Plant(plant).value if plant is not None else None
+    over = _parse_sets(sets)
+    over.update({"backend.kind": "torch", "backend.verify": True})
+    if out:
+        from sim.atomic import check_output_folder
+
+        check_output_folder(out)        # before any work
+    try:
+        sc = load_scenario(scenario, over)
+    except (ScenarioError, ConfigError) as e:
+        fail(str(e))
+    update, stop = _progress(not quiet, "prefills verified", _expected_requests(sc), delay_s=0.5)
+    try:
+        dep, rows, summary = simulate(sc, plant=plant, progress=update)
+    except (ScenarioError, ConfigError) as e:
+        stop()
+        fail(str(e))
+    stop()
+    from backends.torch_backend.backend import TOLERANCE
+
+    limit = tol if tol is not None else TOLERANCE[sc.backend.dtype]
+    recs = dep.verify or []
+    prefills = [v for v in recs if getattr(v, "kind", "prefill") == "prefill"]
+    resumed = [v for v in prefills if v.resumed_at > 0]
+    worst = max(recs, key=lambda v: v.max_abs_err, default=None)
+    if out:
+        def verify_csv(folder: Path) -> None:      # inside the run folder, before it lands
+            with open(folder / "verify.csv", "w") as f:
+                f.write("request_id,prompt_tokens,resumed_at,max_abs_err,kind\n")
+                for v in recs:
+                    f.write(f"{v.request_id},{v.prompt_tokens},{v.resumed_at},"
+                            f"{v.max_abs_err:.3e},{v.kind}\n")
+
+        write_run(out, sc, dep, rows, summary, report=False, extra=verify_csv, command=COMMAND)
+    decodes = len(recs) - len(prefills)
+    typer.echo(f"{len(prefills)} prefills verified ({len(resumed)} resumed from cached KV blocks "
+               f"and Mamba states)" + (f" and {decodes} final decode steps" if decodes else "")
+               + f", {sc.backend.dtype}, tolerance {limit:g}"
+               + ("" if sc.backend.dtype == "float32" else " against a float32 reference"))
+    if worst is not None:
+        typer.echo(f"worst: {worst.request_id} {getattr(worst, 'kind', 'prefill')} (prompt "
+                   f"{worst.prompt_tokens}, resumed at {worst.resumed_at}): max abs error "
+                   f"{worst.max_abs_err:.3e}")
+    if not resumed:
+        typer.echo("FAIL: no request resumed from the cache, nothing was proved")
+        raise typer.Exit(1)
+    if worst.max_abs_err > limit:
+        bad = sum(1 for v in recs if v.max_abs_err > limit)
+        typer.echo(f"FAIL: {bad} prefill(s)/decode(s) differ from scratch beyond {limit:g}")
+        raise typer.Exit(1)
+    typer.echo("OK: every resumed prefill and speculative decode equals its from-scratch pass")
+
+
+@app.command()
+def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (scaled by "
+                                        "--layers/--width-div)."),
+              scenario: Path = typer.Option(None, "--scenario", help="Take the model and torch "
+                                            "settings from a scenario's backend section."),
+              device: Device = typer.Option(Device.cpu, "--device", help="Where to time."),
+              layers: int = typer.Option(4, "--layers", help="Layers of the scaled model."),
+              width_div: int = typer.Option(8, "--width-div", help="Width divisor of the scaled model."),
+              dtype: DType = typer.Option(DType.float32, "--dtype", help="With --model: the "
+                                          "weights' dtype (the SSM state stays float32)."),
+              grid: Grid = typer.Option(Grid.quick, "--grid", help="The (new tokens, cached "
+                                        "tokens) grid to time: quick (36 points, up to 512 x "
+                                        "1,024) or full (35, up to 2,048 x 8,192)."),
+              repeats: int = typer.Option(3, "--repeats"),
+              out: Path = typer.Option(None, "--out", help="Profile YAML (default profiles/<device>-<model>.yaml)."),
+              compare_ttft: bool = typer.Option(False, "--compare", help="With --scenario: also run "
+                                                "it on torch and on the fitted analytical backend "
+                                                "and print the per-request TTFT error."),
+              quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+              force: bool = typer.Option(False, "--force", help="Overwrite an existing profile "
+                                         "file (the default path or --out).")) -> None:
+    """Time the torch backend's prefill on a grid and write a profile for the analytical backend."""
+    require_torch("calibrate")
+    from backends.torch_backend.config import TorchModelConfig
+    from sim import calibrate as cal
+    from sim import models
+
+    if (model is None) == (scenario is None):
+        fail("give exactly one of --model NAME or --scenario FILE")
+    device, dtype, grid = Device(device).value, DType(dtype).value, Grid(grid).value
+    sc = None
+    try:
+        if scenario is not None:
+            from sim.config.scenario import load_scenario
+
+            sc = load_scenario(scenario)
+            b = sc.backend
+            spec = sc.model
+            n_layers = b.layers or len(spec.pattern or "") or layers
+            cfg = TorchModelConfig.scaled(spec, num_layers=n_layers, width_div=b.width_div,
+                                          dtype=b.dtype, seed=sc.seed)
+        else:
+            spec = models.get_model(model)
+            cfg = TorchModelConfig.scaled(spec, num_layers=layers, width_div=width_div, dtype=dtype)
+    except (KeyError, ValueError) as e:
+        fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
+    g = {"quick": cal.QUICK_GRID, "full": cal.FULL_GRID}[grid]
+    from sim.atomic import check_output_file
+
+    # before the timing: a bad --out is one line, exit 2, at once
+    check_output_file(out or Path("profiles") / f"{device}-{sc.model.name if sc else spec.name}.yaml")
+    cal.check_settings(out or Path("profiles") / f"{device}-{sc.model.name if sc else spec.name}.yaml",
+                       force=force, repeats=repeats, layers=layers, width_div=width_div)
+
+    update, stop = _progress(not quiet, "grid points", len(g["new"]) * len(g["cached"]),
+                             delay_s=0.0)
+    try:
+        profile = cal.calibrate(cfg, device, g, repeats=repeats,
+                                progress=lambda done, total: update(done))
+    finally:
+        stop()
+    name = (sc.model.name if sc else spec.name)
+    path = out or Path("profiles") / f"{device}-{name}.yaml"
+    cal.write_profile(profile, path, " ".join(COMMAND or ["sim", *sys.argv[1:]]))
+    c, f = profile["coefficients"], profile["fit"]
+    typer.echo(f"profile {path}: per item {c['per_item_s'] * 1e3:.3f} ms, per token "
+               f"{c['per_token_s'] * 1e6:.2f} us, per attention pair {c['per_pair_s'] * 1e9:.3f} ns; "
+               f"fit median error {f['fit_median_rel_err']:.1%}")
+    typer.echo("  per term (non-negative least squares): " + cal.describe_terms(f["per_term"]))
+    if compare_ttft:
+        if sc is None:
+            fail("--compare needs --scenario")
+        from sim.run import simulate
+        from sim.config.scenario import load_scenario
+
+        t = load_scenario(scenario, {"backend.kind": "torch"})
+        a = load_scenario(scenario, {"backend.kind": "analytical",
+                                     "backend.profile": str(path.resolve())})
+        _, rows_t, _ = simulate(t)
+        _, rows_a, _ = simulate(a)
+        med, n = cal.median_ttft_error(rows_t, rows_a)
+        typer.echo(f"analytical (fitted) vs torch TTFT on {scenario}: median error {med:.1%} "
+                   f"over {n} requests")
+
+
+@app.command()
+def validate(file: Path = typer.Argument(..., help="Case file (YAML or JSON)."),
+             against_vllm: bool = typer.Option(False, "--against-vllm",
+                                               help="Replay it through vLLM's real KV-cache manager.")
+             ) -> None:
+    """Compare a case file's per-request hits with vLLM 0.33.0's real KV-cache manager.
+
+    Needs the optional vLLM oracle ($VLLM_ORACLE_DIR, and its venv built by its setup.sh);
+    without it, says so and exits 0.
+    Exit 1 on any disagreement.
+    """
+    from sim.cache.case import CaseError
+    from sim.case_files import load_case_file
+    from sim.validate import ValidateUnavailable, validate_case
+
+    if not against_vllm:
+        fail("say what to validate against: --against-vllm")
+    try:
+        res = validate_case(load_case_file(file))
+    except CaseError as e:
+        fail(f"{file}: {e}")
+    except ValidateUnavailable as e:
+        typer.echo(f"skipped: {e}")
+        return
+    if res["status"] != "compared":
+        typer.echo(f"{file}: vLLM {res['vllm']}: {res['status'].replace('_', ' ')}")
+        return
+    if res["mismatches"]:
+        typer.echo(f"{file}: {len(res['mismatches'])} disagreement(s) with vLLM {res['vllm']}:")
+        for rid, field, ours, theirs in res["mismatches"]:
+            typer.echo(f"  {rid} {field}: ours {ours!r}, vLLM {theirs!r}")
+        raise typer.Exit(1)
+    typer.echo(f"{file}: {res['lookups']} lookup(s) agree with vLLM {res['vllm']}")
+
+
+DEFAULT_CHECKS = ("cases/*.yaml", "scenarios/athena.yaml")
+
+
+@app.command()
+def check(paths: list[Path] = typer.Argument(None, help="Case files and scenarios (default: "
+                                            "cases/*.yaml and scenarios/athena.yaml)."),
+          golden: Path = typer.Option(Path("checks/golden"), "--golden",
+                                      help="Folder of golden files."),
+          update: bool = typer.Option(False, "--update", help="Rewrite the goldens; print what "
+                                      "changed.")) -> None:
+    """Compare per-request hit lengths (reconciled, per group alone, junction) with goldens.
+
+    Exit 1 on any drift, on a request without a golden, or when a `want:` marker's value
+    appears ("fixed - move the marker"); 0 when everything holds.
+    """
+    import glob
+
+    from sim.cache.case import CaseError
+    from sim.check import check as run_check
+    from sim.config.scenario import ScenarioError
+
+    if not paths:
+        paths = [Path(p) for pat in DEFAULT_CHECKS for p in sorted(glob.glob(pat))]
+    for p in paths:
+        if not p.is_file():
+            fail(f"{p}: no such file")
+    try:
+        res = run_check(paths, golden, Path.cwd(), update=update)
+    except (CaseError, ScenarioError, ValueError) as e:
+        fail(str(e))
+    if update:
+        for f in res.updated:
+            typer.echo(f"updated {f}")
+        new = {}
+        for fd in res.findings:
+            if fd.kind == "new":
+                new[fd.path] = new.get(fd.path, 0) + 1
+            else:
+                typer.echo(f"  {fd.path} {fd.request} {fd.key}: {fd.golden} -> {fd.got}"
+                           + ("  (want marker satisfied and removed)" if fd.kind == "fixed" else ""))
+        for path, n in new.items():
+            typer.echo(f"  {path}: {n} request(s) recorded for the first time")
+        typer.echo(f"{res.checked} requests checked, {len(res.updated)} golden file(s) rewritten")
+        return
+    if res.findings:
+        w = max(len(f.path) for f in res.findings)
+        typer.echo(f"{'file':<{w}}  request  key  golden -> now  status")
+        for fd in res.findings:
+            status = {"fixed": "fixed - move the marker", "new": "no golden (run --update)",
+                      "missing": "request gone", "drift": "DRIFT"}[fd.kind]
+            typer.echo(f"{fd.path:<{w}}  {fd.request}  {fd.key}  {fd.golden} -> {fd.got}  {status}")
+        typer.echo(f"{len(res.findings)} finding(s) in {res.checked} requests")
+        raise typer.Exit(1)
+    typer.echo(f"{res.checked} requests checked: every hit length holds")
+
+
+@app.command()
+def model(name: str = typer.Argument(None, help="Catalogue name (see --list)."),
+          list_: bool = typer.Option(False, "--list", help="List the catalogue."),
+          tp: int = typer.Option(1, "--tensor-parallel-size", "--tp"),
+          num_speculative_tokens: int = typer.Option(0, "--num-speculative-tokens"),
+          mamba_cache_dtype: str = typer.Option("auto", "--mamba-cache-dtype"),
+          mamba_ssm_cache_dtype: str = typer.Option("auto", "--mamba-ssm-cache-dtype"),
+          kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype"),
+          kernel_block_size: int = typer.Option(16, "--kernel-block-size"),
+          block_size: int = typer.Option(None, "--block-size"),
+          gdn_prefill_backend: str = typer.Option(
+              "flashinfer", "--gdn-prefill-backend",
+              help="GDN models: flashinfer (vLLM's pick on Hopper; 64-token checkpoint grid) "
+                   "or triton (no internal prefill checkpoints)."),
+          speculative_method: str = typer.Option(
+              "auto", "--speculative-method",
+              help="auto (mtp if the model has MTP layers, else its EAGLE head, else ngram) | mtp | "
+                   "eagle | eagle3 | ngram | suffix."),
+          draft_num_layers: int = typer.Option(None, "--draft-num-layers",
+                                               help="EAGLE head: decoder layers (default 1)."),
+          draft_num_kv_heads: int = typer.Option(None, "--draft-num-kv-heads",
+                                                 help="EAGLE head: KV heads (default: the target's)."),
+          draft_head_dim: int = typer.Option(None, "--draft-head-dim",
+                                             help="EAGLE head: head size (default: the target's).")
+          ) -> None:
+    """Print how vLLM lays out the KV cache for a model: state bytes, block size, pool groups."""
+    from sim import models
+
+    if list_ or not name:
+        for n in models.model_names():
+            typer.echo(n)
+        return
+    try:
+        m = models.get_model(name)
+        lay = models.derive_layout(m, tp=tp, num_speculative_tokens=num_speculative_tokens,
+                                   mamba_cache_dtype=mamba_cache_dtype,
+                                   mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
+                                   kv_cache_dtype=kv_cache_dtype,
+                                   kernel_block_size=kernel_block_size, block_size=block_size,
+                                   gdn_prefill_backend=gdn_prefill_backend,
+                                   speculative_method=speculative_method,
+                                   draft_num_layers=draft_num_layers,
+                                   draft_num_kv_heads=draft_num_kv_heads, draft_head_dim=draft_head_dim)
+    except KeyError as e:
+        fail(str(e.args[0]) if e.args else str(e))
+    except ValueError as e:
+        fail(str(e))
+    typer.echo(models.describe(lay, m))
+
+
+events_app = typer.Typer(no_args_is_help=True, help="KV cache event streams (vLLM's "
+                         "--kv-events-config): check one.")
+app.add_typer(events_app, name="events")
+
+
+@events_app.command("check")
+def events_check(file: Path = typer.Argument(..., help="A stream: kv_events.jsonl of sim run "
+                                             "--kv-events, JSONL batches captured from vLLM, "
+                                             "or kv_events.msgpack frames."),
+                 as_json: bool = typer.Option(False, "--json", help="The report as JSON.")) -> None:
+    """Replay a KV event stream as a router indexing it would, against the cache it describes.
+
+    Reports keys removed that were never stored, keys published that were never stored
+    (report_mode full announcements), keys a router forgets while a block still holds them,
+    and the requests whose reuse a router trusting the stream misjudges, with token counts.
+    Exit 1 when it finds any, 0 when the stream is sound.
+    """
+    from sim.events_check import check_stream
+
+    rep = check_stream(file)
+    if as_json:
+        json.dump(rep.as_dict(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        typer.echo(rep.text())
+    raise typer.Exit(1 if rep.problems else 0)
