@@ -14,12 +14,13 @@ import random
 from pathlib import Path
 from typing import Any
 
+from sim.oracle.keys import draw_prefill_checkpoints
+
 BIG_POOL = 1024
 BIG_BUDGET = 8192
 PROFILES = ("default", "edge", "length", "budget", "ckpt", "events")
-# opt-in profiles the pytest wrapper does not yet require to match vLLM: the simulator's
-# internal prefill checkpoints (issue #20) land after this generator
-OPT_IN_PROFILES: tuple[str, ...] = ()   # profiles the pytest wrappers skip (none: ckpt lands)
+# profiles the pytest wrappers would skip (none: every profile must match vLLM in CI)
+OPT_IN_PROFILES: tuple[str, ...] = ()
 
 
 def _divisors(n: int, lo: int = 1) -> list[int]:
@@ -224,23 +225,11 @@ def _ckpt_case(seed: int, idx: int) -> dict:
     spec = gen_case(seed, idx)
     rng = random.Random(f"diff_steps:{seed}:{idx}:ckpt")
     cfg = spec["config"]
-    if rng.random() < 0.7:
-        cfg["num_prefill_checkpoint_blocks"] = 1
-        r = rng.random()
-        if r < 0.45:
-            cfg["prefill_checkpoint_alignment"] = 1
-        elif r < 0.6:
-            pass   # the default, 1
-        elif r < 0.8:
-            cfg["prefill_checkpoint_alignment"] = cfg.get("hash_block_size", cfg["block_size"])
-        else:
-            cfg["prefill_checkpoint_alignment"] = 16
+    if draw_prefill_checkpoints(rng, cfg, cfg.get("hash_block_size", cfg["block_size"])):
         n_mamba = cfg["groups"].count("mamba")
         need = max(_need_blocks(cfg, sum(s[2] for s in q["segments"]) + q["max_tokens"])
                    for q in spec["requests"]) + 2 + n_mamba
         cfg["num_blocks"] = max(cfg["num_blocks"], need)
-    elif rng.random() < 0.5:
-        cfg["num_prefill_checkpoint_blocks"] = 0
     spec["name"] = spec["name"].replace("s", "k", 1)
     return spec
 

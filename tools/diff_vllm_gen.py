@@ -12,6 +12,7 @@ import math
 import random
 from typing import Any
 
+from sim.oracle.keys import draw_prefill_checkpoints
 from sim.oracle.segments import Segment, normalise, prompt_len, truncate
 
 BIG_BUDGET = 1 << 20
@@ -23,9 +24,8 @@ def _divisors(n: int) -> list[int]:
 
 
 PROFILES = ("default", "stress", "tiny", "groups", "ckpt")
-# opt-in profiles the pytest wrapper does not yet require to match vLLM: the simulator's
-# internal prefill checkpoints (issue #20) land after this generator
-OPT_IN_PROFILES: tuple[str, ...] = ()   # profiles the pytest wrappers skip (none: ckpt lands)
+# profiles the pytest wrapper would skip (none: every profile must match vLLM in CI)
+OPT_IN_PROFILES: tuple[str, ...] = ()
 # "groups": runs of several identical groups (one manager serves a run; see sim/cache/managers.py)
 MULTI_MEMBER_LAYOUTS = (["full", "mamba", "mamba", "mamba"], ["full", "full", "mamba", "mamba"],
                         ["full", "swa:W", "swa:W", "mamba"], ["mamba", "mamba", "full"],
@@ -227,20 +227,7 @@ def with_checkpoints(spec: dict, seed: int, index: int) -> dict:
     default), sometimes the hash unit or 16.  The rest say 0 or leave the keys out."""
     rng = random.Random(f"diff_vllm:{seed}:{index}:ckpt")
     cfg = spec["config"]
-    if rng.random() < 0.7:
-        cfg["num_prefill_checkpoint_blocks"] = 1
-        _sched, unit, _block = _sizes(cfg)
-        r = rng.random()
-        if r < 0.45:
-            cfg["prefill_checkpoint_alignment"] = 1
-        elif r < 0.6:
-            pass   # the default, 1
-        elif r < 0.8:
-            cfg["prefill_checkpoint_alignment"] = unit
-        else:
-            cfg["prefill_checkpoint_alignment"] = 16
-    elif rng.random() < 0.5:
-        cfg["num_prefill_checkpoint_blocks"] = 0
+    draw_prefill_checkpoints(rng, cfg, _sizes(cfg)[1])
     return spec
 
 

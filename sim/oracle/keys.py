@@ -129,3 +129,25 @@ def _check(oracle: str) -> None:
 
 def _copy(value: Any) -> Any:
     return list(value) if isinstance(value, list) else value
+
+
+def draw_prefill_checkpoints(rng: Any, cfg: dict, unit: int) -> bool:
+    """The testers' ``ckpt`` profile draw for one case: vLLM's internal prefill checkpoints
+    on in ~70 % of cases (``num_prefill_checkpoint_blocks`` 1; alignment 1, sometimes left to
+    its default, sometimes ``unit`` (the hash unit) or 16), else 0 or the keys left out.
+    Returns whether they are on.  One draw order for both testers, so a seed names a case."""
+    if rng.random() < 0.7:
+        cfg["num_prefill_checkpoint_blocks"] = 1
+        r = rng.random()
+        if r < 0.45:
+            cfg["prefill_checkpoint_alignment"] = 1
+        elif r < 0.6:
+            pass   # the default, 1
+        elif r < 0.8:
+            cfg["prefill_checkpoint_alignment"] = unit
+        else:
+            cfg["prefill_checkpoint_alignment"] = 16
+        return True
+    if rng.random() < 0.5:
+        cfg["num_prefill_checkpoint_blocks"] = 0
+    return False
