@@ -55,7 +55,8 @@ def _rel(new: float, old: float) -> float:
 # scenario sets no SLOs, leaves the column out
 EXTRA_COLUMNS = (("p50_tpot_ms", "TPOT p50 (ms)"), ("p99_tpot_ms", "TPOT p99 (ms)"),
                  ("p50_itl_ms", "ITL p50 (ms)"), ("p99_itl_ms", "ITL p99 (ms)"),
-                 ("request_goodput", "goodput (req/s)"))
+                 ("request_goodput", "goodput (req/s)"),
+                 ("max_arrival_rate", "max rate (req/s)"))
 
 
 def extra_columns(sweep: Sweep) -> list[tuple[str, str]]:
@@ -100,6 +101,10 @@ def _latency_note(sweep: Sweep) -> str:
         note += " Goodput: requests/s meeting every SLO of the scenario's `slo:` section."
     elif any(p.ok and "request_goodput" in p.metrics for p in sweep.points):
         note += " Goodput: no SLOs set (no `slo:` section), so no goodput column."
+    if "max_arrival_rate" in keys:
+        note += (" Max rate: the highest arrival rate at which the point still meets its SLOs "
+                 "at the search's attainment (`sim sweep --search rate`; every run in "
+                 "`search.csv`).")
     return note
 
 

@@ -159,6 +159,14 @@ def test_sweep_search_finds_the_hand_computed_rate(tmp_path, hand_cost, capsys):
     assert "p000 (max_num_seqs=4): rate x1 (50 req/s arriving): 100.0% meet the SLOs" in err
     assert "p001 (max_num_seqs=8): rate x2 (100 req/s arriving): 10.0% meet the SLOs" in err
     assert results[1]["search"]["line"].startswith("max rate x1.8")
+    # the sweep report shows each point's max sustainable rate, from points.csv
+    from reports.sweep_report import write_sweep_report
+
+    write_sweep_report(tmp_path / "out")
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "max rate (req/s)" in report and "Max rate: the highest arrival rate" in report
+    rates = [f"{float(r['max_arrival_rate']):,.2f}" for r in rows]
+    assert all(x in report for x in rates)
 
 
 def test_search_needs_slos_and_a_known_search(tmp_path):
