@@ -7,6 +7,9 @@ into ``sweep_dir``:
 * ``pareto.png/.svg``: token hit rate against peak Mamba-state memory per GPU, the
   Pareto frontier (max hit, min memory) as a step line, and TTFT p50/p99 per point;
 * ``ttft_cdf.png/.svg``, ``ttft_vs_prompt.png/.svg``, ``lost_reuse.png/.svg``;
+* for a capacity sweep (points differ in provisioned ``pool_bytes`` or in cache policy,
+  ``reports/sweep_capacity.py``): ``capacity.png/.svg``, ``report_capacity.csv`` and the
+  cheapest configuration for a target hit rate;
 * ``report.md`` and ``report.html`` (the same blocks; images inline as data URIs);
 * ``report_points.csv``, ``report_pareto.csv``, ``report_ttft_quantiles.csv``,
   ``report_lost_reuse.csv`` and, when the sweep has exactly one boolean axis,
@@ -36,6 +39,12 @@ from reports.sweep_data import (  # noqa: F401  (the public names callers import
     load_sweep,
     pareto_frontier,
 )
+from reports.sweep_capacity import (
+    DEFAULT_TARGET,
+    capacity_blocks,
+    figure_capacity,
+    is_capacity_sweep,
+)
 from reports.sweep_figures import figure_lost_reuse, figure_ttft_cdf, figure_ttft_vs_prompt
 from reports.sweep_pareto import figure_pareto
 from reports.sweep_tables import build_blocks
@@ -43,8 +52,10 @@ from reports.sweep_tables import build_blocks
 FIGURES = ("pareto", "ttft_cdf", "ttft_vs_prompt", "lost_reuse")
 
 
-def write_sweep_report(sweep_dir: Path) -> list[Path]:
-    """(Re)write the sweep report into ``sweep_dir``; returns the files written, sorted."""
+def write_sweep_report(sweep_dir: Path, target: float | None = None) -> list[Path]:
+    """(Re)write the sweep report into ``sweep_dir``; returns the files written, sorted.
+    ``target``: the token hit rate (a fraction) whose cheapest configuration a capacity
+    sweep's report names (default 0.9; see ``reports.sweep_capacity``)."""
     folder = Path(sweep_dir)
     sweep = load_sweep(folder)
     written: list[Path] = []
@@ -58,6 +69,19 @@ def write_sweep_report(sweep_dir: Path) -> list[Path]:
             captions[stem] = saved.caption
     blocks, csvs = build_blocks(sweep, folder, captions)
     written += csvs
+    stale_capacity = [folder / n for n in ("capacity.png", "capacity.svg", "report_capacity.csv")]
+    if is_capacity_sweep(sweep):
+        goal = DEFAULT_TARGET if target is None else target
+        with style.rc():
+            saved = figure_capacity(sweep, folder, goal)
+        extra, path = capacity_blocks(sweep, folder, saved.caption, goal)
+        at = next((i for i, b in enumerate(blocks) if b == ("h2", "Reuse-Pareto")), len(blocks))
+        blocks[at:at] = extra
+        written += saved.files + [path]
+    else:
+        for stale_file in stale_capacity:       # from an earlier capacity sweep's report
+            if stale_file.exists():
+                stale_file.unlink()
     if stale not in csvs and stale.exists():
         stale.unlink()  # from an earlier report of a different sweep in the same folder
     md = folder / "report.md"

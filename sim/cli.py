@@ -98,6 +98,9 @@ def steps(files: list[Path] = typer.Argument(..., help="Step case files (YAML or
           kv_events: bool = typer.Option(False, "--kv-events", help="Also print the KV cache "
                                          "events published step by step (canonical form): "
                                          '{"requests", "kv_events", "kv_events_error"} per file.'),
+          per_step: bool = typer.Option(False, "--per-step", help="Also print each step's "
+                                        "scheduled tokens and drafts per request: "
+                                        '{"requests", "steps"} per file.'),
           ) -> None:
     """Run step cases through the sim-run engine with one time unit per step.
 
@@ -107,7 +110,8 @@ def steps(files: list[Path] = typer.Argument(..., help="Step case files (YAML or
     """
     from sim.steps import run_steps_file
 
-    _print_results(files, lambda f: run_steps_file(f, kv_events=kv_events), compact)
+    _print_results(files, lambda f: run_steps_file(f, kv_events=kv_events, per_step=per_step),
+                   compact)
 
 
 def _progress(enabled: bool, what: str = "requests", total: int | None = None,
@@ -266,6 +270,11 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
             typer.echo(f"{dep.kv_events.summary()}  -> {folder}/kv_events.jsonl")
 
 
+TARGET_HELP = ("Capacity sweeps: name the cheapest configuration (least provisioned cache "
+               "memory per GPU) reaching this token hit rate, and this fraction of ideal's "
+               "(default 0.9).")
+
+
 @app.command()
 def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario + axes)."),
           out: Path = typer.Option(None, "--out", help="Sweep folder (default runs/sweeps/<name>/)."),
@@ -281,7 +290,9 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
           no_report: bool = typer.Option(False, "--no-report"),
           search: str = typer.Option(None, "--search", metavar="rate", help="Find each point's "
                                      "max sustainable arrival rate under the scenario's SLOs "
-                                     "(the sweep file's search: settings, else the defaults).")
+                                     "(the sweep file's search: settings, else the defaults)."),
+          target: float = typer.Option(None, "--target", min=0.0, max=1.0, metavar="RATE",
+                                       help=TARGET_HELP)
           ) -> None:
     """Run every point of a sweep; write points.csv, each point's run folder and the report."""
     from sim.sweep import SweepError, load_sweep, run_sweep
@@ -303,7 +314,7 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
     try:
         results = run_sweep(sw, folder, executor=executor, workers=workers, address=address,
                             progress=lambda done, total: update(done), report=not no_report,
-                            command=COMMAND, verbose=not quiet)
+                            command=COMMAND, verbose=not quiet, target=target)
     except ImportError as e:
         stop()
         fail(f"--executor ray: {e} (pip install ray)")
@@ -317,8 +328,21 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
                 typer.echo(f"  {p.id} ({p.label}): {r['search']['line']}")
         for pid, err in failed:
             typer.echo(f"  {pid} failed: {err}")
+        if not no_report:
+            _echo_capacity(folder, target)
     if failed:
         raise typer.Exit(1)
+
+
+def _echo_capacity(folder: Path, target: float | None) -> None:
+    """A capacity sweep's answers (reports/sweep_capacity.py), one line each."""
+    from reports.sweep_capacity import DEFAULT_TARGET, answers, is_capacity_sweep
+    from reports.sweep_data import load_sweep as load_results
+
+    sw = load_results(folder)
+    if is_capacity_sweep(sw):
+        for a in answers(sw, DEFAULT_TARGET if target is None else target):
+            typer.echo(a.line(sw))
 
 
 @app.command()
@@ -357,13 +381,16 @@ def compare(scenario: Path = typer.Argument(..., help="Scenario YAML."),
 
 @app.command()
 def report(folder: Path = typer.Argument(..., help="A run folder (requests.csv, summary.json) "
-                                         "or a sweep folder (points.csv).")) -> None:
+                                         "or a sweep folder (points.csv)."),
+           target: float = typer.Option(None, "--target", min=0.0, max=1.0, metavar="RATE",
+                                        help=TARGET_HELP)) -> None:
     """Regenerate a run's or a sweep's report from stored results, without rerunning."""
     if (folder / "points.csv").is_file():
         from reports.sweep_report import write_sweep_report
 
-        files = write_sweep_report(folder)
+        files = write_sweep_report(folder, target=target)
         typer.echo(f"sweep report: {len(files)} files in {folder}/")
+        _echo_capacity(folder, target)
     elif (folder / "summary.json").is_file() and (folder / "run.json").is_file():
         from reports.run_report import write_report
 

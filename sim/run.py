@@ -77,9 +77,14 @@ def build_deployment(sc: Scenario) -> Deployment:
         try:
             budget = kv_budget(gpu, sc.model, layout,
                                gpu_memory_utilization=sc.gpu.gpu_memory_utilization,
-                               tp=tp, num_gpus=sc.gpu.count)
+                               tp=tp, num_gpus=sc.gpu.count,
+                               kv_cache_memory_bytes=kvs.kv_cache_memory_bytes)
         except ValueError as e:
-            raise ConfigError("gpu", str(e)) from None
+            msg = str(e)
+            if kvs.kv_cache_memory_bytes is not None:
+                raise ConfigError("kv_cache.kv_cache_memory_bytes",
+                                  msg.removeprefix("kv_cache_memory_bytes: ")) from None
+            raise ConfigError("gpu", msg) from None
         num_blocks = budget.num_blocks
         block_bytes = budget.block_bytes
     overridden = kvs.num_gpu_blocks_override is not None
@@ -93,11 +98,14 @@ def build_deployment(sc: Scenario) -> Deployment:
                       num_speculative_tokens=sd.num_speculative_tokens,
                       num_prefill_lookahead=sd.num_prefill_lookahead,
                       prefill_checkpoints=kvs.prefill_checkpoints(layout,
-                                                                  sc.cache.hash_block_size))
+                                                                  sc.cache.hash_block_size),
+                      eagle_groups=layout.eagle_groups if sd.uses_eagle else ())
     kv = get_policy(sc.cache.policy).build(sc.cache, sc.cache.options, shape)
     if sc.scheduler.max_model_len is not None:
         check_max_model_len(kv, sc.scheduler.max_model_len, block_bytes,
                             "kv_cache.num_gpu_blocks_override" if overridden else
+                            "kv_cache.kv_cache_memory_bytes"
+                            if kvs.kv_cache_memory_bytes is not None else
                             f"the memory budget of {sc.gpu.count} x {sc.gpu.type} at "
                             f"gpu_memory_utilization {sc.gpu.gpu_memory_utilization}")
     cost = cost_model(sc, layout, gpu)

@@ -146,11 +146,16 @@ def parse_steps(data):
     return cfg, sc, acc, streams, [traces[i] for i in order], [t[0] for t in traces], events
 
 
-def run_steps_data(data, source: str = "<steps>", kv_events: bool = False):
+def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
+                   per_step: bool = False):
     """Per request, the step-level answers; with ``kv_events`` a mapping ``{"requests":
     [...], "kv_events": [{"step", "events"}, ...], "kv_events_error": None | {...}}`` of
     the KV events published step by step, in the oracle's canonical form (events are on
-    when ``config.enable_kv_cache_events`` is true, or unset and ``kv_events`` asked)."""
+    when ``config.enable_kv_cache_events`` is true, or unset and ``kv_events`` asked).
+    ``per_step``: a mapping with ``"steps"``: every step that scheduled anything, ``{"step",
+    "scheduled": {id: tokens}, "num_scheduled_tokens", "spec_tokens": {id: drafts}}``
+    (``sched_oracle.py``'s per-step fields; a request with no drafts is left out of
+    ``spec_tokens``, as vLLM leaves it out of ``scheduled_spec_decode_tokens``)."""
     from sim.cache.kv_manager import KVCacheManager
 
     try:
@@ -161,9 +166,15 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False):
         kv = KVCacheManager(cfg)
     except (AssertionError, ValueError) as e:
         res = [{"id": rid, "error": f"{type(e).__name__}: {e}"} for rid in file_order]
-        return {"requests": res, "kv_events": [], "kv_events_error": None} if kv_events else res
+        if not (kv_events or per_step):
+            return res
+        return {"requests": res, **({"steps": []} if per_step else {}),
+                **({"kv_events": [], "kv_events_error": None} if kv_events else {})}
+    step_log: list[dict] = []
     sched = Scheduler(sc, kv, accepted_per_step=acc if not isinstance(acc, list) else 0.0,
                       eagle_family=cfg.eagle)
+    if per_step:
+        sched.step_log = step_log     # (the scheduler records each step's decisions)
     if isinstance(acc, list):
         sched.set_accept_pattern(acc)
     log = None
@@ -186,7 +197,7 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False):
     # (a decode jump caches a block completed by its last step at the next allocation,
     # not at that step's update as vLLM does: same hits, later events; step one by one)
     eng = Engine(sched, FixedStep(UNIT_S), make, lambda r: None,
-                 jump=not isinstance(acc, list) and log is None)
+                 jump=not isinstance(acc, list) and log is None and not per_step)
     try:
         eng.run(StepArrival(rid, arrival * UNIT_S, [], mt) for rid, _, arrival, mt, _ in traces)
     except CapacityError as e:   # the engine's progress guard: a request that never fits
@@ -215,11 +226,15 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False):
             "preemptions": r.preemptions,
             "output_tokens": r.num_output,
         })
-    if not kv_events:
+    if not (kv_events or per_step):
         return out
-    if log is None:
-        return {"requests": out, "kv_events": [], "kv_events_error": None}
-    return {"requests": out, **log.result()}
+    res: dict = {"requests": out}
+    if per_step:
+        res["steps"] = step_log
+    if kv_events:
+        res.update(log.result() if log is not None else {"kv_events": [],
+                                                         "kv_events_error": None})
+    return res
 
 
 class _StepEvents:
@@ -247,7 +262,8 @@ class _StepEvents:
         return {"kv_events": self.steps, "kv_events_error": err}
 
 
-def run_steps_file(path, kv_events: bool = False):
+def run_steps_file(path, kv_events: bool = False, per_step: bool = False):
     from sim.case_files import load_case_file
 
-    return run_steps_data(load_case_file(path), source=str(path), kv_events=kv_events)
+    return run_steps_data(load_case_file(path), source=str(path), kv_events=kv_events,
+                          per_step=per_step)

@@ -362,10 +362,11 @@ def _base_value(sweep: Sweep, pt: Point, dotted: str):
 def run_sweep(sweep: Sweep, out: Path, executor: str = "local", workers: int = 1,
               address: str | None = None, progress=lambda done, total: None,
               report: bool = True, command: list[str] | None = None,
-              verbose: bool = False) -> list[dict]:
+              verbose: bool = False, target: float | None = None) -> list[dict]:
     """Run every point; write the sweep folder atomically; return the results.
     ``command``: the command line recorded in every point's run.json; ``verbose``: log
-    each run of a rate search on stderr."""
+    each run of a rate search on stderr; ``target``: the token hit rate whose cheapest
+    configuration a capacity sweep's report names (``sim sweep --target``)."""
     with atomic_folder(out, kind="sweep") as tmp:
         (tmp / "points").mkdir()
         shutil.copyfile(sweep.path, tmp / "sweep.yaml")
@@ -390,7 +391,7 @@ def run_sweep(sweep: Sweep, out: Path, executor: str = "local", workers: int = 1
             except ImportError:
                 write_sweep_report = None
             if write_sweep_report is not None:
-                write_sweep_report(tmp)
+                write_sweep_report(tmp, target=target)
     return results
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from sim.cache.config import group_problem
 from sim.oracle.keys import KV, from_oracle_config, unmapped_oracle_keys  # (the one key table)
 from sim.oracle.worker import default_oracle_dir  # (the one oracle locator)
 
@@ -67,7 +68,7 @@ def map_config(case: dict) -> dict:
         raise MappingError(f"case keys with no mapping: {sorted(bad)}")
     cfg: dict[str, Any] = from_oracle_config(case, KV, defaults=True)
     for kind in cfg["groups"]:
-        if kind not in ("full", "mamba") and not kind.startswith("swa:"):
+        if group_problem(kind):   # (kind[@block], as CacheConfig takes it)
             raise MappingError(f"unknown group kind {kind!r}")
     cfg["eagle"] = bool(cfg["eagle"])
     cfg["shared_prefix_checkpoint"] = bool(cfg["shared_prefix_checkpoint"])
@@ -216,6 +217,9 @@ TABLES = {
 LOCAL_TABLES = {
     # EAGLE lookahead >= 2: vLLM's per-group probe raises IndexError, its lookup succeeds
     "lookahead": [GOLDEN / "lookahead" / "oracle.out.json"],
+    # per-group attention block sizes and is_eagle_group flags: `tools/oracle_groups.py --file
+    # tests/golden/groups/oracle_cases.json` (oracle.py with those two keys added)
+    "groups": [GOLDEN / "groups" / "oracle.out.json"],
 }
 
 # Seed-PR rule (before the 0.33 prompt-checkpoint fix); expectations from the PR text.

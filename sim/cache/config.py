@@ -36,6 +36,25 @@ def case_field(key: str) -> str:
     return _CASE_FIELDS.get(name, name)
 
 
+def split_group(entry: str) -> tuple[str, int | None]:
+    """``kind[@block]`` -> (kind, block or None).  An attention group may carry its own
+    block size (vLLM builds each group's spec with its own; e.g. full@32 beside swa:128@8);
+    without one it takes ``block_size``."""
+    kind, sep, block = entry.partition("@")
+    return kind, (int(block) if sep else None)
+
+
+def group_problem(entry: object) -> bool:
+    """True when ``entry`` is not a group kind this config takes."""
+    if not isinstance(entry, str):
+        return True
+    kind, sep, block = entry.partition("@")
+    if sep and (kind == "mamba" or not block.isdigit() or int(block) <= 0):
+        return True
+    return not (kind in ("full", "mamba") or (
+        kind.startswith("swa:") and kind[4:].isdigit() and int(kind[4:]) > 0))
+
+
 # max_model_len of a deployment that sets no limit (sim run without scheduler.max_model_len)
 NO_LENGTH_LIMIT = (1 << 62) - 1   # (the largest machine-size int of the compiled build)
 
@@ -72,8 +91,10 @@ class CacheConfig:
     prefill_checkpoint_alignment: int = 1
     # which groups vLLM flags as EAGLE groups: "all" is its fallback when no
     # group is annotated (unit tests, the oracle); a served model flags the
-    # groups holding the drafter's layers, i.e. full attention ("attention")
-    eagle_groups: str = "all"
+    # groups holding the drafter's layers, i.e. full attention ("attention"),
+    # or explicit group indices (vLLM's per-group ``KVCacheGroupSpec.is_eagle_group``;
+    # e.g. [1] when only an SWA group holds them)
+    eagle_groups: str | tuple[int, ...] = "all"
     # tokens scheduled but not yet settled (max_concurrent_batches x budget): sizes the
     # sliding-window admission cap; None = no cap (the manager-level oracle has none)
     max_in_flight_tokens: int | None = None
@@ -99,9 +120,10 @@ class CacheConfig:
     def group_specs(self) -> list[GroupSpec]:
         out = []
         for g in self.groups:
-            if g == "full":
-                out.append(GroupSpec("full", self.block_size))
-            elif g == "mamba":
+            kind, block = split_group(g)
+            if kind == "full":
+                out.append(GroupSpec("full", block or self.block_size))
+            elif kind == "mamba":
                 n = self.num_prefill_checkpoint_blocks
                 out.append(GroupSpec("mamba", self.mamba_block_size or self.block_size,
                                      mamba_mode=self.mamba_cache_mode,
@@ -109,7 +131,8 @@ class CacheConfig:
                                      prefill_checkpoint_alignment=(
                                          self.prefill_checkpoint_alignment if n > 0 else 0)))
             else:
-                out.append(GroupSpec("swa", self.block_size, window=int(g.split(":")[1])))
+                out.append(GroupSpec("swa", block or self.block_size,
+                                     window=int(kind.split(":")[1])))
         return out
 
     def _validate(self) -> None:
@@ -126,10 +149,9 @@ class CacheConfig:
         if not self.groups:
             raise ConfigError("groups", "needs at least one group")
         for g in self.groups:
-            ok = g in ("full", "mamba") or (
-                isinstance(g, str) and g.startswith("swa:") and g[4:].isdigit() and int(g[4:]) > 0)
-            if not ok:
-                raise ConfigError("groups", f"unknown group kind {g!r} (use full | mamba | swa:<window>)")
+            if group_problem(g):
+                raise ConfigError("groups", f"unknown group kind {g!r} (use full | mamba | "
+                                            f"swa:<window>, attention kinds optionally @<block>)")
         pos_int("block_size", self.block_size)
         pos_int("mamba_block_size", self.mamba_block_size, allow_none=True)
         pos_int("hash_block_size", self.hash_block_size, allow_none=True)
@@ -154,8 +176,17 @@ class CacheConfig:
         for name in ("eagle", "shared_prefix_checkpoint"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be true or false, got {getattr(self, name)!r}")
-        if self.eagle_groups not in ("all", "attention"):
-            raise ConfigError("eagle_groups", f"must be all or attention, got {self.eagle_groups!r}")
+        eg = self.eagle_groups
+        if isinstance(eg, tuple):
+            bad = [i for i in eg if isinstance(i, bool) or not isinstance(i, int)
+                   or not 0 <= i < len(self.groups)]
+            if bad or not eg or len(set(eg)) != len(eg):
+                raise ConfigError("eagle_groups",
+                                  f"must be all, attention or a list of distinct group indices "
+                                  f"0..{len(self.groups) - 1}, got {list(eg)!r}")
+        elif eg not in ("all", "attention"):
+            raise ConfigError("eagle_groups", f"must be all, attention or a list of group "
+                                              f"indices, got {eg!r}")
         if self.prompt_checkpoint not in ("v0.33", "seed"):
             raise ConfigError("prompt_checkpoint", f"must be v0.33 or seed, got {self.prompt_checkpoint!r}")
         if self.mamba_cache_mode not in ("align", "all", "none"):
@@ -210,6 +241,8 @@ class CacheConfig:
                 if not isinstance(value, (list, tuple)):
                     raise ConfigError(prefix + key, "must be a list like [full, mamba]")
                 value = tuple(str(v) for v in value)
+            elif name == "eagle_groups" and isinstance(value, (list, tuple)):
+                value = tuple(value)
             kwargs[name] = value
         try:
             return cls(**kwargs)

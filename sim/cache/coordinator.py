@@ -97,7 +97,7 @@ class Coordinator:
                  hash_block_size: int, use_eagle: bool, retention: int | None,
                  lookahead: int = 0, prefill_lookahead: int = 0,
                  num_speculative_blocks: int = 0, checkpoint_rule: str = "v0.33",
-                 eagle_groups: str = "all", eagle_method: bool = False,
+                 eagle_groups: str | tuple[int, ...] = "all", eagle_method: bool = False,
                  unlimited_pool: bool = False):
         self.specs = specs
         self.scheduler_block_size = scheduler_block_size
@@ -111,8 +111,11 @@ class Coordinator:
         # attention) whenever the drafter is EAGLE-like, lookahead or not; with
         # no flagged group vLLM falls back to flagging every group when the
         # legacy drop is on (unit tests, the oracle).
-        annotated = ({i for i, s in enumerate(specs) if s.kind == "full"}
-                     if eagle_method and eagle_groups == "attention" else set())
+        annotated: set[int] = set()
+        if isinstance(eagle_groups, tuple):   # explicit is_eagle_group flags, as given
+            annotated = set(eagle_groups)
+        elif eagle_method and eagle_groups == "attention":
+            annotated = {i for i, s in enumerate(specs) if s.kind == "full"}
         self.eagle_group_ids: set[int] = annotated
         if use_eagle and not annotated:
             self.eagle_group_ids = set(range(len(specs)))
@@ -480,7 +483,7 @@ def get_coordinator(specs: list[GroupSpec], num_blocks: int, scheduler_block_siz
                     hash_block_size: int, use_eagle: bool, retention: int | None,
                     lookahead: int = 0, prefill_lookahead: int = 0,
                     num_speculative_blocks: int = 0, checkpoint_rule: str = "v0.33",
-                    eagle_groups: str = "all", eagle_method: bool = False,
+                    eagle_groups: str | tuple[int, ...] = "all", eagle_method: bool = False,
                     enable_caching: bool = True, unlimited_pool: bool = False,
                     ideal_unit: int = 0) -> Coordinator:
     """The coordinator for a layout (vLLM's ``get_kv_cache_coordinator``).

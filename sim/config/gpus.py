@@ -96,8 +96,15 @@ class KVBudget:
 
 def kv_budget(gpu: GPUSpec, model: ModelSpec, layout: KVLayout, *, gpu_memory_utilization: float = 0.9,
               tp: int = 1, num_gpus: int | None = None,
-              activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES) -> KVBudget:
-    """See :func:`num_kv_blocks`; returns every intermediate figure."""
+              activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES,
+              kv_cache_memory_bytes: int | None = None) -> KVBudget:
+    """See :func:`num_kv_blocks`; returns every intermediate figure.
+
+    ``kv_cache_memory_bytes`` (vLLM's ``--kv-cache-memory-bytes``) replaces the profiled
+    budget: vLLM 0.33.0's worker skips the memory profile and hands that many bytes to the
+    planner (``available_bytes``), ignoring ``gpu_memory_utilization``; the planner's
+    ``available_memory // bytes_per_block`` then sizes the pool as here.  It must still
+    fit beside the weights and the reserve on the GPU (else vLLM runs out of memory)."""
     gpu = get_gpu(gpu)
     if not isinstance(gpu_memory_utilization, (int, float)) or isinstance(gpu_memory_utilization, bool) \
             or not 0 < gpu_memory_utilization <= 1:
@@ -120,6 +127,19 @@ def kv_budget(gpu: GPUSpec, model: ModelSpec, layout: KVLayout, *, gpu_memory_ut
     weights = math.ceil(weights_total / num_gpus)
     usable = int(gpu.memory_bytes * gpu_memory_utilization)
     available = usable - weights - activation_reserve_bytes
+    if kv_cache_memory_bytes is not None:
+        if isinstance(kv_cache_memory_bytes, bool) or not isinstance(kv_cache_memory_bytes, int) \
+                or kv_cache_memory_bytes < 1:
+            raise ValueError(f"kv_cache_memory_bytes: must be a positive integer, got "
+                             f"{kv_cache_memory_bytes!r}")
+        room = gpu.memory_bytes - weights - activation_reserve_bytes
+        if kv_cache_memory_bytes > room:
+            raise ValueError(
+                f"kv_cache_memory_bytes: {kv_cache_memory_bytes / GiB:.2f} GiB does not fit on "
+                f"{gpu.name} beside weights {weights / GiB:.1f} GiB per GPU and reserve "
+                f"{activation_reserve_bytes / GiB:.1f} GiB ({gpu.memory_bytes / GiB:.1f} GiB; "
+                f"at most {max(room, 0):,} bytes)")
+        usable, available = gpu.memory_bytes, kv_cache_memory_bytes
     if available <= 0:
         raise ValueError(
             f"{model.name} does not fit on {gpu.name}: weights {weights / GiB:.1f} GiB per GPU "
@@ -137,7 +157,8 @@ def kv_budget(gpu: GPUSpec, model: ModelSpec, layout: KVLayout, *, gpu_memory_ut
 
 def num_kv_blocks(gpu: GPUSpec, model: ModelSpec, layout: KVLayout, *, gpu_memory_utilization: float = 0.9,
                   tp: int = 1, num_gpus: int | None = None,
-                  activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES) -> int:
+                  activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES,
+                  kv_cache_memory_bytes: int | None = None) -> int:
     """Blocks in vLLM's KV-cache pool on one GPU (``num_gpu_blocks``; block 0 is the null block).
 
     ::
@@ -163,7 +184,11 @@ def num_kv_blocks(gpu: GPUSpec, model: ModelSpec, layout: KVLayout, *, gpu_memor
     * Weights are ``total_params x dtype bytes`` (estimated from shapes), plus the MTP module when
       the layout uses MTP, split evenly (replicated norms and routers ignored).
 
+    * ``kv_cache_memory_bytes`` (vLLM's ``--kv-cache-memory-bytes``): ``available`` is this
+      byte budget instead, ``gpu_memory_utilization`` is ignored (see :func:`kv_budget`).
+
     Raises ``ValueError`` (one line) when the weights and reserve do not fit, or no block fits.
     """
     return kv_budget(gpu, model, layout, gpu_memory_utilization=gpu_memory_utilization, tp=tp,
-                     num_gpus=num_gpus, activation_reserve_bytes=activation_reserve_bytes).num_blocks
+                     num_gpus=num_gpus, activation_reserve_bytes=activation_reserve_bytes,
+                     kv_cache_memory_bytes=kv_cache_memory_bytes).num_blocks

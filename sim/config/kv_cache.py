@@ -19,6 +19,10 @@ class KVCacheSection:
     kernel_block_size: int = 16
     block_size: int | None = None            # override the derived attention/Mamba block
     num_gpu_blocks_override: int | None = None
+    # vLLM's --kv-cache-memory-bytes: the pool's byte budget per GPU, instead of the one
+    # profiled from gpu_memory_utilization (vLLM then ignores the utilization): the pool
+    # holds kv_cache_memory_bytes // (bytes of one pool block) blocks, null block included
+    kv_cache_memory_bytes: int | None = None
     # GDN (Qwen3-Next) prefill kernel: auto = what vLLM picks on the scenario's GPU
     # (FlashInfer on Hopper; on Blackwell for 128-wide keys), which exports prefill
     # checkpoints on a 64-token grid; triton exports none
@@ -40,6 +44,11 @@ class KVCacheSection:
         check_int(p, "kernel_block_size", self.kernel_block_size, 1)
         check_int(p, "block_size", self.block_size, 1, allow_none=True)
         check_int(p, "num_gpu_blocks_override", self.num_gpu_blocks_override, 2, allow_none=True)
+        check_int(p, "kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1, allow_none=True)
+        if self.kv_cache_memory_bytes is not None and self.num_gpu_blocks_override is not None:
+            raise ConfigError(p + "kv_cache_memory_bytes", "set either kv_cache_memory_bytes "
+                              "(a byte budget per GPU) or num_gpu_blocks_override (a block "
+                              "count), not both")
         if self.block_size is not None and self.block_size % self.kernel_block_size:
             k, b = self.kernel_block_size, self.block_size
             lo, hi = (b // k) * k, (b // k + 1) * k

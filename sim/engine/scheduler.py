@@ -139,6 +139,9 @@ class Scheduler:
         self.step_index = 0
         self.accept_list: list[int] | None = None   # per-step acceptance (step cases)
         self.step_accepted = 0   # drafts a decode item accepts in the step being scheduled
+        # ``sim steps --per-step`` (and the step tester): each step's decisions as
+        # sched_oracle.py reports them, when a list is set here (None: nothing recorded)
+        self.step_log: list[dict[str, Any]] | None = None
         self.sched_time = 0
         # drafter slots allocated past the scheduled tokens (vLLM's num_lookahead_tokens:
         # K for EAGLE-family and draft-model drafters, 0 for n-gram)
@@ -303,6 +306,7 @@ class Scheduler:
             self._emit(out, r, n, comp, not decode, sk if decode else 0)
             budget -= n
             i += 1
+        num_running_scheduled = len(out)   # (vLLM's scheduled_running_reqs: padding reads it)
         if not preempted:
             if (self.reorders and budget > 0 and len(self.waiting) > 1
                     and len(running) < self.max_num_seqs):
@@ -323,7 +327,7 @@ class Scheduler:
                 n = c.num_tokens - computed
                 padded = False
                 if (K > 0 and n == 1 and not prefill_scheduled
-                        and (out or computed > 0)
+                        and (num_running_scheduled > 0 or computed > 0)
                         and (mml is None or computed + 1 + K + 1 <= mml)):
                     # vLLM pads a new request with one token left to 1 + K (drafts
                     # that are never accepted) to keep the decode batch uniform,
@@ -363,7 +367,21 @@ class Scheduler:
                 budget -= n
         # vLLM frees the refs retained for copy-on-write at the end of schedule()
         kv.release_cow_copies()
+        if self.step_log is not None and out:
+            self._log_step(now, out)
         return out
+
+    def _log_step(self, now: int, out: list[ScheduledItem]) -> None:
+        """Tokens scheduled per request (drafts included), their total, and the drafts
+        scheduled per request (a request without drafts left out, as vLLM leaves it out of
+        ``scheduled_spec_decode_tokens``)."""
+        log = self.step_log
+        assert log is not None
+        log.append({"step": now,
+                    "scheduled": {it.req.rid: it.num_tokens for it in out},
+                    "num_scheduled_tokens": sum(it.num_tokens for it in out),
+                    "spec_tokens": {it.req.rid: it.spec_tokens for it in out
+                                    if it.spec_tokens}})
 
     @staticmethod
     def _emit(out: list, r: SimRequest, n: int, context: int, prefill: bool, spec: int,

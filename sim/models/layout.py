@@ -32,8 +32,8 @@ class KVLayout:
     (``num_mtp_attention_layers``) and EAGLE decoder layers (``num_draft_layers``) count in
     ``num_attention_layers``; a drafter whose per-rank attention shape equals the target's shares
     its groups, any other gets groups of its own (``num_draft_groups``, counted in
-    ``num_attention_groups``).  ``eagle_groups`` lists the groups (attention groups first, then
-    Mamba, as ``groups``) that hold drafter layers: vLLM's EAGLE groups.
+    ``num_attention_groups``).  ``eagle_groups`` lists the groups (indices in ``groups``, vLLM's
+    order) that hold drafter layers: vLLM's EAGLE groups.
     """
 
     model: str

@@ -74,6 +74,8 @@ KEYS: tuple[Key, ...] = (
         "num_prefill_checkpoint_blocks"),
     Key("prefill_checkpoint_alignment", "prefill_checkpoint_alignment",
         "prefill_checkpoint_alignment"),
+    # per-group is_eagle_group flags (tools/oracle_groups.py, the oracle with that key added)
+    Key("eagle_groups", "eagle_groups", None),
 )
 BY_OURS: dict[str, Key] = {k.ours: k for k in KEYS}
 

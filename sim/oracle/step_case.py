@@ -7,7 +7,8 @@ token ids as prompts (or, for a file to read, the stream notation); the oracle g
 configuration through the key table (``sim.oracle.keys``) and ``tokens: {"ids": [...]}``.
 
 Compared per request: ``FIELDS`` (the oracle's ``preemptions`` list by its length, its
-``num_output_tokens`` as ``output_tokens``).  Case-level outcomes: both sides reject the
+``num_output_tokens`` as ``output_tokens``); per step: ``STEP_FIELDS`` (tokens and drafts
+scheduled per request, ``compare_steps``).  Case-level outcomes: both sides reject the
 configuration (``both_reject``), one side rejects (``construction``), the oracle fails while
 running (``oracle_error``, e.g. ``max_steps``), our side crashes (``crash``) or runs past its
 time limit (``hang``; ``both_stall`` when the oracle ran out of steps too).
@@ -37,6 +38,8 @@ EVENT_SWITCH = "enable_kv_cache_events"
 OURS_ONLY = ("kv_events_fix_emit",)
 FIELDS = ["first_scheduled_step", "hit", "junction", "chunk_ends", "chunk_end_steps",
           "first_token_step", "finish_step", "preemptions", "output_tokens"]
+# per step (``sim steps --per-step``, ``sched_oracle.py``'s step records): compared too
+STEP_FIELDS = ["scheduled", "spec_tokens"]
 # the value of this override key that means "num_speculative_tokens" (one Mamba state block
 # per draft token, as vLLM's MambaSpec holds them)
 SPEC_BLOCKS = ("mamba_num_speculative_blocks", "K")
@@ -99,11 +102,12 @@ def run_ours(spec: dict, timeout: float | None = 20.0, literal: bool = True,
     events = bool(data["config"].get(EVENT_SWITCH))
     try:
         got = call_with_timeout(
-            lambda: steps_mod.run_steps_data(data, spec["name"], kv_events=events), timeout)
+            lambda: steps_mod.run_steps_data(data, spec["name"], kv_events=events,
+                                             per_step=True), timeout)
         if events:   # (the KV events beside the requests: compared when the case has them)
-            return {"results": got["requests"], "kv_events": got["kv_events"],
-                    "kv_events_error": got["kv_events_error"]}
-        return {"results": got}
+            return {"results": got["requests"], "steps": got["steps"],
+                    "kv_events": got["kv_events"], "kv_events_error": got["kv_events_error"]}
+        return {"results": got["requests"], "steps": got["steps"]}
     except OurTimeout:
         return {"hang": timeout}
     except CaseError as e:
@@ -170,7 +174,25 @@ def compare(spec: dict, ours: dict, ans: dict, ignore: frozenset | set = frozens
             a, b = r.get(f), oracle_value(o, f)
             if a != b:
                 mm.append(Mismatch(label(f, r, o, a, b), r["id"], a, b))
+    if "steps" in ours:
+        mm += compare_steps(ours["steps"], ans.get("steps") or [])
     return Verdict(COMPARED, [m for m in mm + ev if m.field not in ignore], n)
+
+
+def compare_steps(ours: list[dict], steps: list[dict]) -> list[Mismatch]:
+    """``STEP_FIELDS`` of every step that scheduled anything on either side (the first
+    step where each field differs): tokens scheduled per request, drafts included, and the
+    drafts scheduled per request, so spec-decode padding and cut drafts are checked."""
+    want = {s["step"]: s for s in steps if s.get("scheduled")}
+    got = {s["step"]: s for s in ours if s.get("scheduled")}
+    out = []
+    for f in STEP_FIELDS:
+        for step in sorted(set(want) | set(got)):
+            a, b = got.get(step, {}).get(f, {}), want.get(step, {}).get(f, {})
+            if a != b:
+                out.append(Mismatch(f, f"step {step}", a, b))
+                break
+    return out
 
 
 def oracle_events(ans: dict) -> tuple[list[dict], dict | None]:

@@ -39,6 +39,9 @@ class PoolShape:
     num_prefill_lookahead: int = 0          # drafter runway at a chunk boundary
     # internal prefill checkpoints of every Mamba group (blocks, alignment)
     prefill_checkpoints: tuple[int, int] = (0, 1)
+    # the groups holding the drafter's layers (vLLM's is_eagle_group), in pool order;
+    # () = every attention group when the drafter is EAGLE-family
+    eagle_groups: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ class NoCachePolicy:
         return CacheConfig(
             groups=shape.groups, block_size=shape.block_size, mamba_cache_mode="none",
             num_blocks=shape.num_blocks,
-            mamba_num_speculative_blocks=(shape.num_speculative_tokens
-                                          if shape.uses_eagle else 0),
+            # every speculative method (vLLM: MambaSpec.num_speculative_blocks = k)
+            mamba_num_speculative_blocks=shape.num_speculative_tokens,
             max_model_len=(shape.max_model_len if shape.max_model_len is not None
                            else NO_LENGTH_LIMIT))
 

@@ -30,7 +30,8 @@ class VllmPolicy:
                 prompt_checkpoint=switches.prompt_checkpoint, num_blocks=shape.num_blocks,
                 prefix_cache_retention_interval=switches.prefix_cache_retention_interval,
                 num_hash_lookahead_tokens=lookahead,
-                num_prefill_lookahead=shape.num_prefill_lookahead, eagle_groups="attention",
+                num_prefill_lookahead=shape.num_prefill_lookahead,
+                eagle_groups=shape.eagle_groups if shape.eagle_groups else "attention",
                 # every speculative method (vLLM: MambaSpec.num_speculative_blocks = k)
                 mamba_num_speculative_blocks=shape.num_speculative_tokens,
                 num_prefill_checkpoint_blocks=shape.prefill_checkpoints[0],
