@@ -220,6 +220,20 @@ LOCAL_TABLES = {
     # per-group attention block sizes and is_eagle_group flags: `tools/oracle_groups.py --file
     # tests/golden/groups/oracle_cases.json` (oracle.py with those two keys added)
     "groups": [GOLDEN / "groups" / "oracle.out.json"],
+    # vLLM unit tests that exercise internal prefill checkpoints, translated into oracle cases
+    # (`oracle.py --file tests/golden/vllm_tests/oracle_cases.json`); provenance below
+    "vllm_tests": [GOLDEN / "vllm_tests" / "oracle.out.json"],
+}
+# Which vLLM test each vllm_tests case id (by prefix) was translated from; written into the
+# golden's `source` so the file names the test, while every expected value is the oracle's.
+VLLM_TEST_SOURCES = {
+    "ckgate_prompt_end_": "translated from vLLM test (Mamba align prefill checkpoint gate, "
+    "'vLLM #59175, fix 1'; tests/v1/core) test_prompt_end_checkpoint_kept_at_hash_boundary",
+    "ckgate_hits_": "translated from vLLM test (Mamba align prefill checkpoint gate, "
+    "'vLLM #59175, fix 1'; tests/v1/core) test_prefix_hits_unchanged_by_gate",
+    "ckgate_mid_prompt_": "translated from vLLM test (Mamba align prefill checkpoint gate, "
+    "'vLLM #59175, fix 1'; tests/v1/core) "
+    "test_mid_prompt_checkpoint_reserved_only_under_dense_retention",
 }
 
 # Seed-PR rule (before the 0.33 prompt-checkpoint fix); expectations from the PR text.
@@ -243,6 +257,12 @@ def build(oracle: Path) -> tuple[dict[Path, dict], list[str]]:
                 seed_answers[cid] = ans
             version = ans.get("vllm", "?")
             source = f"vllm {version} oracle, {name}, case {cid}"
+            origin = [v for k, v in VLLM_TEST_SOURCES.items() if cid.startswith(k)]
+            if table == "vllm_tests":
+                if len(origin) != 1:
+                    problems.append(f"{table}/{cid}: no single vLLM test named for it")
+                    continue
+                source += f"; {origin[0]}; expect values are the oracle's"
             path = GOLDEN / table / f"{cid}.yaml"
             if path in files:
                 problems.append(f"{table}/{cid}: duplicate case id ({name})")
