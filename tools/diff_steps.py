@@ -282,6 +282,10 @@ def describe(out: Outcome, tables: bool, opts: Options) -> str:
         lines.append(step_table(ans["steps"]))
         tr: list = []
         opts.run_ours(spec, scheduler=tracing_scheduler(tr))
+        if not tr:
+            # the compiled scheduler takes no interpreted subclass (the run above crashed):
+            # what it records itself (Scheduler.step_log: tokens and drafts per step)
+            tr = [dict(st, running="?", waiting="?") for st in ours.get("steps") or []]
         if tr:
             lines.append("--- our steps")
             lines.append(step_table(tr))
