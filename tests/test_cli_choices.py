@@ -10,23 +10,13 @@ import yaml
 
 from workloads import build_workload, describe
 
+from tests.sim_cli import run_sim
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def sim(*args: str, cwd: Path = ROOT) -> int:
-    import os
-
-    from sim.cli import main
-
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        main(list(args))
-        return 0
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 0
-    finally:
-        os.chdir(old)
+    return run_sim(*args, cwd=cwd)
 
 
 @pytest.mark.parametrize("args, option, choices", [

@@ -2,28 +2,17 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import yaml
+
+from tests.sim_cli import run_sim
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("wall_s", "sim_requests_per_s")
 
 
-def sim(*args: str, cwd: Path) -> int:
-    """``sim ARGS`` in this process, from ``cwd`` (the console entry point)."""
-    from sim.cli import main
-
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        main(list(args))
-        return 0
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 0
-    finally:
-        os.chdir(old)
+sim = run_sim   # ``sim ARGS`` in this process, from ``cwd``: its exit code
 
 
 def _summary(folder: Path) -> dict:

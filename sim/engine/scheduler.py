@@ -20,7 +20,6 @@ from typing import Any, Final
 
 from backends.base import StepItem
 from sim.cache.kv_manager import KVCacheManager
-from sim.cache.mamba_manager import MambaManager
 from sim.cache.request import CacheRequest
 from sim.config.scheduler import SchedulerConfig
 from sim.engine.request_queue import RequestQueue, make_queue
@@ -28,11 +27,6 @@ from sim.engine.request_queue import RequestQueue, make_queue
 # why a request is refused on arrival (requests.csv ``rejected``)
 EXCEEDS_MAX_MODEL_LEN: Final = "exceeds_max_model_len"   # prompt >= max_model_len
 TOO_LONG_FOR_POOL: Final = "too_long_for_pool"           # the pool can never hold it
-
-
-def blocks_per_request(kv: KVCacheManager, num_slots: int) -> int:
-    """vLLM's per-request accounting at ``num_slots`` slots (``KVCacheManager.blocks_per_request``)."""
-    return kv.blocks_per_request(num_slots)
 
 
 class SimRequest:
@@ -201,7 +195,7 @@ class Scheduler:
     def blocks_needed(self, req: SimRequest) -> int:
         """Pool blocks ``req`` holds at most if it runs alone (an upper bound: vLLM's
         per-request accounting at its longest sequence, ``blocks_per_request``)."""
-        return blocks_per_request(self.kv, self.longest_slots(req))
+        return self.kv.blocks_per_request(self.longest_slots(req))
 
     def admission_blocks(self, req: SimRequest) -> int:
         """Blocks the admission gate asks for ``req`` now without a prefix hit: its whole

@@ -23,8 +23,7 @@ from sim.cache.prompt import StreamRegistry, parse_prompt
 from sim.config.errors import CapacityError
 from sim.config.scheduler import SchedulerConfig
 from sim.engine.engine import Engine
-from sim.engine.scheduler import (TOO_LONG_FOR_POOL, Scheduler, SimRequest,
-                                  blocks_per_request)
+from sim.engine.scheduler import TOO_LONG_FOR_POOL, Scheduler, SimRequest
 
 UNIT_S = 1e-9
 
@@ -183,7 +182,7 @@ def test_blocks_per_request_counts_as_vllm_does():
     kv = KVCacheManager(CacheConfig(groups=("full", "mamba", "mamba"), block_size=16,
                                     hash_block_size=16, num_blocks=64, eagle=True,
                                     mamba_num_speculative_blocks=3))
-    assert blocks_per_request(kv, 1) == 1 + 2 * 5
-    assert blocks_per_request(kv, 16) == 1 + 2 * 5
-    assert blocks_per_request(kv, 17) == 2 + 2 * 5
-    assert blocks_per_request(kv, 10_000) == 625 + 2 * 5
+    assert kv.blocks_per_request(1) == 1 + 2 * 5
+    assert kv.blocks_per_request(16) == 1 + 2 * 5
+    assert kv.blocks_per_request(17) == 2 + 2 * 5
+    assert kv.blocks_per_request(10_000) == 625 + 2 * 5
