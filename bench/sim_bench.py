@@ -6,6 +6,7 @@
     python bench/sim_bench.py mooncake --repeat 3   # best of three (noisy machines)
     python bench/sim_bench.py mooncake --requests 3000 --profile 20   # where the time goes
     python bench/sim_bench.py mooncake --requests 2000 --instructions  # load-independent cost
+    python bench/sim_bench.py mooncake --set attribution=false   # what a switch costs (A/B)
 
 Prints simulated requests per wall second, the ratio to the 5,000/s target and to the
 reference simulators measured on this machine class (Vidur ~670 req/s, Marconi's cache-only
@@ -23,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -62,26 +65,35 @@ def main() -> None:
                     help="instead of timing: count the CPU instructions per simulated request "
                          "with valgrind (callgrind), as (run of N requests - run of 1) / N; "
                          "the same on a busy or an idle machine, so changes can be compared")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a scenario key (YAML value), as `sim run --set` does; "
+                         "repeatable: A/B a switch, e.g. --set attribution=false")
     ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)  # one silent run
     args = ap.parse_args()
+    sets = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            ap.error(f"--set {item!r}: expected KEY=VALUE")
+        sets[key] = yaml.safe_load(value)
     if args.instructions:
-        instructions(args.which, args.requests or 2000)
+        instructions(args.which, args.requests or 2000, args.set)
         return
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
     if args.profile < 0:
         ap.error("--profile must be >= 0")
     if args.which == "mooncake":
-        over = {"workload.num_requests": args.requests} if args.requests else None
-        sc = load_scenario(ROOT / "scenarios" / "mooncake-conversation.yaml", over)
+        over = {"workload.num_requests": args.requests} if args.requests else {}
+        sc = load_scenario(ROOT / "scenarios" / "mooncake-conversation.yaml", {**over, **sets})
     elif args.which == "athena":
-        over = {"workload.num_requests": args.requests} if args.requests else None
-        sc = load_scenario(ROOT / "scenarios" / "athena.yaml", over)
+        over = {"workload.num_requests": args.requests} if args.requests else {}
+        sc = load_scenario(ROOT / "scenarios" / "athena.yaml", {**over, **sets})
     else:
         over = dict(MILLION)
         if args.requests:
             over["workload.num_requests"] = args.requests
-        sc = load_scenario(ROOT / "scenarios" / "athena.yaml", over)
+        sc = load_scenario(ROOT / "scenarios" / "athena.yaml", {**over, **sets})
     t0 = time.perf_counter()
 
     def progress(n: int) -> None:
@@ -131,7 +143,7 @@ def main() -> None:
         st.sort_stats("tottime").print_stats(args.profile)
 
 
-def instructions(which: str, n: int) -> None:
+def instructions(which: str, n: int, sets: list[str]) -> None:
     """Instructions per simulated request, counted by callgrind (startup cancels out)."""
     if shutil.which("valgrind") is None:
         sys.exit("--instructions needs valgrind (Debian package valgrind)")
@@ -139,6 +151,7 @@ def instructions(which: str, n: int) -> None:
     def count(requests: int) -> int:
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
                str(Path(__file__).resolve()), which, "--requests", str(requests), "--bare"]
+        cmd += [f"--set={item}" for item in sets]
         res = subprocess.run(cmd, capture_output=True, text=True)
         m = re.search(r"Collected : (\d+)", res.stderr)
         if res.returncode != 0 or m is None:
@@ -148,7 +161,7 @@ def instructions(which: str, n: int) -> None:
     t0 = time.perf_counter()
     full, base = count(n), count(1)
     per = (full - base) / n
-    print(f"scenario {which}: {n:,} requests, {per / 1e3:,.0f} k instructions per simulated "
+    print(f"scenario {which}{''.join(f' --set {x}' for x in sets)}: {n:,} requests, {per / 1e3:,.0f} k instructions per simulated "
           f"request (callgrind; {time.perf_counter() - t0:,.0f} s)")
     print(f"  build: {native.describe()}")
 

@@ -280,6 +280,8 @@ def write_report(folder: Path) -> None:
         "Per-request values: `requests.csv`; every figure above: `summary.json`.",
         "",
     ]
+    from reports.miss_figure import miss_markdown  # why requests missed (attribution)
+    lines += miss_markdown(folder, s, rows, name)
     from reports.memory_figure import memory_markdown  # the pool over time (memory.csv)
     lines += memory_markdown(folder, s)
     (folder / "report.md").write_text("\n".join(lines))

@@ -10,6 +10,8 @@ into ``sweep_dir``:
 * for a capacity sweep (points differ in provisioned ``pool_bytes`` or in cache policy,
   ``reports/sweep_capacity.py``): ``capacity.png/.svg``, ``report_capacity.csv`` and the
   cheapest configuration for a target hit rate;
+* ``miss_classes.png``: per point, its prompt tokens as hit and miss classes (stacked;
+  points written with miss attribution: ``reports/miss_figure.py``);
 * ``report.md`` and ``report.html`` (the same blocks; images inline as data URIs);
 * ``report_points.csv``, ``report_pareto.csv``, ``report_ttft_quantiles.csv``,
   ``report_lost_reuse.csv`` and, when the sweep has exactly one boolean axis,
@@ -45,6 +47,7 @@ from reports.sweep_capacity import (
     figure_capacity,
     is_capacity_sweep,
 )
+from reports.miss_figure import sweep_bars
 from reports.sweep_figures import figure_lost_reuse, figure_ttft_cdf, figure_ttft_vs_prompt
 from reports.sweep_pareto import figure_pareto
 from reports.sweep_tables import build_blocks
@@ -84,6 +87,19 @@ def write_sweep_report(sweep_dir: Path, target: float | None = None) -> list[Pat
                 stale_file.unlink()
     if stale not in csvs and stale.exists():
         stale.unlink()  # from an earlier report of a different sweep in the same folder
+    # why each point missed (miss attribution; points written without it get no section)
+    saved_miss = sweep_bars([(sweep.point_label(p), p.metrics) for p in sweep.points if p.ok],
+                            folder, f"{sweep.name}: why each point missed")
+    if saved_miss is not None:
+        at = next((i for i, b in enumerate(blocks) if b == ("h2", "Failed points")), len(blocks))
+        blocks[at:at] = [("h2", "Why points missed"),
+                         ("p", "Each point's prompt tokens: hit, then what it missed and why "
+                               "(`miss_*` in `points.csv`; per request in each point's "
+                               "`requests.csv`)."),
+                         ("img", "miss_classes.png", saved_miss.caption)]
+        written += saved_miss.files
+    elif (folder / "miss_classes.png").exists():
+        (folder / "miss_classes.png").unlink()   # from an earlier report of this folder
     md = folder / "report.md"
     md.write_text(render_md(blocks), encoding="utf-8")
     hp = folder / "report.html"

@@ -315,6 +315,37 @@ def model(name: str = typer.Argument(None, help="Catalogue name (see --list)."),
     typer.echo(models.describe(lay, m))
 
 
+@app.command()
+def explain(target: Path = typer.Argument(..., help="A run folder (sim run's output) or a case "
+                                          "file (sim case's input)."),
+            request_id: str = typer.Argument(None, metavar="[REQUEST_ID]", help="The request "
+                                             "(a run: required; a case file: default its last)."),
+            request: str = typer.Option(None, "--request", help="The request (as REQUEST_ID)."),
+            as_json: bool = typer.Option(False, "--json", help="The explanation as JSON (keys "
+                                         "documented in sim/explain/render.py)."),
+            no_what_if: bool = typer.Option(False, "--no-what-if", help="Skip the three "
+                                            "re-simulations with one setting changed."),
+            hash_unit: int = typer.Option(None, "--hash-unit", min=1, help="The hash unit the "
+                                          "what-if tries (default: the block if finer, else "
+                                          "half the block).")) -> None:
+    """Why a request reused what it reused: each KV-cache group's reach, the group that capped
+    the hit, the nearest Mamba state and why none was closer (align grid, retention, never
+    computed, evicted by which request, when), the junction, the EAGLE drop and lookahead, and
+    the hit with the junction flag, the retention interval or the hash unit changed
+    (re-simulated up to this request's lookup)."""
+    from sim.explain import explain as run_explain, text
+
+    if request_id is not None and request is not None and request_id != request:
+        fail(f"give the request once (REQUEST_ID {request_id!r} or --request {request!r})")
+    d = run_explain(target, request_id or request, counterfactuals=not no_what_if,
+                    hash_unit=hash_unit)
+    if as_json:
+        json.dump(d, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        typer.echo(text(d))
+
+
 events_app = typer.Typer(no_args_is_help=True, help="KV cache event streams (vLLM's "
                          "--kv-events-config): check one.")
 app.add_typer(events_app, name="events")

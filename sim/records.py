@@ -40,13 +40,28 @@ class RequestRecord(NamedTuple):
     itl_ms: Millis = ""               # (e2e - ttft) / (output_chunks - 1): this request's mean ITL
     output_chunks: Number = ""        # steps that delivered its tokens (spec decode: < tokens)
     slo_ok: Number = ""               # 1 when it met every SLO of the scenario, 0 not; "" no SLO
+    # why the prompt missed, at its first admission (sim/cache/attribution.py): with
+    # hit_tokens these add up to prompt_tokens; "" with `attribution: false`
+    compulsory_tokens: Number = ""    # never computed before (nor being computed)
+    capacity_tokens: Number = ""      # computed and cached, then evicted
+    checkpoint_tokens: Number = ""    # full attention held it; no usable Mamba state / window
+    speculative_tokens: Number = ""   # lost to the EAGLE drop
+    in_flight_tokens: Number = ""     # an admitted request had yet to compute it
+    checkpoint_reason: str = ""       # evicted | retention | junction | align | window, or ""
+    capacity_evicted_by: str = ""     # a capacity miss: the request whose allocation evicted it
 
 
 REQUEST_COLUMNS: tuple[str, ...] = RequestRecord._fields
 INT_COLUMNS = frozenset({"prompt_tokens", "hit_tokens", "attention_hit_tokens", "lost_tokens",
                          "junction", "recomputed_tokens", "output_tokens", "preemptions",
-                         "mamba_states_written", "output_chunks", "slo_ok"})
-TEXT_COLUMNS = frozenset({"request_id", "session", "rejected"})
+                         "mamba_states_written", "output_chunks", "slo_ok",
+                         "compulsory_tokens", "capacity_tokens", "checkpoint_tokens",
+                         "speculative_tokens", "in_flight_tokens"})
+TEXT_COLUMNS = frozenset({"request_id", "session", "rejected", "checkpoint_reason",
+                          "capacity_evicted_by"})
+# the miss classes in requests.csv, hit first (a waterfall's order)
+MISS_COLUMNS: tuple[str, ...] = ("hit_tokens", "speculative_tokens", "checkpoint_tokens",
+                                 "capacity_tokens", "in_flight_tokens", "compulsory_tokens")
 
 # latency statistics: mean and percentiles of TTFT, TPOT, ITL, end-to-end latency and
 # queueing delay (arrival to first scheduled), in ms, named as `vllm bench serve` names them
@@ -54,6 +69,13 @@ LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el", "queue_time")
 LATENCY_STATS: tuple[str, ...] = ("mean", "p50", "p90", "p99")
 LATENCY_FIELDS: tuple[str, ...] = tuple(f"{stat}_{metric}_ms" for metric in LATENCY_METRICS
                                         for stat in LATENCY_STATS)
+
+# the miss classes of summary.json (``miss_<class>_tokens`` / ``_rate``; ``reusable``: what an
+# unlimited attention-only cache would reuse = prompt - compulsory)
+MISS_CLASSES: tuple[str, ...] = ("compulsory", "capacity", "checkpoint", "speculative",
+                                 "in_flight")
+MISS_FIELDS: tuple[str, ...] = (*(f"miss_{c}_tokens" for c in MISS_CLASSES), "reusable_tokens",
+                                *(f"miss_{c}_rate" for c in MISS_CLASSES), "reusable_token_rate")
 
 # summary.json, in file order (wall_s and sim_requests_per_s measure the machine; every
 # other field is byte-identical for the same inputs and seed)
@@ -70,6 +92,9 @@ SUMMARY_FIELDS: tuple[str, ...] = (
     # memory per GPU: the pool, and what it held at once (any step; unlike the two peaks
     # above, which need not coincide)
     "pool_bytes", "occupied_bytes_peak", "in_use_bytes_peak",
+    # miss attribution (sim/cache/attribution.py): tokens per class, then shares of the
+    # prompt tokens; null with `attribution: false`
+    *MISS_FIELDS,
     "wall_s", "sim_requests_per_s",
 )
 

@@ -34,8 +34,8 @@ from sim.engine.record import Recorder, RequestMaker, StepSampler
 from sim.engine.scheduler import TOO_LONG_FOR_POOL, Scheduler, SimRequest
 from sim.models.layout import derive_layout
 from sim.cache.policies import PoolShape, get_policy
-from sim.records import (LATENCY_STATS, MEMORY_COLUMNS, REQUEST_COLUMNS, SUMMARY_FIELDS,
-                         RequestRecord, records_in_arrival_order)
+from sim.records import (LATENCY_STATS, MEMORY_COLUMNS, MISS_CLASSES, REQUEST_COLUMNS,
+                         SUMMARY_FIELDS, RequestRecord, records_in_arrival_order)
 from sim.stats import mean, percentiles, weighted_percentiles
 
 
@@ -99,7 +99,11 @@ def build_deployment(sc: Scenario) -> Deployment:
                       num_prefill_lookahead=sd.num_prefill_lookahead,
                       prefill_checkpoints=kvs.prefill_checkpoints(layout,
                                                                   sc.cache.hash_block_size),
-                      eagle_groups=layout.eagle_groups if sd.uses_eagle else ())
+                      eagle_groups=layout.eagle_groups if sd.uses_eagle else (),
+                      block_bytes=block_bytes,
+                      costs=(layout.attn_bytes_per_token, layout.mamba_bytes_per_seq,
+                             sc.model.flops_per_token(0),
+                             sc.model.flops_per_token(1) - sc.model.flops_per_token(0)))
     kv = get_policy(sc.cache.policy).build(sc.cache, sc.cache.options, shape)
     if sc.scheduler.max_model_len is not None:
         check_max_model_len(kv, sc.scheduler.max_model_len, block_bytes,
@@ -219,10 +223,13 @@ def _quiet_gc():
 
 
 def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: bool = True,
-             fast_decode: bool = True, plant: str | None = None):
+             fast_decode: bool = True, plant: str | None = None,
+             prepare: Callable[[Deployment, Scheduler, Engine], None] | None = None):
     """Run the scenario; returns (deployment, records, summary dict).  ``records`` are the
     served requests (``RequestRecord``, in arrival order); ``deployment.records`` holds
-    every request, those refused on arrival included (what ``write_run`` writes)."""
+    every request, those refused on arrival included (what ``write_run`` writes).
+    ``prepare(dep, sched, engine)`` runs once the parts are built, before the replay
+    (``sim explain`` watches one request's admission there and stops the replay)."""
     from workloads import build_workload
 
     t_wall = time.perf_counter()
@@ -245,6 +252,12 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     eng = Engine(sched, backend, maker.make, on_finish,
                  jump=jump and dep.kv_events is None, progress=progress)
     eng.on_step = sampler.step
+    if getattr(sc, "attribution", True):   # why each request missed (sim/cache/attribution.py)
+        from sim.cache.attribution import MissAttribution
+
+        sched.attribution = MissAttribution(kv)
+    if prepare is not None:
+        prepare(dep, sched, eng)
     with _quiet_gc():
         eng.run(traces)     # (the engine's progress guard raises a CapacityError)
     if dep.kv_events is not None:
@@ -322,11 +335,32 @@ def summarize(sc, dep, rows, eng, sched, wall) -> dict:
         "pool_bytes": dep.num_blocks * page,
         "occupied_bytes_peak": dep.sampler.occupied_peak * page if dep.sampler else 0,
         "in_use_bytes_peak": dep.sampler.in_use_peak * page if dep.sampler else 0,
+        **miss_fields(rows, prompt),
         "wall_s": wall,
         "sim_requests_per_s": n / wall if wall > 0 else 0.0,
     }
     assert tuple(summary) == SUMMARY_FIELDS   # (sim/records.py names them, in file order)
     return summary
+
+
+def miss_fields(rows: list[RequestRecord], prompt: int) -> dict:
+    """Miss attribution totals (tokens) and their shares of the prompt tokens; ``reusable``
+    is what an unlimited attention-only cache would reuse (hit + every class but
+    compulsory).  None with attribution off."""
+    on = [r for r in rows if r.compulsory_tokens != ""]
+    out: dict = {}
+    totals = {name: sum(getattr(r, f"{name}_tokens") for r in on) if on else None
+              for name in MISS_CLASSES}
+    if on:
+        totals["reusable"] = sum(r.prompt_tokens - r.compulsory_tokens for r in on)
+    else:
+        totals["reusable"] = None
+    for name, v in totals.items():
+        out[f"miss_{name}_tokens" if name != "reusable" else "reusable_tokens"] = v
+    for name, v in totals.items():
+        out[f"miss_{name}_rate" if name != "reusable" else "reusable_token_rate"] = \
+            (v / prompt if prompt else 0.0) if v is not None else None
+    return out
 
 
 PERCENTILES = tuple(float(s[1:]) for s in LATENCY_STATS if s.startswith("p"))

@@ -25,6 +25,7 @@ from librt.vecs import vec
 from mypy_extensions import i64
 
 from sim.cache.events import KVEventLog, log_evictions
+from sim.cache.evictions import EvictionLog
 from sim.cache.key_map import KeyMap
 
 GROUP_BITS: Final = 5  # up to 32 KV-cache groups
@@ -95,6 +96,8 @@ class BlockPool:
         self.peak = vec[i64]([0, 0])
         # vLLM's KV cache events (sim/cache/events.py); None: off, one test per call site
         self.events: KVEventLog | None = None
+        # who evicted which key, when (sim/cache/evictions.py: miss attribution); None: off
+        self.evictions: EvictionLog | None = None
 
     # -- lookups -------------------------------------------------------------
     def get_cached_block(self, block_hash: int, group_ids: list[int]) -> list[Block] | None:
@@ -257,6 +260,7 @@ class BlockPool:
         kind = self.kind_of_group[group_id] if self.kind_of_group else 0
         km = self.key_map
         head = self.head
+        ev = self.evictions
         i = 0
         while i < n:
             # pop the front of the free queue (``_pop_front`` inlined: once per block)
@@ -273,8 +277,14 @@ class BlockPool:
                     b.key = NO_KEY
                     b.key_tokens = NO_KEY
                     self.evicted_keys += 1
+                    if ev is not None:
+                        ev.evicted(key)
                 else:
-                    self.evicted_keys += len(self.remove_keys(b))
+                    gone = self.remove_keys(b)
+                    self.evicted_keys += len(gone)
+                    if ev is not None:
+                        for gk in gone:
+                            ev.evicted(gk)
                 k = b.kind
                 occ[k] = occ[k] - 1
             b.ref_cnt += 1
@@ -301,6 +311,18 @@ class BlockPool:
             if b.ref_cnt == 0:
                 self._unlink(b)
             b.ref_cnt += 1
+
+    def uncache(self, b: Block) -> None:
+        """Drop every key of ``b``: an admission policy taking back a state it kept
+        (``cache.policy: marconi``'s provisional sequence end; vLLM never does).  A free
+        block then moves to the front of the queue, as a block freed without a key."""
+        if b.is_null or (b.key < 0 and b.extra is None):
+            return
+        self.drop_keys(b)
+        if b.ref_cnt == 0:
+            self._unlink(b)
+            self._insert(b, self.head, self.head.next_free)
+            self.occupied[b.kind] -= 1
 
     def free_blocks(self, ordered: list[Block]) -> None:
         """Release one reference of each block; order = eviction priority."""

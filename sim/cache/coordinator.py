@@ -12,7 +12,7 @@ a pool that never runs out (``UnlimitedBlockPool``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Callable, Final
 
 from sim.cache.block_pool import Block, BlockPool
 from sim.cache.hashing import PrefixKeys
@@ -20,6 +20,7 @@ from sim.cache.key_map import KeyMap
 from sim.cache.mamba_manager import MambaManager
 from sim.cache.managers import FullAttentionManager, SingleTypeManager, SlidingWindowManager
 from sim.cache.rules import cdiv, eagle_proof_margin, replay_boundaries
+from sim.cache.seams import Admission
 from sim.cache.specs import GroupSpec
 
 if TYPE_CHECKING:
@@ -50,7 +51,9 @@ class UnlimitedBlockPool(BlockPool):
     the count of free blocks without a key is the free count minus the cached free
     ones (``occupied`` counts in-use and cached free blocks)."""
 
-    def __init__(self, hash_block_size: int, lookahead: int = 0):
+    def __init__(self, num_blocks: int, hash_block_size: int, lookahead: int = 0):
+        # (``num_blocks``, whatever it is, is not what this pool holds: the seam's
+        # ``pool_factory`` signature)
         super().__init__(2, hash_block_size, lookahead)   # the null block and one more
         self.virgin = UNLIMITED_BLOCKS - 2   # reported free blocks not materialised yet
         self.num_blocks = UNLIMITED_BLOCKS
@@ -98,13 +101,15 @@ class Coordinator:
                  lookahead: int = 0, prefill_lookahead: int = 0,
                  num_speculative_blocks: int = 0, checkpoint_rule: str = "v0.33",
                  eagle_groups: str | tuple[int, ...] = "all", eagle_method: bool = False,
-                 unlimited_pool: bool = False):
+                 pool_factory: Callable[[int, int, int], BlockPool] | None = None,
+                 admission: Admission | None = None):
         self.specs = specs
         self.scheduler_block_size = scheduler_block_size
         self.hash_block_size = hash_block_size
         self.reprefillable = max(0, prefill_lookahead - 1)
-        self.pool = (UnlimitedBlockPool(hash_block_size, lookahead) if unlimited_pool
-                     else BlockPool(num_blocks, hash_block_size, lookahead))
+        # the eviction seam: the pool class a policy builds (vLLM's LRU queue by default)
+        self.pool = (BlockPool(num_blocks, hash_block_size, lookahead) if pool_factory is None
+                     else pool_factory(num_blocks, hash_block_size, lookahead))
         self.pool.kind_of_group = [1 if s.kind == "mamba" else 0 for s in specs]
         # Unflagged groups: with EAGLE every group counts as an EAGLE group.
         # A served model flags the groups holding the drafter's layers (full
@@ -138,7 +143,7 @@ class Coordinator:
             m: SingleTypeManager
             if cls is MambaManager:
                 m = MambaManager(spec, self.pool, members, scheduler_block_size,
-                                 num_speculative_blocks, checkpoint_rule)
+                                 num_speculative_blocks, checkpoint_rule, admission)
             else:
                 m = cls(spec, self.pool, members, scheduler_block_size)
             self.managers.append(m)
@@ -263,6 +268,15 @@ class UnitaryCoordinator(Coordinator):
         g = self.spec_groups[0]
         blocks, hit = self._find(g, hashes, max_length, g.use_eagle)
         return [blocks[0]], hit, 0
+
+    def find_per_group(self, hashes: PrefixKeys, max_length: int,
+                       kinds: tuple[str, ...] | None = None) -> list[int]:
+        """The one group alone is the lookup itself: vLLM's unitary coordinator has no
+        per-group probe, and its EAGLE drop takes no proof margin (the hybrid probe's
+        ``max_length + margin`` would report a block more than the hit)."""
+        if kinds is not None and self.spec_groups[0].spec.kind not in kinds:
+            return [0]
+        return [self.find_longest_cache_hit(hashes, max_length)[1]]
 
     def num_cacheable_tokens(self, num_computed: int, use_eagle: bool, block_size: int) -> int:
         return max(0, num_computed - self.reprefillable)
@@ -416,7 +430,8 @@ class IdealCoordinator(NoPrefixCacheCoordinator):
     def __init__(self, specs: list[GroupSpec], num_blocks: int, scheduler_block_size: int,
                  unit: int, num_speculative_blocks: int = 0):
         super().__init__(specs, num_blocks, scheduler_block_size, unit, False, None,
-                         num_speculative_blocks=num_speculative_blocks, unlimited_pool=True)
+                         num_speculative_blocks=num_speculative_blocks,
+                         pool_factory=UnlimitedBlockPool)
         self.unit = unit
         self.index = KeyMap(1024)
         self.deferred = any(s.kind == "mamba" for s in specs)
@@ -484,12 +499,14 @@ def get_coordinator(specs: list[GroupSpec], num_blocks: int, scheduler_block_siz
                     lookahead: int = 0, prefill_lookahead: int = 0,
                     num_speculative_blocks: int = 0, checkpoint_rule: str = "v0.33",
                     eagle_groups: str | tuple[int, ...] = "all", eagle_method: bool = False,
-                    enable_caching: bool = True, unlimited_pool: bool = False,
-                    ideal_unit: int = 0) -> Coordinator:
+                    enable_caching: bool = True,
+                    pool_factory: Callable[[int, int, int], BlockPool] | None = None,
+                    admission: Admission | None = None, ideal_unit: int = 0) -> Coordinator:
     """The coordinator for a layout (vLLM's ``get_kv_cache_coordinator``).
 
     ``enable_caching`` False: prefix caching off (EAGLE's rules, which only concern
-    cached prefixes, are off with it); ``unlimited_pool``: an ``UnlimitedBlockPool``;
+    cached prefixes, are off with it); ``pool_factory`` and ``admission``: the policy
+    seams (``sim/cache/seams.py``; None: vLLM's LRU pool and admission rules);
     ``ideal_unit`` > 0: the ideal cache at that unit (caching off in the pool)."""
     if ideal_unit > 0:
         return IdealCoordinator(specs, num_blocks, scheduler_block_size, ideal_unit,
@@ -498,11 +515,11 @@ def get_coordinator(specs: list[GroupSpec], num_blocks: int, scheduler_block_siz
         return NoPrefixCacheCoordinator(specs, num_blocks, scheduler_block_size, hash_block_size,
                                         False, None, lookahead, prefill_lookahead,
                                         num_speculative_blocks, checkpoint_rule,
-                                        unlimited_pool=unlimited_pool)
+                                        pool_factory=pool_factory)
     for s in specs:
         if s.kind == "mamba" and s.mamba_mode != "align":
             raise AssertionError("Mamba prefix caching requires mamba_cache_mode='align'")
     cls: type[Coordinator] = UnitaryCoordinator if len(specs) == 1 else HybridCoordinator
     return cls(specs, num_blocks, scheduler_block_size, hash_block_size, use_eagle, retention,
                lookahead, prefill_lookahead, num_speculative_blocks, checkpoint_rule,
-               eagle_groups, eagle_method, unlimited_pool)
+               eagle_groups, eagle_method, pool_factory, admission)

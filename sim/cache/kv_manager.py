@@ -8,14 +8,18 @@ blocks tail first.
 from __future__ import annotations
 
 
-from sim.cache.block_pool import Block
+from typing import Callable
+
+from sim.cache.block_pool import Block, BlockPool
 from sim.cache.config import CacheConfig
 from sim.cache.coordinator import Coordinator, get_coordinator
 from sim.cache.events import KVEventLog, announce
+from sim.cache.evictions import EvictionLog
 from sim.cache.hashing import PrefixHasher, PrefixKeys, Run
 from sim.cache.mamba_manager import MambaManager
 from sim.cache.managers import SingleTypeManager
 from sim.cache.request import CacheRequest
+from sim.cache.seams import Admission
 from sim.cache.split import SplitPolicy
 
 
@@ -55,10 +59,14 @@ def _any_cached(c: Coordinator, rid: str) -> bool:
 
 class KVCacheManager:
     def __init__(self, cfg: CacheConfig, enable_caching: bool = True,
-                 unlimited_pool: bool = False, ideal_unit: int = 0):
+                 pool_factory: Callable[[int, int, int], BlockPool] | None = None,
+                 admission: Admission | None = None, ideal_unit: int = 0):
         """``enable_caching`` False is vLLM's ``--no-enable-prefix-caching`` (every lookup
-        misses; ``cache.policy: none``).  ``unlimited_pool``: a pool that never runs out
-        nor evicts, whatever ``cfg.num_blocks`` says; ``ideal_unit`` > 0: the ideal cache
+        misses; ``cache.policy: none``).  The policy seams (``sim/cache/seams.py``):
+        ``pool_factory`` builds the pool from ``(num_blocks, hash_block_size, lookahead)``
+        and so decides the eviction order (None: vLLM's LRU ``BlockPool``;
+        ``UnlimitedBlockPool``: never runs out nor evicts); ``admission``: which computed
+        Mamba states are kept (None: vLLM's rules).  ``ideal_unit`` > 0: the ideal cache
         (a state at every ``ideal_unit`` tokens of every computed prefix, keys without
         lookahead, unlimited pool; ``cache.policy: ideal``)."""
         self.cfg = cfg
@@ -74,7 +82,7 @@ class KVCacheManager:
             num_speculative_blocks=cfg.mamba_num_speculative_blocks,
             checkpoint_rule=cfg.prompt_checkpoint, eagle_groups=cfg.eagle_groups,
             eagle_method=cfg.eagle, enable_caching=enable_caching,
-            unlimited_pool=unlimited_pool, ideal_unit=ideal_unit)
+            pool_factory=pool_factory, admission=admission, ideal_unit=ideal_unit)
         c = self.coordinator
         self.shared_prefix_checkpoint = (cfg.shared_prefix_checkpoint and bool(c.eagle_group_ids)
                                          and c.partial_hits and c.reprefillable == 0)
@@ -265,6 +273,9 @@ class KVCacheManager:
         # no slot past max_model_len (the drafter's lookahead slots stop there too)
         need_slot = min(num_main + num_lookahead_tokens, mml)
         rid = req.request_id
+        evl = c.pool.evictions
+        if evl is not None:
+            evl.request_id = rid   # (whose allocation evicts: miss attribution)
         # the scheduler's prefill boundary (resumed requests replay their outputs)
         nt1 = req.num_tokens - 1
         prefill_end = req.num_prompt_tokens if req.num_prompt_tokens > nt1 else nt1
@@ -352,6 +363,28 @@ class KVCacheManager:
     def enable_kv_events(self, log: KVEventLog) -> None:
         """Queue vLLM's KV cache events into ``log`` from now on (``sim/cache/events.py``)."""
         self.pool.events = log
+
+    def enable_eviction_log(self, log: EvictionLog) -> None:
+        """Record from now on which request's allocation evicted each cached key, and when
+        (``sim/cache/evictions.py``; the caller sets ``log.now_ns``).  Only the first
+        group of each run of identical groups is recorded (``log.watch``)."""
+        mask = 0
+        for g in self.coordinator.spec_groups:
+            if g.group_ids:
+                mask |= 1 << g.group_ids[0]
+        log.watch = mask if mask else -1
+        self.pool.evictions = log
+
+    @property
+    def eviction_log(self) -> EvictionLog | None:
+        """The eviction log in use (None: off); the scheduler sets its ``now_ns``."""
+        return self.pool.evictions
+
+    def eviction_of(self, pool_key: int) -> tuple[int, str] | None:
+        """The last eviction of ``pool_key`` (``make_key(block_hash, group_id)``): (time in
+        ns, evicting request), or None (never evicted, or no eviction log enabled)."""
+        log = self.pool.evictions
+        return log.get(pool_key) if log is not None else None
 
     # ------------------------------------------------------------- inspection --
     def cached_positions(self, req: CacheRequest, gid: int) -> list[int]:

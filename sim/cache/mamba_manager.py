@@ -15,6 +15,7 @@ from sim.cache.events import log_partial_store, partial_is_new
 from sim.cache.hashing import PrefixKeys, unit_key
 from sim.cache.managers import SingleTypeManager
 from sim.cache.rules import cdiv, mamba_checkpoint_position, prefill_checkpoint_valid
+from sim.cache.seams import Admission
 from sim.cache.specs import GroupSpec
 
 if TYPE_CHECKING:
@@ -90,8 +91,13 @@ class MambaManager(SingleTypeManager):
 
     def __init__(self, spec: GroupSpec, pool: BlockPool, group_ids: list[int],
                  scheduler_block_size: int, num_speculative_blocks: int = 0,
-                 checkpoint_rule: str = "v0.33"):
+                 checkpoint_rule: str = "v0.33", admission: Admission | None = None):
         super().__init__(spec, pool, group_ids, scheduler_block_size)
+        # the admission seam (sim/cache/seams.py): None is vLLM's rules
+        self.admission = admission
+        # rid -> (block, key) per member: the decode-phase state an admission with
+        # ``sequence_end`` keeps provisionally (the request's latest)
+        self.sequence_end: dict[str, list[tuple[Block, int]]] = {}
         # (a caching coordinator insists on align mode: get_coordinator)
         self.align_mode = spec.mamba_mode == "align"
         self.num_spec_blocks = num_speculative_blocks
@@ -331,14 +337,23 @@ class MambaManager(SingleTypeManager):
             del self.states_written[rid]
         if rid in self.checkpoints:
             del self.checkpoints[rid]
+        if self.admission is not None:
+            if rid in self.sequence_end:
+                del self.sequence_end[rid]   # (its last state stays: the sequence's end)
+            self.admission.finished(rid)
         return super()._forget(rid)
 
     def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,
                      replay: tuple[int, ...]) -> None:
         rid = req.request_id
+        adm = self.admission
+        if adm is not None:
+            replay = adm.boundaries(req, num_tokens, replay)
         before = self.num_cached.get(rid, 0)
         super().cache_blocks(req, num_tokens, retention, replay)
         after = self.num_cached.get(rid, 0)
+        if adm is not None and adm.sequence_end and after > before:
+            self._keep_sequence_end(req, before, after)
         written = self._cache_partial_tail(req, num_tokens, retention)
         if after > before:
             cts = self.cached_this_step
@@ -352,6 +367,33 @@ class MambaManager(SingleTypeManager):
                         written += 1
         if written:
             self.states_written[rid] = self.states_written.get(rid, 0) + written
+
+    def _keep_sequence_end(self, req: CacheRequest, before: int, after: int) -> None:
+        """Of the decode-phase states (past the prompt) just cached in blocks
+        ``before .. after-1``, keep the last and take back every earlier one of this
+        request: only the sequence's last state stays when it finishes."""
+        t = self.tables[req.request_id]
+        npt = req.num_prompt_tokens
+        last = -1
+        for i in range(after - 1, before - 1, -1):
+            b = t[0][i]
+            if not b.is_null and b.key >= 0 and b.key_tokens > npt:
+                last = i
+                break
+        if last < 0:
+            return
+        pool = self.pool
+        prev = self.sequence_end.get(req.request_id)
+        if prev is not None:
+            for b, key in prev:
+                if b.key == key:   # (still that state: not evicted and re-keyed since)
+                    pool.uncache(b)
+        for i in range(before, last):
+            for blocks in t:
+                b = blocks[i]
+                if not b.is_null and b.key >= 0 and b.key_tokens > npt:
+                    pool.uncache(b)
+        self.sequence_end[req.request_id] = [(blocks[last], blocks[last].key) for blocks in t]
 
     def new_step_starts(self) -> None:
         if self.cached_this_step:

@@ -24,7 +24,7 @@ from sim.config.slo import SLOSection
 from sim.config.speculative import SpeculativeSection
 
 TOP_KEYS = {"name", "description", "seed", "model", "kv_cache", "gpu", "cache", "scheduler",
-            "speculative", "workload", "backend", "output", "slo", "kv_events"}
+            "speculative", "workload", "backend", "output", "slo", "kv_events", "attribution"}
 
 
 class ScenarioError(InputError):
@@ -48,6 +48,8 @@ class Scenario:
     output: str | None = None
     slo: SLOSection = field(default_factory=SLOSection)
     kv_events: KVEventsSection = field(default_factory=KVEventsSection)
+    # miss attribution (requests.csv *_tokens classes, summary miss_*): false turns it off
+    attribution: bool = True
     raw: dict = field(default_factory=dict, repr=False)
 
 
@@ -211,7 +213,11 @@ def scenario_from_mapping(data, path: Path) -> Scenario:
         raise ConfigError("output", "must be a folder path")
     slo = build_section(SLOSection, data.get("slo"), "slo.")
     slo.validate()
+    attribution = data.get("attribution", True)
+    if not isinstance(attribution, bool):
+        raise ConfigError("attribution", f"must be true or false, got {show(attribution)}")
     return Scenario(path=path, name=str(name), description=desc or "",
                     seed=seed, model=model, kv_cache=kv, gpu=gpu, cache=cache, scheduler=sched,
                     speculative=spec, workload=wl, backend=backend, output=out, slo=slo,
-                    kv_events=KVEventsSection.from_value(data.get("kv_events")), raw=data)
+                    kv_events=KVEventsSection.from_value(data.get("kv_events")),
+                    attribution=attribution, raw=data)

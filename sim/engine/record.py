@@ -158,7 +158,8 @@ class Recorder:
     """One ``requests.csv`` row per finished request: a plain tuple, the arrival index
     first, then the columns of ``sim.records.RequestRecord`` in order up to
     ``output_chunks`` (``slo_ok`` is left to ``sim/run.py``, which knows the SLOs and
-    makes the records once the replay is over)."""
+    makes the records once the replay is over), then, with miss attribution on, its
+    classes (``sim/cache/attribution.py``; defaults "" otherwise)."""
 
     def __init__(self, maker: RequestMaker, sampler: StepSampler):
         self.maker = maker
@@ -190,9 +191,15 @@ class Recorder:
         decode_ns = r.finish_ns - r.first_token_ns     # first delivery to last
         tpot: float | str = decode_ns * MS_PER_NS / (r.num_output - 1) if r.num_output > 1 else ""
         itl: float | str = decode_ns * MS_PER_NS / (chunks - 1) if chunks > 1 else ""
-        self.rows.append((
+        row: tuple[Any, ...] = (
             r.index, c.request_id, session or "", r.arrival_ns * ns, c.num_prompt_tokens,
             r.hit_tokens, r.attention_hit_tokens, max(r.attention_hit_tokens - r.hit_tokens, 0),
             r.junction, r.recomputed_tokens, (r.first_scheduled_ns - r.arrival_ns) * ns,
             (r.first_token_ns - r.arrival_ns) * ns, (r.finish_ns - r.arrival_ns) * ns,
-            r.num_output, r.preemptions, r.mamba_states_written, "", tpot, itl, chunks))
+            r.num_output, r.preemptions, r.mamba_states_written, "", tpot, itl, chunks)
+        m = r.miss
+        if m is not None:
+            # slo_ok (sim/run.py fills it), then the miss attribution's columns
+            row = row + ("", m.compulsory, m.capacity, m.checkpoint, m.speculative,
+                         m.in_flight, m.reason, m.evicted_by)
+        self.rows.append(row)

@@ -19,6 +19,7 @@ from fractions import Fraction
 from typing import Any, Final
 
 from backends.base import StepItem
+from sim.cache.attribution import Miss, MissAttribution
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.request import CacheRequest
 from sim.config.scheduler import SchedulerConfig
@@ -42,7 +43,7 @@ class SimRequest:
                  "chunk_ends", "chunk_end_steps", "first_prefill_done", "done_event",
                  "out_stream", "fast_n", "fast_until", "item", "has_drafts",
                  "is_prefill_chunk", "recording", "cache_mark", "rejected", "priority",
-                 "arrival_step")
+                 "arrival_step", "miss")
 
     def __init__(self, cache: CacheRequest, max_tokens: int, index: int):
         self.cache = cache
@@ -77,6 +78,7 @@ class SimRequest:
         self.rejected = ""                 # why it was refused on arrival (a reason token), or ""
         self.priority = 0                  # scheduler.policy priority: lower goes first
         self.arrival_step = 0              # scheduler step at arrival (lpm's starvation bound)
+        self.miss: Miss | None = None      # why its first admission missed (attribution on)
 
     def __repr__(self) -> str:
         return (f"SimRequest({self.cache.request_id!r}, index={self.index}, "
@@ -160,6 +162,8 @@ class Scheduler:
         # engine's progress guard then stops the replay)
         self.reject_unservable = reject_unservable
         self.usable_blocks = kv.usable_blocks   # (block 0 is the null block)
+        # miss attribution (sim/cache/attribution.py): None = off
+        self.attribution: MissAttribution | None = None
 
     # ----------------------------------------------------------------- helpers --
     def add(self, req: SimRequest) -> bool:
@@ -214,6 +218,10 @@ class Scheduler:
     # ---------------------------------------------------------------- schedule --
     def schedule(self, now: int) -> list[ScheduledItem]:
         self.sched_time = now
+        attr = self.attribution
+        evl = self.kv.eviction_log
+        if evl is not None:
+            evl.now_ns = now   # (the time of the evictions this step's allocations make)
         # the step's draft acceptance, decided once: update_from_output applies it and the
         # engine hands it to the backend in the step plan
         al = self.accept_list
@@ -342,6 +350,8 @@ class Scheduler:
                     # the lookup's own first pass answers when it could tell)
                     attn_alone = (lookup.full_alone if lookup.full_alone >= 0
                                   else self._attention_alone(c))
+                    if attr is not None:
+                        r.miss = attr.classify(c, lookup)
                 ok = kv.allocate_slots(c, n, new_local,
                                        lookup.blocks if lookup is not None and lookup.hit else None,
                                        num_lookahead_tokens=self.num_lookahead,
@@ -355,6 +365,8 @@ class Scheduler:
                     r.junction = lookup.junction if lookup else 0
                     r.attention_hit_tokens = attn_alone
                     r.first_scheduled_ns = now
+                    if attr is not None:
+                        attr.admit(c, new_local + n)   # (what this step schedules)
                 c.num_computed_tokens += new_local
                 self._emit(out, r, n, c.num_computed_tokens, not padded, K if padded else 0,
                            new_local, padded)

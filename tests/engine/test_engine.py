@@ -236,8 +236,9 @@ def test_the_report_says_how_many_requests_were_rejected(tmp_path):
         (out / "report.md").read_text()
     # the refused request has its row, marked, with no measurements; the served one none
     lines = (out / "requests.csv").read_text().splitlines()
-    assert lines[0].endswith(",mamba_states_written,rejected,tpot_ms,itl_ms,output_chunks,slo_ok")
-    assert lines[1] == "a,,0.000000,3000" + "," * 11 + ",exceeds_max_model_len" + "," * 4
+    assert ",mamba_states_written,rejected,tpot_ms,itl_ms,output_chunks,slo_ok" in lines[0]
+    after = len(REQUEST_COLUMNS) - REQUEST_COLUMNS.index("rejected") - 1   # (empty columns)
+    assert lines[1] == "a,,0.000000,3000" + "," * 11 + ",exceeds_max_model_len" + "," * after
     assert lines[2].startswith("b,,0.100000,100,") and ",," in lines[2]   # served: rejected ""
     assert len(lines[2].split(",")) == len(REQUEST_COLUMNS)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sim.cache.policies.base import CachePolicy, CacheSwitches, NoOptions, PoolShape
 from sim.cache.policies.ideal import IdealPolicy
+from sim.cache.policies.marconi import MarconiPolicy
 from sim.cache.policies.none import NoCachePolicy
 from sim.cache.policies.vllm import VllmPolicy
 
@@ -15,6 +16,7 @@ CACHE_POLICIES: dict[str, CachePolicy] = {
     "vllm": VllmPolicy(),
     "none": NoCachePolicy(),
     "ideal": IdealPolicy(),
+    "marconi": MarconiPolicy(),
 }
 
 

@@ -42,6 +42,12 @@ class PoolShape:
     # the groups holding the drafter's layers (vLLM's is_eagle_group), in pool order;
     # () = every attention group when the drafter is EAGLE-family
     eagle_groups: tuple[int, ...] = ()
+    # what the pool's memory and a prefill cost, as plain numbers from the model (read by
+    # the FLOP-aware eviction of ``cache.policy: marconi``): bytes of one pool block, and
+    # (KV bytes per token, Mamba state bytes per sequence, prefill FLOPs per token, extra
+    # prefill FLOPs per context token: ``sim.marconi.CostModel``'s fields); None: unknown
+    block_bytes: int = 0
+    costs: tuple[int, int, float, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.cache.coordinator import UnlimitedBlockPool
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.policies.base import CacheSwitches, PoolShape
 from sim.cache.policies.none import NoCachePolicy
@@ -66,7 +67,7 @@ class IdealPolicy:
               shape: PoolShape) -> KVCacheManager:
         vllm = VllmPolicy().cache_config(switches, shape)
         if options.checkpoints == "vllm":
-            return KVCacheManager(vllm, unlimited_pool=True)
+            return KVCacheManager(vllm, pool_factory=UnlimitedBlockPool)
         unit = vllm.hash_block_size
         assert unit is not None   # resolved when the config was validated
         return KVCacheManager(NoCachePolicy().cache_config(shape), ideal_unit=unit)

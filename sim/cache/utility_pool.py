@@ -1,0 +1,75 @@
+"""A block pool whose cached free blocks are evicted in an order an ``EvictionOrder``
+chooses (the eviction seam's second pool; ``cache.policy: marconi``).
+
+It is vLLM's ``BlockPool`` in everything else -- the hash map, reference counts, the free
+queue with uncached blocks in front and cached ones behind, the occupancy accounting --
+so every rule of the managers holds unchanged.  Only which cached block an allocation
+reuses differs: when the uncached free blocks at the front of the queue do not cover an
+allocation, the order picks the cached free blocks to evict and the pool moves them to
+the front just before the allocation pops them (so KV events and the eviction log, which
+read the front of the queue, see the real victims).
+
+Why compiled (``sim/native.py``): it subclasses the compiled ``BlockPool``, which an
+interpreted class cannot.  The order itself (``sim/cache/seams.py``) is interpreted and
+consulted once per block freed, hit or evicted -- never on the ``vllm`` policy's path.
+"""
+from __future__ import annotations
+
+from sim.cache.block_pool import Block, BlockPool
+from sim.cache.seams import EvictionOrder
+
+
+class UtilityBlockPool(BlockPool):
+    """``BlockPool`` with ``order`` choosing the cached blocks an allocation evicts."""
+
+    def __init__(self, num_blocks: int, hash_block_size: int, lookahead: int,
+                 order: EvictionOrder):
+        super().__init__(num_blocks, hash_block_size, lookahead)
+        self.order = order
+
+    def cached_free(self) -> int:
+        """Free blocks that hold a key (``occupied`` counts blocks in use and these)."""
+        in_use = self.num_blocks - 1 - self.num_free_blocks
+        return int(self.occupied[0]) + int(self.occupied[1]) - in_use
+
+    def get_new_blocks(self, n: int, group_id: int = 0) -> list[Block]:
+        if n <= self.num_free_blocks:   # (else the pool raises, as vLLM's does)
+            short = n - (self.num_free_blocks - self.cached_free())
+            if short > 0:
+                head = self.head
+                victims = self.order.victims(short)
+                blocks = self.blocks
+                for j in range(len(victims) - 1, -1, -1):   # the first victim ends in front
+                    b = blocks[victims[j]]
+                    self._unlink(b)
+                    self._insert(b, head, head.next_free)
+        return super().get_new_blocks(n, group_id)
+
+    def touch(self, blocks: list[Block]) -> None:
+        order = self.order
+        for b in blocks:
+            if b.ref_cnt == 0 and not b.is_null:
+                order.taken(b.block_id)
+        super().touch(blocks)
+
+    def uncache(self, b: Block) -> None:
+        if b.ref_cnt == 0 and b.key >= 0 and not b.is_null:
+            self.order.taken(b.block_id)
+        super().uncache(b)
+
+    def free_blocks_each(self, lists: list[list[Block]]) -> None:
+        super().free_blocks_each(lists)
+        # every block this call made a cached free block, priced with the longest cached
+        # prefix released with it (a request's free releases its whole chain at once)
+        tokens = 0
+        for ordered in lists:
+            for b in ordered:
+                if b.ref_cnt == 0 and b.key >= 0 and not b.is_null and b.key_tokens > tokens:
+                    tokens = b.key_tokens
+        if tokens == 0:
+            return
+        order = self.order
+        for ordered in lists:
+            for b in ordered:   # (in the order the free queue took them: LRU ties stay LRU)
+                if b.ref_cnt == 0 and b.key >= 0 and not b.is_null:
+                    order.released(b.block_id, tokens)
