@@ -8,6 +8,11 @@ Reads ``sched_cases.json`` / ``sched_cases.out.json`` and ``sched_extra_cases.js
 ``sched_oracle.py``) and writes one step case file per oracle case, with the oracle's
 per-request answers as expectations. Nothing is computed here; cases the oracle reports as
 errors (the deliberately bad one) are skipped.
+
+    python tools/make_step_goldens.py --vllm-tests
+
+writes only ``tests/golden_steps/vllm_test_*.yaml``, from vLLM's own scheduler tests translated
+into oracle cases (``VLLM_TEST_STEP_SOURCES``).
 """
 from __future__ import annotations
 
@@ -36,7 +41,76 @@ def prompt(spec, rid: str) -> str:
     raise SystemExit(f"cannot map token spec {spec!r}")
 
 
+# vLLM's own scheduler tests (tests/v1/core), translated into sched_oracle cases kept in this
+# repository: `sched_oracle.py --file tests/golden/vllm_tests/sched_cases.json`.  Each case id
+# (by prefix) names the test it takes its shape from; every expected value is the oracle's.
+VLLM_TEST_CASES = REPO / "tests" / "golden" / "vllm_tests" / "sched_cases.json"
+VLLM_TEST_ANSWERS = REPO / "tests" / "golden" / "vllm_tests" / "sched.out.json"
+_SCHED = "tests/v1/core/test_scheduler.py::{} (vllm-project/vllm@003df2961dd8)"
+VLLM_TEST_STEP_SOURCES = {
+    "vllm_test_spec_stats_": _SCHED.format("test_schedule_spec_decoding_stats"),
+    "vllm_test_no_spec_prefill_chunks": _SCHED.format(
+        "test_no_spec_tokens_scheduled_for_prefill_chunks"),
+    "vllm_test_pad_first_decode": _SCHED.format("test_spec_decode_padding_first_decode_step"),
+    "vllm_test_pad_skipped_prefill_in_batch": _SCHED.format(
+        "test_spec_decode_padding_skipped_with_prefill_in_batch"),
+}
+
+def step_doc(case: dict, ans: dict, source: str) -> dict:
+    """One step golden: our config keys, the requests, the oracle's per-request answers."""
+    extra = unmapped_oracle_keys(case, STEPS, {"id", "requests"})
+    if extra:
+        raise SystemExit(f"{case['id']}: unmapped keys {sorted(extra)}")
+    ours = {name: k for k, name in oracle_keys(STEPS).items()}
+    cfg = {ours[k]: v for k, v in case.items() if k in ours}
+    cfg.setdefault("num_blocks", 1024)
+    reqs = []
+    for r in case["requests"]:
+        q = {"id": r["id"], "prompt": prompt(r["tokens"], r["id"]),
+             "arrival_step": r.get("arrival", 0), "max_tokens": r.get("max_tokens", 16)}
+        if "accepted" in r:
+            q["accepted"] = r["accepted"]
+        reqs.append(q)
+    expect = {}
+    for r in ans["requests"]:
+        e = {k: r[k] for k in FIELDS if k in r and k != "preemptions"}
+        e["preemptions"] = len(r["preemptions"])
+        expect[r["id"]] = e
+    return {"source": source, "config": cfg, "requests": reqs, "expect": expect}
+
+
+def write_vllm_tests() -> int:
+    """``tests/golden_steps/vllm_test_*.yaml`` only (nothing else is touched), with the
+    per-request answers under ``expect``.  The per-step answers (tokens and drafts scheduled
+    per request) stay in ``sched.out.json``, which ``tests/engine/test_golden_steps_vllm_tests.py``
+    reads: a step case file takes no extra top-level key."""
+    cases = json.loads(VLLM_TEST_CASES.read_text())
+    answers = {a["id"]: a for a in json.loads(VLLM_TEST_ANSWERS.read_text())}
+    written = set()
+    for case in cases:
+        ans = answers[case["id"]]
+        if "error" in ans and ans["error"]:
+            raise SystemExit(f"{case['id']}: the oracle reports {ans['error']!r}")
+        origin = [v for k, v in VLLM_TEST_STEP_SOURCES.items() if case["id"].startswith(k)]
+        if len(origin) != 1:
+            raise SystemExit(f"{case['id']}: no single vLLM test named for it")
+        source = (f"vllm {ans['vllm']} sched_oracle, tests/golden/vllm_tests/sched.out.json, "
+                  f"case {case['id']}; translated from vLLM test {origin[0]}; "
+                  f"expect values are the oracle's")
+        doc = step_doc(case, ans, source)
+        path = OUT / f"{case['id']}.yaml"
+        path.write_text(HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
+        written.add(path)
+    for stale in OUT.glob("vllm_test_*.yaml"):
+        if stale not in written:
+            stale.unlink()
+    return len(written)
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--vllm-tests"]:
+        print(f"wrote {write_vllm_tests()} vllm_test_* step golden files to {OUT}")
+        return
     oracle = Path(sys.argv[1]) if len(sys.argv) > 1 else default_oracle_dir()
     OUT.mkdir(parents=True, exist_ok=True)
     for old in OUT.glob("*.yaml"):

@@ -61,6 +61,31 @@ def patch(oracle) -> None:
 
     oracle.make_config = make_config
 
+    # A layout with one group (``["swa:64"]``, ``["full"]``): vLLM builds a
+    # ``UnitaryKVCacheCoordinator``, which keeps ``hash_block_size`` only in its block pool (it
+    # asserts it equals the group's block size) and has no per-group probe.  ``oracle.py`` reads
+    # ``coordinator.hash_block_size`` and calls ``find_longest_cache_hit_per_group``, which only
+    # the hybrid coordinator has, so every one-group case died with AttributeError.  That is the
+    # driver, not vLLM: no vLLM code reads either name on a unitary coordinator.  Give the
+    # driver both on the instance -- the pool's own value, and the one group's lookup (its
+    # ``find_longest_cache_hit``) as the one-entry per-group answer.
+    original_manager = oracle.make_manager
+
+    def make_manager(case: dict, cfg):
+        manager = original_manager(case, cfg)
+        coord = manager.coordinator
+        if len(cfg.kv_cache_groups) == 1 and not hasattr(coord, "hash_block_size"):
+            coord.hash_block_size = manager.block_pool.hash_block_size
+
+            def per_group(block_hashes, max_length):
+                blocks, hit, _ = coord.find_longest_cache_hit(block_hashes, max_length)
+                return blocks, [hit]
+
+            coord.find_longest_cache_hit_per_group = per_group
+        return manager
+
+    oracle.make_manager = make_manager
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
