@@ -113,32 +113,20 @@ def main() -> None:
         return
     oracle = Path(sys.argv[1]) if len(sys.argv) > 1 else default_oracle_dir()
     OUT.mkdir(parents=True, exist_ok=True)
+    stems = ("sched_cases", "sched_extra_cases")
     for old in OUT.glob("*.yaml"):
-        old.unlink()
+        # only the goldens this run writes (other generators own the rest of the folder)
+        if any(f"sched_oracle, {stem}.out.json" in old.read_text() for stem in stems):
+            old.unlink()
     n = 0
-    for stem in ("sched_cases", "sched_extra_cases"):
+    for stem in stems:
         cases = json.loads((oracle / f"{stem}.json").read_text())
         answers = json.loads((oracle / f"{stem}.out.json").read_text())
         for case, ans in zip(cases, answers):
             if "error" in ans:
                 continue
-            extra = unmapped_oracle_keys(case, STEPS, {"id", "requests"})
-            if extra:
-                raise SystemExit(f"{case['id']}: unmapped keys {sorted(extra)}")
-            # our keys (the one table in sim/oracle/keys.py), in the case's own order
-            ours = {name: k for k, name in oracle_keys(STEPS).items()}
-            cfg = {ours[k]: v for k, v in case.items() if k in ours}
-            cfg.setdefault("num_blocks", 1024)
-            reqs = [{"id": r["id"], "prompt": prompt(r["tokens"], r["id"]),
-                     "arrival_step": r.get("arrival", 0), "max_tokens": r.get("max_tokens", 16)}
-                    for r in case["requests"]]
-            expect = {}
-            for r in ans["requests"]:
-                e = {k: r[k] for k in FIELDS if k in r and k != "preemptions"}
-                e["preemptions"] = len(r["preemptions"])
-                expect[r["id"]] = e
-            doc = {"source": f"vllm {ans['vllm']} sched_oracle, {stem}.out.json, case {case['id']}",
-                   "config": cfg, "requests": reqs, "expect": expect}
+            doc = step_doc(case, ans, f"vllm {ans['vllm']} sched_oracle, {stem}.out.json, "
+                                      f"case {case['id']}")
             (OUT / f"{case['id']}.yaml").write_text(
                 HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
             n += 1
