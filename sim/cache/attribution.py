@@ -38,9 +38,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mypy_extensions import i64
+
 from sim.cache.block_pool import GROUP_BITS
-from sim.cache.coordinator import Coordinator, IdealCoordinator, SpecGroup
+from sim.cache.coordinator import Coordinator, HybridCoordinator, IdealCoordinator, SpecGroup
 from sim.cache.evictions import EvictionLog
+from sim.cache.hashing import PrefixKeys, unit_key
+from sim.cache.mamba_manager import MambaManager
 from sim.cache.managers import SingleTypeManager
 
 if TYPE_CHECKING:
@@ -117,13 +121,16 @@ class MissAttribution:
         # tools and tests may set a list here: every admitted request, in admission order
         self.admissions: list[CacheRequest] | None = None
         # fine-grained hits: the unit indices where full attention may register a
-        # partial key at an admitted prompt's tail, by the key of the block before them
+        # partial key at an admitted prompt's tail, by the key of the block before them,
+        # as a bit mask of their offsets in their block (bit ``i``: unit ``b * units per
+        # block + i`` of block ``b``; one key names one block, so one base per key)
         # (``loose``: those whose block before reaches past the prompt's keys)
-        self.tails: dict[int, set[int]] = {}
+        self.tails: dict[int, int] = {}
         self.loose: set[int] = set()
         self.unit: int = c.hash_block_size
         full = [g for g in c.spec_groups if g.spec.kind == "full"]
         self.group: SpecGroup | None = None
+        self.group_ids: list[int] = []
         self.gid = 0
         self.block_size = self.unit
         if self.mode == "none":
@@ -133,6 +140,7 @@ class MissAttribution:
         elif self.mode == "pool":
             self.group = full[0] if full else (c.spec_groups[0] if c.spec_groups else None)
             self.gid = self.group.group_ids[0] if self.group is not None else 0
+            self.group_ids = self.group.group_ids if self.group is not None else []
             self.block_size = c.manager_of[self.gid].block_size
         self.applicable = self.mode == "ideal" or bool(full) or (
             self.mode == "none" and any(s.kind == "full" for s in c.specs))
@@ -212,6 +220,9 @@ class MissAttribution:
             # find_full's partial search can ever meet a key
             h = self.unit
             bs = self.block_size
+            per = bs // self.align
+            last_b = -1          # (both limits usually end in one block: one parent key)
+            parent = ROOT
             for limit in (n, n - 1):
                 top = limit // h
                 u = min(top, keys.count)
@@ -219,12 +230,11 @@ class MissAttribution:
                     if u > 0 and (u * h) % bs:
                         b = u * h // bs
                         if b <= nbp:
-                            parent = self._block_key(req, b - 1) if b > 0 else ROOT
-                            got = self.tails.get(parent)
-                            if got is None:
-                                got = set()
-                                self.tails[parent] = got
-                            got.add(u - 1)
+                            if b != last_b:
+                                parent = self._block_key(req, b - 1) if b > 0 else ROOT
+                                last_b = b
+                            self.tails[parent] = self.tails.get(parent, 0) | (
+                                1 << (u - 1 - b * per))
                         else:
                             self.loose.add(u - 1)
                     u += 1
@@ -236,18 +246,35 @@ class MissAttribution:
         ``pending``): the first block that does not qualify.  (Keys one at a time:
         computing a few ahead costs more than it saves, as walks stop early.)"""
         km = self.pool.key_map
-        ev = self.log
+        evt = self.log.table
+        keys = req.block_hashes
+        gid = self.gid
+        # block ends' keys run by run (PrefixKeys.key without the search, as find_full)
+        step = self.scale * keys.unit
+        e = (j + 1) * step + keys.lookahead
+        ch: i64 = 0
+        s: i64 = 0
+        st: i64 = 0
+        b0: i64 = 0
+        nxt: i64 = -1    # last token of the located run (-1: none located yet)
         while j < nb:
-            k = self._block_key(req, j)
-            if km.has(k) or ev.has(k) or (pending and self._pending(j, k)):
+            if e > nxt:
+                ch, s, st, b0, nxt = keys.run_at(e)
+            k = (unit_key(ch, s, st, e - b0) << GROUP_BITS) | gid
+            if km.has(k) or evt.has(k) or (pending and self._pending(j, k)):
                 j += 1
+                e += step
             else:
                 return j
         return j
 
-    def _walk_tail(self, req: CacheRequest, nbp: int, j: int, max_len: int) -> int:
+    def _walk_tail(self, req: CacheRequest, nbp: int, j: int, max_len: int,
+                   a_told: int = -1) -> int:
         """The walk's end once whole blocks stop at block ``j``: the partial keys inside
-        it (never pending), aligned as the lookup aligns a hit."""
+        it (never pending), aligned as the lookup aligns a hit.  ``a_told``: full
+        attention's hit alone (-1: unknown); when it ends inside block ``j`` (one group),
+        its own partial search found no cached key above it there: only the eviction
+        log is asked there."""
         km = self.pool.key_map
         ev = self.log
         bs = self.block_size
@@ -259,9 +286,28 @@ class MissAttribution:
             hi = min(first + bs // self.align - 1, max_len // self.align, keys.count)
             gid = self.gid
             parent = self._block_key(req, j - 1) if 0 < j <= nbp else ROOT
-            for fi in self._tail_units(parent, first, hi):
-                k = (keys.key(fi) << GROUP_BITS) | gid
-                if km.has(k) or ev.has(k):
+            evt = ev.table
+            # (units ending above ``above`` are known not cached now)
+            above = a_told if a_told >= 0 and a_told // bs == j \
+                and len(self.group_ids) == 1 else max_len + bs
+            # keys computed run by run, highest first (PrefixKeys.key without the search)
+            unit = keys.unit
+            la = keys.lookahead
+            ch: i64 = 0
+            s: i64 = 0
+            st: i64 = 0
+            b0: i64 = 0
+            nxt: i64 = -1    # last token of the located run (-1: none located yet)
+            bits = self._tail_bits(parent, first, first, hi)
+            while bits:
+                top = bits.bit_length() - 1
+                bits ^= 1 << top
+                fi = first + top
+                e = (fi + 1) * unit + la
+                if e > nxt or e <= b0:
+                    ch, s, st, b0, nxt = keys.run_at(e)
+                k = (unit_key(ch, s, st, e - b0) << GROUP_BITS) | gid
+                if ((fi + 1) * self.align <= above and km.has(k)) or evt.has(k):
                     hit = (fi + 1) * self.align
                     break
         return hit - hit % self.align
@@ -283,26 +329,34 @@ class MissAttribution:
             i += 1
         return False
 
-    def _tail_units(self, parent: int, first: int, hi: int) -> list[int]:
-        """Units in ``[first, hi)`` (inside block ``j``) where an admitted prompt's tail
-        may have keyed a partial prefix under this request's block ``j - 1`` (key
-        ``parent``; ``ROOT`` for block 0 or past the prompt's blocks), highest first: the
-        only units ``find_full``'s partial search can find a key at."""
-        out: list[int] = []
+    def _tail_bits(self, parent: int, base: int, first: int, hi: int) -> int:
+        """Units in ``[first, hi)`` (inside block ``j``, whose first unit is ``base``)
+        where an admitted prompt's tail may have keyed a partial prefix under this
+        request's block ``j - 1`` (key ``parent``; ``ROOT`` for block 0 or past the
+        prompt's blocks), as a bit mask (bit ``i``: unit ``first + i``): the only units
+        ``find_full``'s partial search can find a key at."""
         if hi <= first:
-            return out
-        cands = self.tails.get(parent)
-        if cands:
-            for fi in cands:
-                if first <= fi < hi:
-                    out.append(fi)
+            return 0
+        bits = 0
+        if parent != ROOT or base == 0:    # (ROOT's units lie in block 0)
+            got = self.tails.get(parent)
+            if got is not None:
+                bits = (got >> (first - base)) & ((1 << (hi - first)) - 1)
         loose = self.loose
         if loose:
             for fi in range(first, hi):
-                if fi in loose and (cands is None or fi not in cands):
-                    out.append(fi)
-        if len(out) > 1:
-            out.sort(reverse=True)
+                if fi in loose:
+                    bits |= 1 << (fi - first)
+        return bits
+
+    def _tail_units(self, parent: int, base: int, first: int, hi: int) -> list[int]:
+        """``_tail_bits`` as a list of units, highest first."""
+        out: list[int] = []
+        bits = self._tail_bits(parent, base, first, hi)
+        while bits:
+            top = bits.bit_length() - 1
+            out.append(first + top)
+            bits ^= 1 << top
         return out
 
     def _walk_ideal(self, req: CacheRequest, max_len: int) -> int:
@@ -353,8 +407,11 @@ class MissAttribution:
         # qualifies without them qualifies with them: the same stop as walking from j0)
         j_done = self._walk_blocks(req, nb, j0, False)
         j_all = self._walk_blocks(req, nb, j_done, True)
-        p_done = self._walk_tail(req, nbp, j_done, max_len)
-        p_all = p_done if j_all == j_done else self._walk_tail(req, nbp, j_all, max_len)
+        # full attention's hit alone when the lookup tells it (-1: look it up below); its
+        # partial search already found no cached key above it in its first missing block
+        a_told = self._attention_told(req, max_len, lookup.full_alone)
+        p_done = self._walk_tail(req, nbp, j_done, max_len, a_told)
+        p_all = p_done if j_all == j_done else self._walk_tail(req, nbp, j_all, max_len, a_told)
         if p_all <= hit:
             if p_all < hit:
                 self.violations += 1
@@ -363,10 +420,11 @@ class MissAttribution:
         g = self.group
         assert g is not None
         # (hit <= H <= A <= P_done: a bound already met needs no lookup)
-        a_pool = p_done if p_done == hit else c._find(g, req.block_hashes, max_len, False)[1]
+        a_pool = p_done if p_done == hit else a_told if a_told >= 0 \
+            else c._find(g, req.block_hashes, max_len, False)[1]
         h_no = hit
         if self.eagle and a_pool > hit:
-            h_no = self._hit_without_eagle(req, max_len)
+            h_no = self._hit_without_eagle(req, max_len, a_pool, hit, lookup.full_alone)
         # the order the definitions promise (a break is a bug: counted, clamped)
         vals = [p_all, p_done, a_pool, h_no, hit]
         for i in range(3, -1, -1):
@@ -383,6 +441,35 @@ class MissAttribution:
                 m.evicted_by = got[1]
         return m
 
+    def _attention_told(self, req: CacheRequest, max_len: int, full_alone: int) -> int:
+        """Full attention's hit alone in the pool, without the EAGLE drop, where the
+        lookup tells it; -1 where it does not.
+
+        A hybrid lookup with one full-attention group looks it up first, alone, with
+        the whole limit (``full_alone``, >= 0 when known): that is the answer without a
+        drop.  With one, that group looked up ``min(limit + margin, keys)`` and dropped
+        one ``align``: its walk reached ``full_alone + align`` (when > 0).  A group's
+        lookup depends on its limit only up to the keys' end (``keys.count`` units),
+        and a reach within ``min(max_len, keys)`` is the same walk's end under that
+        limit (the block walk and the partial search inside the first missing block
+        stop at the same key)."""
+        c = self.coordinator
+        g = self.group
+        assert g is not None
+        if full_alone >= 0 and isinstance(c, HybridCoordinator) and c.spec_groups \
+                and c.spec_groups[0] is g:
+            if not g.use_eagle:
+                return full_alone
+            align = c.align
+            bs = self.block_size
+            h = c.hash_block_size
+            if full_alone > 0 and bs % h == 0 and (align == h or align == bs):
+                reach = full_alone + align
+                lim = req.block_hashes.count * h
+                if reach <= (max_len if max_len < lim else lim):
+                    return reach
+        return -1
+
     def _evicted_by(self, req: CacheRequest, nbp: int, a_pool: int,
                     p_done: int) -> tuple[int, str] | None:
         """The request whose allocation evicted the first key full attention lost past
@@ -397,7 +484,7 @@ class MissAttribution:
             first = j * (bs // self.align)
             hi = min(first + bs // self.align - 1, p_done // self.unit, keys.count)
             parent = self._block_key(req, j - 1) if 0 < j <= nbp else ROOT
-            for fi in reversed(self._tail_units(parent, max(first, lo), hi)):
+            for fi in reversed(self._tail_units(parent, first, max(first, lo), hi)):
                 got = ev.get((keys.key(fi) << GROUP_BITS) | self.gid)
                 if got is not None:
                     return got
@@ -408,8 +495,78 @@ class MissAttribution:
             j += 1
         return None
 
-    def _hit_without_eagle(self, req: CacheRequest, max_len: int) -> int:
-        """The same reconciled lookup with every group's EAGLE drop off (same pool)."""
+    def _hit_without_eagle(self, req: CacheRequest, max_len: int, a_pool: int, hit: int,
+                           full_alone: int) -> int:
+        """The same reconciled lookup with every group's EAGLE drop off (same pool).
+
+        A hybrid lookup's fixed point, drops off, looks the full-attention group up
+        first with the whole limit: that is ``a_pool`` (``classify`` just computed it),
+        so only the other groups are looked up here, pass after pass as
+        ``HybridCoordinator.find_longest_cache_hit`` does (a full-attention group's hit
+        stays as found on its first pass).  Other coordinators redo their lookup.
+
+        Full attention + one Mamba group (one pass): the lookup's Mamba hit ``hit`` is
+        the highest state at or below full attention's dropped hit ``full_alone`` (the
+        Mamba lookup takes no drop), so without the drop the hit is the highest state in
+        ``(full_alone, a_pool]``, else ``hit``: usually one unit to look at."""
+        c = self.coordinator
+        groups = c.spec_groups
+        if not isinstance(c, HybridCoordinator) or not groups or groups[0] is not self.group:
+            return self._lookup_without_eagle(req, max_len)
+        hashes = req.block_hashes
+        simple = len(groups) == 2 and groups[0].spec.kind == "full"
+        if simple and full_alone >= 0 and groups[1].cls is MambaManager:
+            if a_pool <= full_alone:
+                return hit
+            got = self._mamba_state_in(groups[1], hashes, full_alone, a_pool)
+            if got != -2:
+                return got if got >= 0 else hit
+        full_len: dict[int, int] = {groups[0].group_ids[0]: a_pool}
+        hit_length = max_len
+        while True:
+            curr = hit_length
+            for g in groups:
+                first = g.group_ids[0]
+                is_full = g.spec.kind == "full"
+                if is_full:
+                    known = full_len.get(first)
+                    if known is not None:
+                        if known < curr:
+                            curr = known
+                        continue
+                curr = c._find(g, hashes, curr, False)[1]
+                if is_full:
+                    full_len[first] = curr
+            if curr >= hit_length:
+                break
+            hit_length = curr
+            if simple:
+                break
+        return hit_length
+
+    def _mamba_state_in(self, g: SpecGroup, hashes: PrefixKeys, lo: int, hi: int) -> int:
+        """The highest end in ``(lo, hi]`` of a state ``find_mamba`` would return for
+        group ``g`` (its align walk, bounded below), -1 if none; -2 where the walk is
+        not the align one (the caller looks up instead)."""
+        c = self.coordinator
+        pool = self.pool
+        align = c.align
+        bs = c.manager_of[g.group_ids[0]].block_size
+        if not (align < bs and bs % align == 0) or align != hashes.unit:
+            return -2
+        km = pool.key_map
+        ids = g.group_ids
+        g0 = ids[0]
+        fi = min(hi // align, hashes.count) - 1
+        while fi >= 0 and (fi + 1) * align > lo:
+            kf = hashes.key(fi)
+            if km.has((kf << GROUP_BITS) | g0) and pool.get_cached_block(kf, ids):
+                return (fi + 1) * align
+            fi -= 1
+        return -1
+
+    def _lookup_without_eagle(self, req: CacheRequest, max_len: int) -> int:
+        """The coordinator's own lookup rerun with every group's EAGLE drop off."""
         c = self.coordinator
         saved = [g.use_eagle for g in c.spec_groups]
         alone = c.full_alone
@@ -432,13 +589,13 @@ class MissAttribution:
             return WINDOW if self.has_swa else ALIGN
         keys = req.block_hashes
         unit = self.unit
-        ev = self.log
+        evt = self.log.table
         mg = self.mamba_gid
         hi = min(a_pool // unit, keys.count)         # units (h_no, a_pool], the top ones
         lo = max(h_no // unit, hi - REASON_SCAN)
-        if hi > lo:
-            for k in keys.keys_at([i for i in range(lo, hi)]):
-                if ev.has((k << GROUP_BITS) | mg):
+        if hi > lo and len(evt) > 0:
+            for k in keys.keys_at(list(range(lo, hi))):
+                if evt.has((k << GROUP_BITS) | mg):
                     return EVICTED
         if self.retention is not None:
             return RETENTION

@@ -48,19 +48,12 @@ class EvictionLog:
         self.request_id = ""     # the request allocating now (set by the cache manager)
         self.watch = -1          # group ids recorded, as a bit mask (-1: every group)
 
-    def _put(self, key: i64, stamp: i64) -> None:
-        table = self.table
-        if table.only(key) < 0:
-            table.add(key, stamp)
-        else:
-            table.repoint(key, stamp)
-
     def record(self, key: int, time_ns: int, request_id: str) -> None:
         """``key`` (a pool key: ``make_key(block_hash, group_id)``) was evicted at
         ``time_ns`` by the allocation of ``request_id``."""
         self.times = append(self.times, time_ns)
         self.requests.append(request_id)
-        self._put(key, len(self.requests) - 1)
+        self.table.put(key, len(self.requests) - 1)
 
     def evicted(self, key: i64) -> None:
         """``record(key)`` at the current time, for the current request (the pool's call);
@@ -73,7 +66,7 @@ class EvictionLog:
             self.times = append(self.times, self.now_ns)
             reqs.append(self.request_id)
             n += 1
-        self._put(key, n - 1)
+        self.table.put(key, n - 1)
 
     def has(self, key: i64) -> bool:
         """Whether ``key`` was ever evicted (recorded)."""

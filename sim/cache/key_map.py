@@ -154,6 +154,27 @@ class KeyMap:
         self._delete(i)
         return True
 
+    def put(self, key: i64, value: i64) -> None:
+        """Map ``key`` to ``value`` alone, inserting or overwriting in one probe: for
+        a table used as a plain key -> value map (``EvictionLog``; never several
+        holders, so never ``MULTI``)."""
+        mask = self.mask
+        keys = self.keys
+        i = _home(key, mask)
+        while True:
+            k = keys[i]
+            if k == key:
+                self.vals[i] = value
+                return
+            if k == EMPTY:
+                break
+            i = (i + 1) & mask
+        keys[i] = key
+        self.vals[i] = value
+        self.size += 1
+        if 10 * self.size > 7 * (mask + 1):
+            self._grow()
+
     def repoint(self, key: i64, block_id: i64) -> None:
         """The one block holding ``key`` is now ``block_id`` (the caller checked
         with ``only`` that exactly one block held it)."""
