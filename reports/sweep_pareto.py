@@ -1,5 +1,15 @@
-"""The Reuse-Pareto figure of a sweep: token hit rate against peak Mamba-state memory
-per GPU with the frontier (max hit, min memory), and TTFT p50/p99 per point beside it.
+"""The Reuse-Pareto figure of a sweep: token hit rate against *provisioned* cache memory
+per GPU (``pool_bytes``: the pool vLLM allocates) with the frontier (max hit, min memory),
+and TTFT p50/p99 per point beside it, each row naming the point's provisioned and peak
+Mamba-state memory.
+
+Why provisioned and not used: where memory does not bind, the memory a run uses is the
+same whatever it was given, so a sweep of budgets (``gpu_memory_utilization``,
+``kv_cache_memory_bytes``) would put every point at one spot; the planner's question is
+what to provision.  A sweep whose points all provision the same pool (switches, not
+budgets) keeps peak Mamba-state memory on the axis, as do points written before
+``pool_bytes`` existed (``memory_axis``).  The capacity view of the same
+axis, one curve per cache policy, is ``capacity.png`` (``reports/sweep_capacity.py``).
 
 Markers are labelled by the axis values that tell points apart when those labels are
 few and short; otherwise by point id, with a key (id -> axis values) under the figure,
@@ -8,6 +18,8 @@ so no two labels collide and every marker can still be read back to its setting.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +39,51 @@ from reports.sweep_data import (
     pareto_items,
 )
 
-CAPTION = ("Which settings reuse the most prompt for the least Mamba-state memory, "
-           "and what does each cost in time to first token?")
+CAPTION = ("Which settings reuse the most prompt for the least cache memory provisioned per "
+           "GPU, and what does each cost in time to first token?")
+CAPTION_USED = ("Which settings reuse the most prompt for the least Mamba-state memory, "
+                "and what does each cost in time to first token?")
 MAX_VALUE_LABELS = 4      # more points than this: label by id, with a key
 MAX_LABEL_CHARS = 36
 KEY_ROWS = 18             # rows per column of the key
+
+
+@dataclass(frozen=True)
+class MemoryAxis:
+    """The Pareto's memory axis: ``x(point)`` in GiB, and what it is."""
+
+    x: Callable[[Point], float]
+    metric: str               # the summary.json field it reads
+    label: str                # the axis label
+    title: str                # the figure title's name of it
+    provisioned: bool
+
+
+PROVISIONED = MemoryAxis(lambda p: p.m("pool_bytes") / style.GIB, "pool_bytes",
+                         "provisioned cache memory per GPU (GiB, pool_bytes)",
+                         "provisioned cache memory per GPU", True)
+USED = MemoryAxis(lambda p: p.mamba_gib, "mamba_state_bytes_peak",
+                  "peak Mamba-state memory per GPU (GiB)", "peak Mamba-state memory per GPU",
+                  False)
+
+
+def memory_axis(points: list[Point]) -> MemoryAxis:
+    """Provisioned memory when every point carries ``pool_bytes`` and they differ in it
+    (a sweep of budgets); else peak Mamba-state memory: where every point provisions the
+    same pool (a sweep of cache switches) provisioned memory would stack them on one line,
+    and what tells them apart is the memory their states take; an older sweep folder
+    (no ``pool_bytes``) keeps that axis too."""
+    pools = {p.m("pool_bytes") for p in points}
+    if len(pools) > 1 and all(style.finite(b) for b in pools):
+        return PROVISIONED
+    return USED
+
+
+def frontier_items(points: list[Point], axis: MemoryAxis):
+    """``(id, memory, hit)`` of each point on ``axis`` (see ``pareto_frontier``)."""
+    if not axis.provisioned:
+        return pareto_items(points)
+    return [(p.id, p.m(axis.metric), p.m("token_hit_rate")) for p in points]
 
 
 def _overlap(a, b) -> float:
@@ -42,7 +94,7 @@ def _overlap(a, b) -> float:
 
 def label_points(fig, ax, points: list[Point], names: dict[str, str], ids: bool,
                  line: tuple[list, list] | None = None, marker_px: float = 5.5,
-                 tol_px: float = 8.0) -> None:
+                 tol_px: float = 8.0, x: Callable[[Point], float] = USED.x) -> None:
     """Label every marker with ``names[id]`` (point ids, three a line, when ``ids``;
     else one name a line). Coinciding markers (within tol_px) share one
     label; each label takes the first offset (nearest first) whose text box overlaps no
@@ -52,7 +104,7 @@ def label_points(fig, ax, points: list[Point], names: dict[str, str], ids: bool,
     groups: list[list[Point]] = []
     centers: list[np.ndarray] = []
     for p in points:
-        px = ax.transData.transform((p.mamba_gib, p.hit_pct))
+        px = ax.transData.transform((x(p), p.hit_pct))
         for g, c in zip(groups, centers):
             if math.hypot(px[0] - c[0], px[1] - c[1]) <= tol_px:
                 g.append(p)
@@ -61,10 +113,10 @@ def label_points(fig, ax, points: list[Point], names: dict[str, str], ids: bool,
             groups.append([p])
             centers.append(px)
     axbox = ax.get_window_extent(renderer)
-    every = ax.transData.transform(np.array([(p.mamba_gib, p.hit_pct) for p in points]))
+    every = ax.transData.transform(np.array([(x(p), p.hit_pct) for p in points]))
     markers = [Bbox.from_extents(x - marker_px, y - marker_px, x + marker_px, y + marker_px)
                for x, y in every]
-    centers = [ax.transData.transform((float(np.mean([p.mamba_gib for p in g])),
+    centers = [ax.transData.transform((float(np.mean([x(p) for p in g])),
                                        float(np.mean([p.hit_pct for p in g])))) for g in groups]
     segments = []
     if line is not None:
@@ -119,7 +171,7 @@ def label_points(fig, ax, points: list[Point], names: dict[str, str], ids: bool,
                       0.0 if dy > 0 else (1.0 if dy < 0 else 0.5))
             kw["arrowprops"] = dict(arrowstyle="-", lw=0.6, color="#555555", shrinkA=1,
                                     shrinkB=4, relpos=relpos)
-        anchor = (float(np.mean([p.mamba_gib for p in g])), float(np.mean([p.hit_pct for p in g])))
+        anchor = (float(np.mean([x(p) for p in g])), float(np.mean([p.hit_pct for p in g])))
         ax.annotate(text, anchor, **kw)
         placed.append(bb)
 
@@ -140,8 +192,12 @@ def use_value_labels(sweep: Sweep, points: list[Point]) -> bool:
 def figure_pareto(sweep: Sweep, folder: Path) -> style.Saved:
     pts = sweep.plotted
     n = len(pts)
-    front = set(pareto_frontier(pareto_items(pts)))
-    ordered = by_memory(pts)
+    axis = memory_axis(pts)
+    mem = axis.x
+    caption = CAPTION if axis.provisioned else CAPTION_USED
+    front = set(pareto_frontier(frontier_items(pts, axis)))
+    ordered = (sorted(pts, key=lambda p: (mem(p), -p.hit_pct, natural_key(p.id)))
+               if axis.provisioned else by_memory(pts))
     values = use_value_labels(sweep, pts)
     names = {p.id: sweep.point_label(p) if values else p.id for p in pts}
     blocks = key_columns(sweep, pts) if (pts and not values and sweep.varying_axes) else []
@@ -151,28 +207,30 @@ def figure_pareto(sweep: Sweep, folder: Path) -> style.Saved:
     key_h = 0.135 * (min(n, KEY_ROWS) + 2) + 0.1 if blocks else 0.0
     H = h + gap + key_h
     fig = style.figure(13.0, H)
-    gs = fig.add_gridspec(3 if blocks else 2, 3, width_ratios=(6.6, 1.7, 4.7),
+    # provisioned | used row labels are longer: a wider gap for them
+    widths = (6.3, 2.1, 4.6) if axis.provisioned else (6.6, 1.7, 4.7)
+    gs = fig.add_gridspec(3 if blocks else 2, 3, width_ratios=widths,
                           height_ratios=(h, gap, key_h) if blocks else (h, gap),
                           wspace=0.0, hspace=0.0, left=0.06, right=0.98, top=1 - 0.62 / H,
                           bottom=0.02)
     ax = fig.add_subplot(gs[0, 0])
     bx = fig.add_subplot(gs[0, 2])
-    fig.suptitle(f"{sweep.name}: Reuse-Pareto, token hit rate vs peak Mamba-state memory "
-                 f"per GPU", fontsize=11, y=1 - 0.08 / H, va="top")
+    fig.suptitle(f"{sweep.name}: Reuse-Pareto, token hit rate vs {axis.title}",
+                 fontsize=11, y=1 - 0.08 / H, va="top")
     if not pts:
         style.empty(ax, "no successful points")
         style.empty(bx, "no successful points")
-        return style.save(fig, folder, "pareto", CAPTION)
+        return style.save(fig, folder, "pareto", caption)
 
     flag = sweep.boolean_axes[0] if len(sweep.boolean_axes) == 1 else None
     shapes = {FALSE: "o", TRUE: "^"}
     for p in ordered:
         on = p.id in front
         mk = shapes[p.axes[flag].lower()] if flag else "o"
-        ax.scatter([p.mamba_gib], [p.hit_pct], s=40 if on else 32, marker=mk, zorder=4,
+        ax.scatter([mem(p)], [p.hit_pct], s=40 if on else 32, marker=mk, zorder=4,
                    facecolor=style.FRONTIER if on else "white",
                    edgecolor=style.FRONTIER if on else style.DOMINATED, linewidth=1.2)
-    xs = np.array([p.mamba_gib for p in pts])
+    xs = np.array([mem(p) for p in pts])
     ys = np.array([p.hit_pct for p in pts])
     xspan = max(xs.max() - xs.min(), abs(xs.max()) * 0.1, 0.2)
     yspan = max(ys.max() - ys.min(), 4.0)
@@ -181,10 +239,10 @@ def figure_pareto(sweep: Sweep, folder: Path) -> style.Saved:
     ax.set_xlim(x0, x1)
     ax.set_ylim(y0, y1)
     fpts = [p for p in ordered if p.id in front]
-    fx = [p.mamba_gib for p in fpts] + [x1]
+    fx = [mem(p) for p in fpts] + [x1]
     fy = [p.hit_pct for p in fpts] + [fpts[-1].hit_pct]
     ax.plot(fx, fy, drawstyle="steps-post", color=style.FRONTIER, lw=1.2, alpha=0.8, zorder=3)
-    ax.set_xlabel("peak Mamba-state memory per GPU (GiB)")
+    ax.set_xlabel(axis.label)
     ax.set_ylabel("token hit rate (% of prompt tokens)")
     ax.grid(alpha=0.3)
     ax.set_title(f"{n} point{'s' if n != 1 else ''}; the frontier keeps the best hit rate "
@@ -199,7 +257,7 @@ def figure_pareto(sweep: Sweep, folder: Path) -> style.Saved:
                                   markersize=6, label=f"{axis_name(flag)}={v}"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.085 * 4.4 / h),
               ncol=2, frameon=False, fontsize=7.5, handletextpad=0.4, columnspacing=1.5)
-    label_points(fig, ax, ordered, names, ids=not values, line=(fx, fy))
+    label_points(fig, ax, ordered, names, ids=not values, line=(fx, fy), x=mem)
 
     # right panel: TTFT p50 / p99 per point, same order as the memory axis
     ypos = np.arange(n)[::-1]
@@ -210,8 +268,11 @@ def figure_pareto(sweep: Sweep, folder: Path) -> style.Saved:
     bx.scatter(p50, ypos, color=style.HIT, s=24, zorder=3, label="TTFT p50")
     bx.scatter(p99, ypos, color=style.P99, marker="D", s=20, zorder=3, label="TTFT p99")
     bx.set_yticks(ypos)
-    bx.set_yticklabels([f"{p.id} {p.mamba_gib:6.2f} GiB" for p in ordered], fontsize=7.5,
-                       family="monospace")
+    if axis.provisioned:    # used beside provisioned: what the pool held of Mamba states
+        rows = [f"{p.id} {mem(p):6.2f} | {p.mamba_gib:5.2f} GiB" for p in ordered]
+    else:
+        rows = [f"{p.id} {p.mamba_gib:6.2f} GiB" for p in ordered]
+    bx.set_yticklabels(rows, fontsize=7.5, family="monospace")
     for t, p in zip(bx.get_yticklabels(), ordered):
         if p.id in front:
             t.set_color(style.FRONTIER)
@@ -221,7 +282,8 @@ def figure_pareto(sweep: Sweep, folder: Path) -> style.Saved:
     finite = [v for v in p50 + p99 if style.finite(v)]
     bx.set_xlim(0, max(finite) * 1.08 if finite else 1.0)
     bx.grid(axis="x", alpha=0.3)
-    bx.set_title("TTFT p50 and p99 per point (point, memory)", loc="left")
+    bx.set_title("TTFT p50 and p99 per point (point, provisioned | peak Mamba-state)"
+                 if axis.provisioned else "TTFT p50 and p99 per point (point, memory)", loc="left")
     bx.legend(loc="upper left", bbox_to_anchor=(0.0, -0.085 * 4.4 / h), ncol=2, frameon=False)
 
     if blocks:
@@ -233,4 +295,4 @@ def figure_pareto(sweep: Sweep, folder: Path) -> style.Saved:
         for i, b in enumerate(blocks):
             kx.text(i * step, 1.0 - 0.16 / key_h, b.replace("$", r"\$"), va="top", ha="left",
                     family="monospace", fontsize=7.5, transform=kx.transAxes)
-    return style.save(fig, folder, "pareto", CAPTION, note="; ".join(aliases))
+    return style.save(fig, folder, "pareto", caption, note="; ".join(aliases))

@@ -481,3 +481,4 @@ if __name__ == "__main__":
 
 
 from sim import cli_tools  # noqa: E402,F401  (registers its commands on ``app``)
+from sim import cli_marconi  # noqa: E402,F401  (registers ``sim marconi``)
