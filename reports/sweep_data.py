@@ -314,11 +314,25 @@ def dominators(items, target: str) -> list[str]:
     return sorted(out, key=natural_key)
 
 
+def provisioned(points: list[Point]) -> bool:
+    """Whether the Pareto's memory is what each point provisions (``pool_bytes``): when
+    every point carries it and they differ in it (a sweep of budgets).  Else peak
+    Mamba-state memory: where every point provisions the same pool (a sweep of cache
+    switches) it would stack them on one line; an older sweep folder has no pool_bytes."""
+    pools = {p.m("pool_bytes") for p in points}
+    return len(pools) > 1 and all(finite(b) for b in pools)
+
+
 def pareto_items(points: list[Point]):
-    return [(p.id, p.m("mamba_state_bytes_peak"), p.m("token_hit_rate")) for p in points]
+    """``(id, memory, hit)`` of each point, memory as ``provisioned`` decides (the
+    figure, the frontier tables and report_pareto.csv read the same)."""
+    metric = "pool_bytes" if provisioned(points) else "mamba_state_bytes_peak"
+    return [(p.id, p.m(metric), p.m("token_hit_rate")) for p in points]
 
 
 def by_memory(points: list[Point]) -> list[Point]:
+    if provisioned(points):
+        return sorted(points, key=lambda p: (p.m("pool_bytes"), -p.hit_pct, natural_key(p.id)))
     return sorted(points, key=lambda p: (p.mamba_gib, -p.hit_pct, natural_key(p.id)))
 
 

@@ -37,6 +37,7 @@ from reports.sweep_data import (
     natural_key,
     pareto_frontier,
     pareto_items,
+    provisioned,
 )
 
 CAPTION = ("Which settings reuse the most prompt for the least cache memory provisioned per "
@@ -68,22 +69,14 @@ USED = MemoryAxis(lambda p: p.mamba_gib, "mamba_state_bytes_peak",
 
 
 def memory_axis(points: list[Point]) -> MemoryAxis:
-    """Provisioned memory when every point carries ``pool_bytes`` and they differ in it
-    (a sweep of budgets); else peak Mamba-state memory: where every point provisions the
-    same pool (a sweep of cache switches) provisioned memory would stack them on one line,
-    and what tells them apart is the memory their states take; an older sweep folder
-    (no ``pool_bytes``) keeps that axis too."""
-    pools = {p.m("pool_bytes") for p in points}
-    if len(pools) > 1 and all(style.finite(b) for b in pools):
-        return PROVISIONED
-    return USED
+    """Provisioned memory when ``sweep_data.provisioned`` says so (a sweep of budgets),
+    else peak Mamba-state memory (see there: the frontier tables read the same)."""
+    return PROVISIONED if provisioned(points) else USED
 
 
 def frontier_items(points: list[Point], axis: MemoryAxis):
     """``(id, memory, hit)`` of each point on ``axis`` (see ``pareto_frontier``)."""
-    if not axis.provisioned:
-        return pareto_items(points)
-    return [(p.id, p.m(axis.metric), p.m("token_hit_rate")) for p in points]
+    return pareto_items(points)
 
 
 def _overlap(a, b) -> float:

@@ -4,7 +4,8 @@
 and the name in the copied ``sweep.yaml`` (it never reruns anything) and (re)writes
 into ``sweep_dir``:
 
-* ``pareto.png/.svg``: token hit rate against peak Mamba-state memory per GPU, the
+* ``pareto.png/.svg``: token hit rate against provisioned memory per GPU when the points
+  differ in ``pool_bytes``, else against peak Mamba-state memory per GPU, the
   Pareto frontier (max hit, min memory) as a step line, and TTFT p50/p99 per point;
 * ``ttft_cdf.png/.svg``, ``ttft_vs_prompt.png/.svg``, ``lost_reuse.png/.svg``;
 * for a capacity sweep (points differ in provisioned ``pool_bytes`` or in cache policy,

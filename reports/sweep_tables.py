@@ -23,6 +23,7 @@ from reports.sweep_data import (
     natural_key,
     pareto_frontier,
     pareto_items,
+    provisioned,
     short_axis,
 )
 
@@ -173,6 +174,9 @@ def build_blocks(sweep: Sweep, folder: Path, captions: dict[str, str]):
     B.append(("p", "Memory is the peak Mamba-state memory per GPU (GiB = 2^30 bytes); "
                    "states/req is the mean number of Mamba states written per request "
                    "(requests.csv); hit and lost rates are shares of prompt tokens."
+                   + (" The points provision different pools, so the Reuse-Pareto's frontier "
+                      "is taken on provisioned memory per GPU (pool_bytes), as its figure draws "
+                      "it." if provisioned(pts) else "")
                    + _latency_note(sweep)))
 
     # points
