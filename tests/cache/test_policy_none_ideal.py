@@ -453,3 +453,20 @@ def test_no_policy_reports_a_hit_nobody_computed(seed):
         assert not problems, (key, problems)
         if key.startswith("ideal"):
             assert kv.pool.evicted_keys == 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_marconi_reports_no_hit_nobody_computed(seed, alpha):
+    """The same serve check for ``cache.policy: marconi`` (its own admission and utility
+    eviction on vLLM's pool), on pools that bind and that do not."""
+    from sim.cache.policies.marconi import MarconiOptions
+
+    rng = random.Random(f"marconi-served:{seed}")
+    sw, shape, k = _random_config(rng)
+    workload = _random_workload(rng, sequential=False)
+    tight = replace(shape, num_blocks=rng.choice([40, 80, 4096]))
+    hits, kv, problems = _replay("marconi", MarconiOptions(marconi_alpha=alpha), sw, tight, k,
+                                 workload, 64)
+    assert not problems, problems
+    assert len(hits) == len(workload) and sum(hits.values()) > 0
