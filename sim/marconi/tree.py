@@ -43,15 +43,15 @@ class Node:
         self.key = (runs[0][0], runs[0][1]) if runs else None   # its first token
 
 
-class RadixTree:
-    """The cache.  ``serve(request)`` looks the prompt up, inserts prompt + output, evicts to
-    the budget and returns the hit in tokens.  ``policy`` is an eviction rule of
-    ``sim.marconi.eviction``."""
+class TreeCache:
+    """What Marconi's tree and its "vLLM+" block baseline share: the root, the slot columns,
+    the counters, and ``serve`` (look the prompt up, insert prompt + output, evict to the
+    budget, return the hit in tokens); each supplies ``lookup``, ``insert`` and
+    ``evict_to_budget``."""
 
-    def __init__(self, costs: CostModel, budget_bytes: int, policy: Any):
+    def __init__(self, costs: CostModel, budget_bytes: int):
         self.costs = costs
         self.budget = int(budget_bytes)
-        self.policy = policy
         self.slots = Slots()
         self.root = Node(None, [], 0, self.slots.take())
         self.slots.prot[self.root.slot] = True  # never a candidate
@@ -63,14 +63,33 @@ class RadixTree:
         self.requests = 0
         self.first_eviction_request: int | None = None   # requests served when eviction began
 
-    # ------------------------------------------------------------------ serving
-
     def serve(self, request: R.Request) -> int:
         self.requests += 1
         hit = self.lookup(request.prompt_seq())
         path = self.insert(request.full_seq())
         self.evict_to_budget(path)
         return hit
+
+    def lookup(self, seq: R.Seq) -> int:
+        raise NotImplementedError
+
+    def insert(self, seq: R.Seq) -> list[Node]:
+        raise NotImplementedError
+
+    def evict_to_budget(self, path: list[Node]) -> None:
+        raise NotImplementedError
+
+
+class RadixTree(TreeCache):
+    """The cache.  ``serve(request)`` looks the prompt up, inserts prompt + output, evicts to
+    the budget and returns the hit in tokens.  ``policy`` is an eviction rule of
+    ``sim.marconi.eviction``."""
+
+    def __init__(self, costs: CostModel, budget_bytes: int, policy: Any):
+        super().__init__(costs, budget_bytes)
+        self.policy = policy
+
+    # ------------------------------------------------------------------ serving
 
     def lookup(self, seq: R.Seq) -> int:
         """Tokens of the prompt whose prefill a hit skips: the depth of the deepest node whose

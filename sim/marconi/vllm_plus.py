@@ -17,40 +17,21 @@ from __future__ import annotations
 
 from sim.marconi import runs as R
 from sim.marconi.costs import CostModel
-from sim.marconi.slots import Slots
-from sim.marconi.tree import Node, descendants
+from sim.marconi.tree import Node, TreeCache, descendants
 
 
-class BlockTree:
+class BlockTree(TreeCache):
     """``serve(request)`` as :class:`sim.marconi.tree.RadixTree`'s; ``evictions`` counts blocks."""
 
     def __init__(self, costs: CostModel, budget_bytes: int, block_size: int = 32):
         if block_size < 1:
             raise ValueError("block_size must be >= 1")
-        self.costs = costs
-        self.budget = int(budget_bytes)
+        super().__init__(costs, budget_bytes)
         self.block = int(block_size)
         self.block_bytes = costs.state_bytes + costs.kv_bytes(self.block)
-        self.slots = Slots()
-        self.root = Node(None, [], 0, self.slots.take())
-        self.slots.prot[self.root.slot] = True
-        self.by_slot: dict[int, Node] = {self.root.slot: self.root}
-        self.used = 0
-        self.clock = 0.0
-        self.evictions = 0
-        self.states_admitted = 0
-        self.requests = 0
-        self.first_eviction_request: int | None = None
 
     def _key(self, runs: list[R.Run]) -> tuple:
         return tuple(R.split(runs, self.block)[0] if R.total(runs) > self.block else runs)
-
-    def serve(self, request: R.Request) -> int:
-        self.requests += 1
-        hit = self.lookup(request.prompt_seq())
-        path = self.insert(request.full_seq())
-        self.evict_to_budget(path)
-        return hit
 
     def lookup(self, seq: R.Seq) -> int:
         """Tokens of the longest run of cached whole blocks the prompt starts with."""
