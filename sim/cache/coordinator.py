@@ -501,16 +501,14 @@ def get_coordinator(specs: list[GroupSpec], num_blocks: int, scheduler_block_siz
                     eagle_groups: str | tuple[int, ...] = "all", eagle_method: bool = False,
                     enable_caching: bool = True,
                     pool_factory: Callable[[int, int, int], BlockPool] | None = None,
-                    admission: Admission | None = None, ideal_unit: int = 0) -> Coordinator:
+                    admission: Admission | None = None) -> Coordinator:
     """The coordinator for a layout (vLLM's ``get_kv_cache_coordinator``).
 
     ``enable_caching`` False: prefix caching off (EAGLE's rules, which only concern
     cached prefixes, are off with it); ``pool_factory`` and ``admission``: the policy
-    seams (``sim/cache/seams.py``; None: vLLM's LRU pool and admission rules);
-    ``ideal_unit`` > 0: the ideal cache at that unit (caching off in the pool)."""
-    if ideal_unit > 0:
-        return IdealCoordinator(specs, num_blocks, scheduler_block_size, ideal_unit,
-                                num_speculative_blocks)
+    seams (``sim/cache/seams.py``; None: vLLM's LRU pool and admission rules).  A
+    policy with other hit rules passes its own factory of this signature to
+    ``KVCacheManager`` (``ideal_coordinator``)."""
     if not enable_caching:
         return NoPrefixCacheCoordinator(specs, num_blocks, scheduler_block_size, hash_block_size,
                                         False, None, lookahead, prefill_lookahead,
@@ -523,3 +521,22 @@ def get_coordinator(specs: list[GroupSpec], num_blocks: int, scheduler_block_siz
     return cls(specs, num_blocks, scheduler_block_size, hash_block_size, use_eagle, retention,
                lookahead, prefill_lookahead, num_speculative_blocks, checkpoint_rule,
                eagle_groups, eagle_method, pool_factory, admission)
+
+
+def ideal_coordinator(unit: int) -> Callable[..., Coordinator]:
+    """A ``get_coordinator``-shaped factory of the ideal cache at ``unit`` tokens
+    (``cache.policy: ideal``): the layout's specs, pool size and speculative blocks are
+    used; every vLLM switch (hash unit, lookahead, EAGLE, retention, seams) is not."""
+
+    def build(specs: list[GroupSpec], num_blocks: int, scheduler_block_size: int,
+              hash_block_size: int, use_eagle: bool, retention: int | None,
+              lookahead: int = 0, prefill_lookahead: int = 0,
+              num_speculative_blocks: int = 0, checkpoint_rule: str = "v0.33",
+              eagle_groups: str | tuple[int, ...] = "all", eagle_method: bool = False,
+              enable_caching: bool = True,
+              pool_factory: Callable[[int, int, int], BlockPool] | None = None,
+              admission: Admission | None = None) -> Coordinator:
+        return IdealCoordinator(specs, num_blocks, scheduler_block_size, unit,
+                                num_speculative_blocks)
+
+    return build

@@ -60,21 +60,25 @@ def _any_cached(c: Coordinator, rid: str) -> bool:
 class KVCacheManager:
     def __init__(self, cfg: CacheConfig, enable_caching: bool = True,
                  pool_factory: Callable[[int, int, int], BlockPool] | None = None,
-                 admission: Admission | None = None, ideal_unit: int = 0):
+                 admission: Admission | None = None,
+                 coordinator_factory: Callable[..., Coordinator] | None = None):
         """``enable_caching`` False is vLLM's ``--no-enable-prefix-caching`` (every lookup
         misses; ``cache.policy: none``).  The policy seams (``sim/cache/seams.py``):
         ``pool_factory`` builds the pool from ``(num_blocks, hash_block_size, lookahead)``
         and so decides the eviction order (None: vLLM's LRU ``BlockPool``;
         ``UnlimitedBlockPool``: never runs out nor evicts); ``admission``: which computed
-        Mamba states are kept (None: vLLM's rules).  ``ideal_unit`` > 0: the ideal cache
-        (a state at every ``ideal_unit`` tokens of every computed prefix, keys without
-        lookahead, unlimited pool; ``cache.policy: ideal``)."""
+        Mamba states are kept (None: vLLM's rules).  ``coordinator_factory`` builds the
+        coordinator from ``get_coordinator``'s arguments (None: ``get_coordinator``, vLLM's
+        choice by layout); a policy whose hits follow other rules builds its own (``ideal``:
+        a state at every hash unit, ``sim/cache/policies/ideal.py``).  The hash unit and
+        lookahead the requests' keys are made with are the coordinator's and its pool's."""
         self.cfg = cfg
         self.use_eagle = cfg.eagle_drop
-        hash_block_size = ideal_unit if ideal_unit > 0 else cfg.hash_block_size
+        hash_block_size = cfg.hash_block_size
         assert hash_block_size is not None   # resolved when the config was validated
         self.enable_caching = enable_caching
-        self.coordinator = get_coordinator(
+        build = get_coordinator if coordinator_factory is None else coordinator_factory
+        self.coordinator = build(
             cfg.group_specs(), cfg.num_blocks, cfg.scheduler_block_size, hash_block_size,
             use_eagle=cfg.eagle_drop, retention=cfg.prefix_cache_retention_interval,
             lookahead=cfg.num_hash_lookahead_tokens,
@@ -82,7 +86,7 @@ class KVCacheManager:
             num_speculative_blocks=cfg.mamba_num_speculative_blocks,
             checkpoint_rule=cfg.prompt_checkpoint, eagle_groups=cfg.eagle_groups,
             eagle_method=cfg.eagle, enable_caching=enable_caching,
-            pool_factory=pool_factory, admission=admission, ideal_unit=ideal_unit)
+            pool_factory=pool_factory, admission=admission)
         c = self.coordinator
         self.shared_prefix_checkpoint = (cfg.shared_prefix_checkpoint and bool(c.eagle_group_ids)
                                          and c.partial_hits and c.reprefillable == 0)
@@ -100,8 +104,7 @@ class KVCacheManager:
                     m.admission_cap = -(-n // m.block_size) + 1
         self.last_copies: list[tuple[str, Block, Block]] = []
         self.pool = c.pool
-        self.hasher = PrefixHasher(hash_block_size,
-                                   0 if ideal_unit > 0 else cfg.num_hash_lookahead_tokens)
+        self.hasher = PrefixHasher(c.hash_block_size, c.pool.lookahead)
         self.empty: list[list[Block]] = [[] for _ in c.specs]   # "no hit", per group
 
     @property

@@ -12,7 +12,11 @@ A cache policy (``sim/cache/policies/``) builds its ``KVCacheManager`` with
   cacheable; ``None`` (the default) is vLLM's own rules, at the cost of one ``is not None``
   test per ``cache_blocks`` call.
 
-Both are plain (interpreted) base classes rather than protocols so that the compiled
+A policy whose hits follow other rules than vLLM's lookup (``ideal``) replaces the
+coordinator instead: ``KVCacheManager(coordinator_factory=...)`` takes any callable with
+``get_coordinator``'s signature (``sim/cache/coordinator.py``: ``ideal_coordinator``).
+
+Both seam classes are plain (interpreted) base classes rather than protocols so that the compiled
 managers can hold them as typed attributes; a policy subclasses them in its own file.
 """
 from __future__ import annotations

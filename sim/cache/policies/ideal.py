@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.cache.coordinator import UnlimitedBlockPool
+from sim.cache.coordinator import UnlimitedBlockPool, ideal_coordinator
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.policies.base import CacheSwitches, PoolShape
 from sim.cache.policies.none import NoCachePolicy
@@ -70,4 +70,5 @@ class IdealPolicy:
             return KVCacheManager(vllm, pool_factory=UnlimitedBlockPool)
         unit = vllm.hash_block_size
         assert unit is not None   # resolved when the config was validated
-        return KVCacheManager(NoCachePolicy().cache_config(shape), ideal_unit=unit)
+        return KVCacheManager(NoCachePolicy().cache_config(shape),
+                              coordinator_factory=ideal_coordinator(unit))
