@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter  # noqa: E402
+from matplotlib.transforms import Bbox, TransformedBbox  # noqa: E402
 
 GIB = 2**30
 DPI = 110
@@ -58,13 +59,24 @@ def figure(w: float, h: float):
     return plt.figure(figsize=(w, h), dpi=DPI)
 
 
-def _under(fig, text: str, renderer, **kw) -> None:
-    """``text`` under everything drawn so far, left-aligned, wrapped to the width."""
-    bb = fig.get_tightbbox(renderer)  # inches
+def _under(fig, bb, text: str, renderer, **kw):
+    """``text`` under ``bb`` (the tight box of everything drawn so far, inches),
+    left-aligned, wrapped to its width; returns the tight box with the text.
+
+    The figure's tight box is the union of its artists' boxes, so the new one is the
+    old one united with the text's own: measuring the text alone gives the same box as
+    measuring the figure again, without laying out every axis once more per text."""
     w, h = fig.get_figwidth(), fig.get_figheight()
     chars = max(40, int(bb.width / (0.008 * kw["fontsize"])))  # ~0.008 in per char and pt
     text = "\n".join(textwrap.wrap(text, chars)) or text
-    fig.text(bb.x0 / w, (bb.y0 - 0.08) / h, text, ha="left", va="top", **kw)
+    t = fig.text(bb.x0 / w, (bb.y0 - 0.08) / h, text, ha="left", va="top", **kw)
+    tb = t.get_tightbbox(renderer)
+    if tb is None or not (math.isfinite(tb.width) and math.isfinite(tb.height)) \
+            or (tb.width == 0 and tb.height == 0):
+        return bb   # (as the figure's box leaves out an empty text)
+    # pixels to inches as the figure's box converts them (a monotone scale: the union
+    # of converted boxes is the converted union)
+    return Bbox.union([bb, TransformedBbox(tb, fig.dpi_scale_trans.inverted())])
 
 
 class Saved(NamedTuple):
@@ -81,11 +93,12 @@ def save(fig, folder: Path, stem: str, caption: str = "", svg: bool = True,
     for) and then the caption under the figure; one bounding box for both files; the
     figure is closed."""
     renderer = fig.canvas.get_renderer()
+    bb = fig.get_tightbbox(renderer)
     if note:
-        _under(fig, note, renderer, fontsize=7.5, color=NOTE)
+        bb = _under(fig, bb, note, renderer, fontsize=7.5, color=NOTE)
     if caption:
-        _under(fig, caption, renderer, fontsize=8.5, style="italic", color=CAPTION)
-    bb = fig.get_tightbbox(renderer).padded(0.1)
+        bb = _under(fig, bb, caption, renderer, fontsize=8.5, style="italic", color=CAPTION)
+    bb = bb.padded(0.1)
     png = Path(folder) / f"{stem}.png"
     fig.savefig(png, dpi=DPI, bbox_inches=bb, metadata=PNG_META)
     out = [png]

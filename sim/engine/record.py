@@ -68,8 +68,8 @@ class StepSampler:
         self.countdown = 1
         self.occupied_peak = 0
         self.in_use_peak = 0
-        # arrival index -> [its last delivery (ns), deliveries so far], until it finishes
-        self.state: dict[int, list[int]] = {}
+        # (each request's last delivery and delivery count are its own fields,
+        # ``SimRequest.last_delivery_ns`` / ``deliveries``: no map lookup per item)
         self.itl_hist: dict[int, int] = {}  # gap in whole us -> count
         self.itl_sum_ns = 0
         self.itl_count = 0
@@ -90,7 +90,6 @@ class StepSampler:
                 # the next is due one old stride on, where the kept series continues)
                 self.rows = self.rows[::2]
                 self.stride *= 2
-        state = self.state
         hist = self.itl_hist
         total = 0
         count = 0
@@ -109,13 +108,12 @@ class StepSampler:
                 c = req.cache
                 if c.num_computed_tokens + it.num_tokens < c.num_tokens:
                     continue          # a chunk that is not the prompt's last samples nothing
-            st = state.get(req.index)
-            if st is None:
-                state[req.index] = [end, k]       # its first token
-                continue
-            g = first_end - st[0]
-            st[0] = end
-            st[1] += k
+            last = req.last_delivery_ns
+            req.last_delivery_ns = end
+            req.deliveries += k
+            if last < 0:
+                continue                          # its first token
+            g = first_end - last
             if g != run_gap:
                 if run_n:
                     us = (run_gap + 500) // 1000
@@ -145,13 +143,10 @@ class StepSampler:
         self.itl_sum_ns += total
         self.itl_count += count
 
-    def forget(self, index: int) -> int:
-        """A finished request's delivery count (its state is dropped)."""
-        st = self.state.get(index)
-        if st is None:
-            return 0
-        del self.state[index]
-        return st[1]
+    @staticmethod
+    def deliveries(r: SimRequest) -> int:
+        """How many times ``r`` delivered tokens (its output chunks)."""
+        return r.deliveries
 
 
 class Recorder:
@@ -187,7 +182,7 @@ class Recorder:
             del sessions[r.index]
         c = r.cache
         ns = NS
-        chunks = self.sampler.forget(r.index)
+        chunks = self.sampler.deliveries(r)
         decode_ns = r.finish_ns - r.first_token_ns     # first delivery to last
         tpot: float | str = decode_ns * MS_PER_NS / (r.num_output - 1) if r.num_output > 1 else ""
         itl: float | str = decode_ns * MS_PER_NS / (chunks - 1) if chunks > 1 else ""

@@ -43,7 +43,7 @@ class SimRequest:
                  "chunk_ends", "chunk_end_steps", "first_prefill_done", "done_event",
                  "out_stream", "fast_n", "fast_until", "item", "has_drafts",
                  "is_prefill_chunk", "recording", "cache_mark", "rejected", "priority",
-                 "arrival_step", "miss")
+                 "arrival_step", "miss", "last_delivery_ns", "deliveries")
 
     def __init__(self, cache: CacheRequest, max_tokens: int, index: int):
         self.cache = cache
@@ -64,7 +64,7 @@ class SimRequest:
         self.chunk_ends: list[int] = []
         self.chunk_end_steps: list[int] = []   # step index of each chunk end
         self.first_prefill_done = False
-        self.done_event: Any = None        # the engine's simpy.Event signalling the finish
+        self.done_event: Any = None        # the engine's turn record until it finishes
         self.out_stream = 0                # stream id of this request's output tokens
         self.fast_n = -1                   # decode fast path: tokens per step at the last allocation
         self.fast_until = -1               # ... and the computed count up to which it stays valid
@@ -79,6 +79,10 @@ class SimRequest:
         self.priority = 0                  # scheduler.policy priority: lower goes first
         self.arrival_step = 0              # scheduler step at arrival (lpm's starvation bound)
         self.miss: Miss | None = None      # why its first admission missed (attribution on)
+        # the step sampler's (sim/engine/record.py): end of the step that last delivered
+        # tokens (-1: none yet) and how many deliveries so far (inter-token latencies)
+        self.last_delivery_ns = -1
+        self.deliveries = 0
 
     def __repr__(self) -> str:
         return (f"SimRequest({self.cache.request_id!r}, index={self.index}, "
@@ -566,8 +570,18 @@ class Scheduler:
                 r.has_drafts = drafts
         self.step_index += 1
         if finished:
-            done = set(id(r) for r in finished)
-            self.running = [r for r in self.running if id(r) not in done]
+            # (finish_ns is set above and only here: the running requests that have one
+            # are exactly those finishing now; no id() set, which boxes an int per
+            # running request every step someone finishes)
+            running = self.running
+            if len(finished) == 1:
+                f = finished[0]
+                for i in range(len(running)):
+                    if running[i] is f:   # (identity: list.remove would call __eq__)
+                        del running[i]
+                        break
+            else:
+                self.running = [r for r in self.running if r.finish_ns < 0]
             for r in finished:
                 r.mamba_states_written += kv.states_written(r.cache)
                 kv.free(r.cache)

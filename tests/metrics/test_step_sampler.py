@@ -38,34 +38,50 @@ def _req(index, computed=0, prompt=8):
     return req
 
 
+REQS: dict[int, SimRequest] = {}
+
+
 def _item(index, prefill=False, computed=0, tokens=1, prompt=8):
-    return ScheduledItem(_req(index, computed, prompt), tokens, computed, prefill)
+    """An item of request ``index`` (the same request object across steps, as in a run:
+    its delivery state lives on it)."""
+    req = REQS.get(index)
+    if req is None:
+        req = REQS[index] = _req(index, computed, prompt)
+    req.cache.num_computed_tokens = computed
+    return ScheduledItem(req, tokens, computed, prefill)
+
+
+def _state(*indices):
+    """[last delivery (ns), deliveries] of each request."""
+    return [[REQS[i].last_delivery_ns, REQS[i].deliveries] for i in indices]
 
 
 def test_gaps_between_deliveries():
+    REQS.clear()
     s, _ = _sampler()
     a_pre = _item(0, prefill=True, computed=0, tokens=8)             # last chunk: delivers
     b_chunk = _item(1, prefill=True, computed=0, tokens=4)           # 4 of 8: delivers nothing
     s.step([a_pre, b_chunk], 0, 10 * MS, 1)                          # A's first token at 10
-    assert s.itl_count == 0 and s.state == {0: [10 * MS, 1]}    # [last delivery, deliveries]
+    assert s.itl_count == 0 and _state(0, 1) == [[10 * MS, 1], [-1, 0]]
     b_last = _item(1, prefill=True, computed=4, tokens=4)
-    s.step([_item(0), b_last], 10 * MS, 22 * MS, 1)                  # A: gap 12; B: first
-    assert s.itl_hist == {12_000: 1} and s.state == {0: [22 * MS, 2], 1: [22 * MS, 1]}
+    s.step([_item(0, computed=8), b_last], 10 * MS, 22 * MS, 1)      # A: gap 12; B: first
+    assert s.itl_hist == {12_000: 1} and _state(0, 1) == [[22 * MS, 2], [22 * MS, 1]]
     # a jump of 3 decode steps over 30 ms + 2 ns: 10 ms, then 10 ms + 1 ns twice (the
     # total is kept exactly; each step is the quotient, the remainder on the last ones)
     end = 52 * MS + 2
-    s.step([_item(0), _item(1)], 22 * MS, end, 3)
+    s.step([_item(0, computed=9), _item(1, computed=8)], 22 * MS, end, 3)
     assert s.itl_hist == {12_000: 1, 10_000: 6}
     assert s.itl_count == 7 and s.itl_sum_ns == 12 * MS + 2 * (30 * MS + 2)
-    assert s.state == {0: [end, 5], 1: [end, 4]}
+    assert _state(0, 1) == [[end, 5], [end, 4]]
     # a request skipped for a step (or preempted): its gap spans the steps it missed
-    s.step([_item(1)], end, 60 * MS, 1)
-    s.step([_item(0), _item(1)], 60 * MS, 70 * MS, 1)
+    s.step([_item(1, computed=11)], end, 60 * MS, 1)
+    s.step([_item(0, computed=12), _item(1, computed=12)], 60 * MS, 70 * MS, 1)
     assert s.itl_hist == {12_000: 1, 10_000: 7, 8_000: 1, 18_000: 1}
-    assert s.forget(0) == 6 and 0 not in s.state and s.forget(0) == 0
+    assert s.deliveries(REQS[0]) == 6 and s.deliveries(REQS[1]) == 6
 
 
 def test_gaps_are_kept_to_the_microsecond():
+    REQS.clear()
     s, _ = _sampler()
     s.step([_item(0, prefill=True, tokens=8)], 0, 1_000, 1)
     s.step([_item(0)], 1_000, 1_000 + 2_499, 1)
