@@ -4,7 +4,8 @@ field for column) and the fields of ``summary.json``.
 Writers (``sim/run.py``) and readers (``reports/``, ``sim compare``, ``sim check``,
 calibration) use these names, never positions.  The compiled recorder
 (``sim/engine/record.py``) builds plain tuples in this column order, arrival index
-first; ``sim/run.py`` turns them into records once the replay is over."""
+first; ``sim/request_table.py`` keeps them column by column and reads them back as
+records (``sim/run.py``: a run's requests, in arrival order)."""
 from __future__ import annotations
 
 from typing import NamedTuple, Union
@@ -107,7 +108,9 @@ def records_in_arrival_order(served: list[tuple], refused: list[tuple],
                              slo=None) -> list[RequestRecord]:
     """The recorder's tuples (arrival index first) as records, in arrival order; with an
     active ``slo`` (``sim.config.slo.SLOSection``) each served record's ``slo_ok`` says
-    whether it met every objective."""
+    whether it met every objective.  A list of full records (~700 bytes a request):
+    ``simulate`` keeps its requests as ``sim.request_table.RequestColumns`` instead, which
+    reads back the same records (tests/metrics/test_request_table.py holds it to this)."""
     rows = sorted([*served, *refused], key=lambda t: t[0])
     out = [RequestRecord(*t[1:]) for t in rows]
     if slo is not None and slo.active:

@@ -13,10 +13,12 @@ import csv
 import gc
 import json
 import math
+import operator
 import sys
 import time
 import types
 from dataclasses import dataclass, field
+from itertools import compress
 from pathlib import Path
 from typing import Callable
 
@@ -35,7 +37,8 @@ from sim.engine.scheduler import TOO_LONG_FOR_POOL, Scheduler, SimRequest
 from sim.models.layout import derive_layout
 from sim.cache.policies import PoolShape, get_policy
 from sim.records import (LATENCY_STATS, MEMORY_COLUMNS, MISS_CLASSES, REQUEST_COLUMNS,
-                         SUMMARY_FIELDS, RequestRecord, records_in_arrival_order)
+                         SUMMARY_FIELDS, RequestRecord)
+from sim.request_table import RequestColumns, RequestTable
 from sim.stats import mean, percentiles, weighted_percentiles
 
 
@@ -52,8 +55,9 @@ class Deployment:
     kv: KVCacheManager
     verify: list | None = None       # torch backend: per-request resume-vs-scratch records
     sampler: StepSampler | None = None   # memory over time and inter-token latencies
-    # every request in arrival order, served and refused on arrival (requests.csv)
-    records: list[RequestRecord] = field(default_factory=list)
+    # every request in arrival order, served and refused on arrival (requests.csv): a
+    # ``RequestTable`` after ``simulate`` (column by column; records built when read)
+    records: RequestTable | list[RequestRecord] = field(default_factory=list)
     kv_events: object | None = None   # sim/kv_events.RunEvents: the KV event stream, if on
 
 
@@ -226,8 +230,11 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
              fast_decode: bool = True, plant: str | None = None,
              prepare: Callable[[Deployment, Scheduler, Engine], None] | None = None):
     """Run the scenario; returns (deployment, records, summary dict).  ``records`` are the
-    served requests (``RequestRecord``, in arrival order); ``deployment.records`` holds
-    every request, those refused on arrival included (what ``write_run`` writes).
+    served requests in arrival order, ``deployment.records`` every request, those refused
+    on arrival included (what ``write_run`` writes): both ``sim.request_table.RequestTable``,
+    a read-only sequence of ``RequestRecord`` (len, indexing, iteration, ``==`` with a
+    list of records) kept column by column, a record built each time one is read
+    (``column(name)`` reads one field of every request without building any).
     ``prepare(dep, sched, engine)`` runs once the parts are built, before the replay
     (``sim explain`` watches one request's admission there and stops the replay)."""
     from workloads import build_workload
@@ -241,7 +248,8 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     maker = RequestMaker(kv, StreamRegistry())
     sampler = StepSampler(sched)
     dep.sampler = sampler
-    rec = Recorder(maker, sampler)
+    kept = RequestColumns()          # the finished requests' rows, column by column
+    rec = Recorder(maker, sampler, kept.add)
     on_finish: Callable[[SimRequest], None] = rec.finish
 
     base_dir = sc.path.parent
@@ -262,13 +270,14 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
         eng.run(traces)     # (the engine's progress guard raises a CapacityError)
     if dep.kv_events is not None:
         dep.kv_events.finish()
-    if not rec.rows and eng.rejected:
+    if not rec.rows and not kept.n and eng.rejected:   # (no request finished)
         raise CapacityError(f"every request was rejected ({len(eng.rejected):,}); the first: "
                             f"{why_rejected(sched, eng.rejected[0])}")
     for r in eng.rejected:
         rec.reject(r)
-    dep.records = records_in_arrival_order(rec.rows, rec.rejected_rows, sc.slo)
-    rows = [r for r in dep.records if not r.rejected]
+    rec.flush()
+    dep.records = kept.table(sc.slo)
+    rows = dep.records.served()
     wall = time.perf_counter() - t_wall
     summary = summarize(sc, dep, rows, eng, sched, wall)
     if sc.backend.kind == "torch":   # the torch backend's resume-vs-scratch checks
@@ -294,15 +303,27 @@ def why_rejected(sched: Scheduler, r: SimRequest) -> str:
             f"scheduler.max_model_len {sched.max_model_len:,} ({r.rejected})")
 
 
+def _col(rows, name: str):
+    """One field of every row, in order, read-only: a ``RequestTable``'s column as it
+    keeps it (no record built), or the field of each record of a list."""
+    if isinstance(rows, RequestTable):
+        return rows.column(name)
+    return [getattr(r, name) for r in rows]
+
+
 def summarize(sc, dep, rows, eng, sched, wall) -> dict:
+    """summary.json's fields (``SUMMARY_FIELDS``) from the served requests ``rows`` (a
+    ``RequestTable`` or a list of ``RequestRecord``), read a column at a time."""
     n = len(rows)
-    prompt = sum(r.prompt_tokens for r in rows)
-    hit = sum(r.hit_tokens for r in rows)
-    lost = sum(r.lost_tokens for r in rows)
-    out_tokens = sum(r.output_tokens for r in rows)
-    ttfts = sorted(r.ttft_s for r in rows)
-    makespan = (max((r.arrival_s + r.e2e_s for r in rows), default=0.0)
-                - min((r.arrival_s for r in rows), default=0.0))
+    prompt = sum(_col(rows, "prompt_tokens"))
+    hit = sum(_col(rows, "hit_tokens"))
+    lost = sum(_col(rows, "lost_tokens"))
+    out_tokens = sum(_col(rows, "output_tokens"))
+    ttfts = sorted(_col(rows, "ttft_s"))
+    arrivals = _col(rows, "arrival_s")
+    makespan = (max(map(operator.add, arrivals, _col(rows, "e2e_s")), default=0.0)
+                - min(arrivals, default=0.0))
+    del arrivals
     kv = dep.kv
     page = dep.block_bytes
     summary = {
@@ -317,7 +338,7 @@ def summarize(sc, dep, rows, eng, sched, wall) -> dict:
         "prompt_tokens": prompt,
         "hit_tokens": hit,
         "token_hit_rate": hit / prompt if prompt else 0.0,
-        "request_hit_rate": sum(1 for r in rows if r.hit_tokens > 0) / n if n else 0.0,
+        "request_hit_rate": sum(1 for h in _col(rows, "hit_tokens") if h > 0) / n if n else 0.0,
         "lost_tokens": lost,
         "lost_token_rate": lost / prompt if prompt else 0.0,
         "ttft_mean_s": sum(ttfts) / n if n else float("nan"),
@@ -347,12 +368,14 @@ def miss_fields(rows: list[RequestRecord], prompt: int) -> dict:
     """Miss attribution totals (tokens) and their shares of the prompt tokens; ``reusable``
     is what an unlimited attention-only cache would reuse (hit + every class but
     compulsory).  None with attribution off."""
-    on = [r for r in rows if r.compulsory_tokens != ""]
+    compulsory = _col(rows, "compulsory_tokens")
+    on = [v != "" for v in compulsory]      # rows attributed (all or none, in a run)
     out: dict = {}
-    totals = {name: sum(getattr(r, f"{name}_tokens") for r in on) if on else None
+    totals = {name: sum(compress(_col(rows, f"{name}_tokens"), on)) if any(on) else None
               for name in MISS_CLASSES}
-    if on:
-        totals["reusable"] = sum(r.prompt_tokens - r.compulsory_tokens for r in on)
+    if any(on):
+        totals["reusable"] = sum(compress(map(operator.sub, _col(rows, "prompt_tokens"),
+                                              [v if v != "" else 0 for v in compulsory]), on))
     else:
         totals["reusable"] = None
     for name, v in totals.items():
@@ -382,8 +405,8 @@ def latency_fields(rows: list[RequestRecord], sampler: StepSampler | None) -> di
     between two deliveries of a request's tokens, over all requests (the sampler's
     histogram of whole microseconds; its mean is exact)."""
     out = {}
-    out.update(_stats("ttft", [r.ttft_s for r in rows]))
-    out.update(_stats("tpot", [r.tpot_ms * 1e-3 for r in rows if r.tpot_ms != ""]))
+    out.update(_stats("ttft", _col(rows, "ttft_s")))
+    out.update(_stats("tpot", [v * 1e-3 for v in _col(rows, "tpot_ms") if v != ""]))
     if sampler is not None and sampler.itl_count:
         keys = sorted(sampler.itl_hist)
         counts = [sampler.itl_hist[k] for k in keys]
@@ -392,8 +415,8 @@ def latency_fields(rows: list[RequestRecord], sampler: StepSampler | None) -> di
                     zip(PERCENTILES, weighted_percentiles(keys, counts, PERCENTILES))})
     else:
         out.update({f"{s}_itl_ms": 0.0 for s in LATENCY_STATS})
-    out.update(_stats("e2el", [r.e2e_s for r in rows]))
-    out.update(_stats("queue_time", [r.queue_s for r in rows]))
+    out.update(_stats("e2el", _col(rows, "e2e_s")))
+    out.update(_stats("queue_time", _col(rows, "queue_s")))
     return out
 
 
@@ -403,12 +426,12 @@ def rate_fields(sc: Scenario, dep, rows: list[RequestRecord], makespan: float) -
     the arrival span), and with SLOs the share of requests meeting them (refused ones
     count as missing them) and the rate of those that do."""
     n = len(rows)
-    prompt = sum(r.prompt_tokens for r in rows)
-    out_tokens = sum(r.output_tokens for r in rows)
-    arrivals = [r.arrival_s for r in (dep.records or rows)]
-    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    prompt = sum(_col(rows, "prompt_tokens"))
+    out_tokens = sum(_col(rows, "output_tokens"))
+    arrivals = _col(dep.records or rows, "arrival_s")
+    span = max(arrivals) - min(arrivals) if len(arrivals) else 0.0
     per_s = (lambda x: x / makespan) if makespan > 0 else (lambda x: 0.0)
-    good = sum(1 for r in rows if r.slo_ok == 1)
+    good = sum(1 for v in _col(rows, "slo_ok") if v == 1)
     active = sc.slo.active
     return {
         "request_throughput": per_s(n),
@@ -469,7 +492,9 @@ def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = Tr
         with open(tmp / "requests.csv", "w", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(REQUEST_COLUMNS)
-            for r in (getattr(dep, "records", None) or rows):
+            recs = getattr(dep, "records", None) or rows
+            # a RequestTable's rows one at a time, as tuples: no second copy of the run
+            for r in (recs.tuples() if isinstance(recs, RequestTable) else recs):
                 w.writerow([_fmt(v) for v in r])
         # wall_s and sim_requests_per_s measure this machine; every other field (and
         # every other file but run.json's command and commit) is byte-identical for the

@@ -15,6 +15,7 @@ from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
 NS: Final = 1e-9   # engine times are integer nanoseconds
 MS_PER_NS: Final = 1e-6
 MEMORY_ROWS: Final = 20_000   # memory.csv holds between half this and this many rows
+KEEP_BATCH: Final = 4096      # Recorder: finished rows handed to ``keep`` at a time
 
 
 class RequestMaker:
@@ -154,11 +155,19 @@ class Recorder:
     first, then the columns of ``sim.records.RequestRecord`` in order up to
     ``output_chunks`` (``slo_ok`` is left to ``sim/run.py``, which knows the SLOs and
     makes the records once the replay is over), then, with miss attribution on, its
-    classes (``sim/cache/attribution.py``; defaults "" otherwise)."""
+    classes (``sim/cache/attribution.py``; defaults "" otherwise).
 
-    def __init__(self, maker: RequestMaker, sampler: StepSampler):
+    With ``keep`` (``sim.request_table.RequestColumns.add``), every ``KEEP_BATCH`` rows
+    are handed over and dropped here: a million tuples of boxed numbers would be most of
+    a long run's memory, their columns a fraction of it.  ``flush()`` hands over the rest
+    (refused requests' rows included); without ``keep`` the rows stay in ``rows`` and
+    ``rejected_rows``."""
+
+    def __init__(self, maker: RequestMaker, sampler: StepSampler,
+                 keep: Callable[[list[tuple]], None] | None = None):
         self.maker = maker
         self.sampler = sampler
+        self.keep = keep
         self.rows: list[tuple] = []
         self.rejected_rows: list[tuple] = []
 
@@ -198,3 +207,17 @@ class Recorder:
             row = row + ("", m.compulsory, m.capacity, m.checkpoint, m.speculative,
                          m.in_flight, m.reason, m.evicted_by)
         self.rows.append(row)
+        if len(self.rows) >= KEEP_BATCH and self.keep is not None:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the rows held so far to ``keep`` (nothing without one)."""
+        keep = self.keep
+        if keep is None:
+            return
+        if self.rows:
+            keep(self.rows)
+            self.rows = []
+        if self.rejected_rows:
+            keep(self.rejected_rows)
+            self.rejected_rows = []

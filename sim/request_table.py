@@ -1,0 +1,363 @@
+"""The requests of a run, kept column by column: what ``sim run`` holds between the end
+of the replay and ``requests.csv``.
+
+A record per request (``sim.records.RequestRecord``, a 27-field tuple of boxed numbers)
+costs ~700 bytes; a million-request run held them twice (the recorder's tuples, then the
+records in arrival order) and most of its peak memory was that.  Here each column is one
+machine array (``array``: integers, floats, codes) or one run of bytes (request ids),
+~100 bytes a request in all; the recorder hands its tuples over in batches
+(``RequestColumns.add``) and records are built only when one is read
+(``RequestTable``: a read-only sequence of ``RequestRecord``).
+
+Exact by construction: a column stays an array only while every value it was given is
+exactly of its type (``int`` / ``float``) or ``""`` (a request with no measurement,
+marked in a byte per request beside the array); anything else (an integer beyond 64
+bits, a bool, another type) turns that column into a plain list of the values as given.
+Integers take the narrowest array that holds them (1 to 8 bytes), text of few distinct
+values one small code each, request ids their UTF-8 bytes.  Reading back yields the
+very values (and types) the recorder wrote."""
+from __future__ import annotations
+
+import operator
+import struct
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import accumulate, compress, repeat
+from typing import Any
+
+from sim.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS, RequestRecord
+
+INT_CODES = ("b", "h", "i", "q")        # 1, 2, 4, 8 bytes: a column takes the narrowest
+WIDTH = 1 + len(REQUEST_COLUMNS)   # a recorder tuple: arrival index, then every column
+PAD = tuple(("",) * k for k in range(WIDTH + 1))   # the "" a short tuple is missing
+# text columns of few distinct values, kept as codes into their distinct strings
+CODED = ("session", "rejected", "checkpoint_reason")
+UNIQUE = ("request_id",)      # text of one value a request: its bytes, one after the other
+_encode = operator.methodcaller("encode", "utf-8", "surrogatepass")   # (any str, exactly)
+
+
+def _pick(v: Any, blank: int) -> Any:
+    return "" if blank else v
+
+
+def _widened(data: array, code: str) -> array:
+    """An integer array as a wider one (the same values)."""
+    import numpy as np
+
+    out = array(code)
+    out.frombytes(np.frombuffer(data, dtype=data.typecode).astype(code).tobytes())
+    return out
+
+
+def _np_take(buf: Any, code: str, perm: Any) -> bytes:
+    """The items of an array (or bytearray: code "B") in ``perm``'s order, as bytes."""
+    import numpy as np
+
+    return np.frombuffer(buf, dtype=code)[perm].tobytes()
+
+
+class _Column:
+    """One column.  ``kind`` "i": integers in an array of the narrowest width that holds
+    them all (``INT_CODES``; widened as larger ones come); "d": floats; for both, a
+    request with no value ("") has a 0 there and a 1 in ``blanks`` (created with the
+    first ""); "t": text of few distinct values, each an index into ``words`` (``data``
+    an "i" column); "s": text, UTF-8 in one ``bytearray`` (``data``), value k from
+    ``starts[k]`` to ``ends[k]``; "o": a list of the values as given (other text, or
+    numbers an array cannot hold exactly).  ``blank``: how many "" ``blanks`` marks."""
+
+    __slots__ = ("kind", "data", "blank", "blanks", "words", "ids", "starts", "ends")
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.data: Any = ([] if kind == "o" else _Column("i") if kind == "t"
+                          else bytearray() if kind == "s"
+                          else array("b" if kind == "i" else "d"))
+        self.blank = 0
+        self.blanks: bytearray | None = None
+        self.words: list[str] = []          # "t": the distinct values, by first use
+        self.ids: dict[str, int] = {}       # "t": value -> its index in words
+        self.starts = array("q")            # "s": where each value's bytes start / end
+        self.ends = array("q")
+
+    def __len__(self) -> int:
+        return len(self.ends) if self.kind == "s" else len(self.data)
+
+    def extend(self, vals: tuple) -> None:
+        kind = self.kind
+        if kind == "o":
+            self.data.extend(vals)
+            return
+        types = list(map(type, vals))
+        if kind in "ts":
+            if types.count(str) != len(vals):
+                return self._as_list(vals)
+            if kind == "t":
+                return self._extend_coded(vals)
+            text = "".join(vals)
+            base = len(self.data)
+            if text.isascii():             # (a byte a character: lengths as they are)
+                lens: Iterable[int] = map(len, vals)
+                self.data += text.encode("ascii")
+            else:
+                raw = list(map(_encode, vals))
+                lens = map(len, raw)
+                self.data += b"".join(raw)
+            bounds = list(accumulate(lens, initial=base))
+            self.starts.frombytes(struct.pack(f"{len(vals)}q", *bounds[:-1]))
+            self.ends.frombytes(struct.pack(f"{len(vals)}q", *bounds[1:]))
+            return
+        want = int if kind == "i" else float
+        n_want = types.count(want)
+        if n_want == len(vals):
+            return self._put(vals, vals, None)
+        n = types.count(str)
+        if n_want + n != len(vals):
+            return self._as_list(vals)            # another type (a bool, a subclass)
+        if not n_want:                          # (a column nobody fills: slo_ok, ...)
+            flags = b"\x01" * n
+        else:
+            flags = bytes([t is str for t in types])
+        if set(compress(vals, flags)) != {""}:  # a text other than ""
+            return self._as_list(vals)
+        zero = want()
+        self._put([zero if f else v for v, f in zip(vals, flags)] if n < len(vals)
+                  else None, vals, flags)
+
+    def _extend_coded(self, vals: tuple) -> None:
+        ids = self.ids
+        if not ids.keys() >= set(vals):
+            for v in dict.fromkeys(vals):          # (first use order: deterministic)
+                if v not in ids:
+                    ids[v] = len(self.words)
+                    self.words.append(v)
+        self.data._put(tuple(map(ids.__getitem__, vals)), vals, None)
+
+    def _put(self, nums: Sequence[Any] | None, vals: tuple, flags: bytes | None) -> None:
+        """Append exact numbers (``None``: zeros; 0 where ``flags`` marks a blank),
+        widening an integer array as needed; ``vals``, as given, if even 64 bits cannot
+        hold them.  (``struct`` packs them: ``array(code, values)`` parses each value
+        as a call's argument, several times slower.)"""
+        data = self.data
+        n = len(vals)
+        n0 = len(data)
+        while True:
+            try:
+                raw = (bytes(n * data.itemsize) if nums is None
+                       else struct.pack(f"{n}{data.typecode}", *nums))
+                break
+            except struct.error:                   # out of this width's range
+                lo, hi = min(nums), max(nums)    # type: ignore[type-var]
+                for code in INT_CODES[INT_CODES.index(data.typecode) + 1:]:
+                    top = 1 << (8 * array(code).itemsize - 1)
+                    if -top <= lo and hi < top:
+                        data = self.data = _widened(data, code)
+                        break
+                else:
+                    return self._as_list(vals)     # beyond 64 bits: kept as given
+        data.frombytes(raw)
+        if flags is not None:
+            if self.blanks is None:
+                self.blanks = bytearray(n0)
+            self.blanks += flags
+            self.blank += flags.count(1)
+        elif self.blanks is not None:
+            self.blanks += bytes(n)
+
+    def _as_list(self, vals: tuple) -> None:
+        self.data = list(self.values())
+        self.kind = "o"
+        self.blank = 0
+        self.blanks = None
+        self.words, self.ids, self.starts, self.ends = [], {}, array("q"), array("q")
+        self.data.extend(vals)
+
+    def values(self, pos: Sequence[int] | None = None) -> Iterable[Any]:
+        """The values as the recorder gave them, all or those at ``pos``."""
+        data = self.data
+        kind = self.kind
+        if kind == "t":
+            return map(self.words.__getitem__, data.values(pos))
+        if kind == "s":
+            return map(self.at, range(len(self.ends)) if pos is None else pos)
+        if self.blank and self.blank == len(data):        # (a column nobody filled)
+            return repeat("", len(data) if pos is None else len(pos))
+        got: Iterable[Any] = data if pos is None else map(data.__getitem__, pos)
+        if not self.blank:
+            return got
+        bl: Any = self.blanks
+        return map(_pick, got, bl if pos is None else map(bl.__getitem__, pos))
+
+    def at(self, i: int) -> Any:
+        kind = self.kind
+        if kind == "t":
+            return self.words[self.data.at(i)]
+        if kind == "s":
+            return self.data[self.starts[i]:self.ends[i]].decode("utf-8", "surrogatepass")
+        if self.blank and self.blanks is not None and self.blanks[i]:
+            return ""
+        return self.data[i]
+
+    def reorder(self, perm: Any) -> None:
+        """Put the values in ``perm``'s order (a numpy array of positions)."""
+        kind = self.kind
+        if kind == "t":
+            self.data.reorder(perm)
+        elif kind == "s":
+            for name in ("starts", "ends"):
+                moved = array("q")
+                moved.frombytes(_np_take(getattr(self, name), "q", perm))
+                setattr(self, name, moved)
+        elif kind == "o":
+            data = self.data
+            self.data = [data[i] for i in array("q", perm.tobytes())]
+        else:
+            moved = array(self.data.typecode)
+            moved.frombytes(_np_take(self.data, self.data.typecode, perm))
+            self.data = moved
+            if self.blanks is not None:
+                self.blanks = bytearray(_np_take(self.blanks, "B", perm))
+
+    def nbytes(self) -> int:
+        """What the stored values take (not the strings a list points to)."""
+        if self.kind == "t":
+            return self.data.nbytes()
+        if self.kind == "s":
+            return len(self.data) + 2 * len(self.ends) * self.ends.itemsize
+        blanks = len(self.blanks) if self.blanks is not None else 0
+        return len(self.data) * (self.data.itemsize if self.kind != "o" else 8) + blanks
+
+
+def _kind(name: str) -> str:
+    if name in TEXT_COLUMNS:
+        return "t" if name in CODED else "s" if name in UNIQUE else "o"
+    return "i" if name in INT_COLUMNS else "d"
+
+
+def _arrival_order(idx: array) -> Any:
+    """The rows' positions by arrival index (a stable sort: rows of one index, which a
+    run never has, keep their order, as the list of records did)."""
+    import numpy as np
+
+    return np.argsort(np.frombuffer(idx, dtype=idx.typecode), kind="stable")
+
+
+class RequestColumns:
+    """The recorder's tuples (``sim/engine/record.py``: arrival index first, then the
+    columns of ``RequestRecord`` in order; a shorter tuple's missing columns are "")
+    as they come, in batches, in any order; ``table()`` puts them in arrival order."""
+
+    def __init__(self) -> None:
+        self.index = _Column("i")
+        self.columns = {name: _Column(_kind(name)) for name in REQUEST_COLUMNS}
+        self.n = 0
+
+    def add(self, rows: list[tuple]) -> None:
+        if not rows:
+            return
+        if min(map(len, rows)) < WIDTH:
+            rows = [t + PAD[WIDTH - len(t)] for t in rows]
+        if max(map(len, rows)) != WIDTH:
+            raise ValueError(f"a request row has more than {WIDTH} fields")
+        cols = zip(*rows)
+        self.index.extend(next(cols))
+        for col, vals in zip(self.columns.values(), cols):
+            col.extend(vals)
+        self.n += len(rows)
+
+    def table(self, slo=None) -> RequestTable:
+        """Every request in arrival order (the columns are moved, not copied: this
+        builder is empty afterwards); with an active ``slo`` (``sim.config.slo.SLOSection``)
+        each served request's ``slo_ok`` says whether it met every objective."""
+        idx = self.index.data
+        if any(map(int.__gt__, idx, idx[1:])):
+            perm = _arrival_order(idx)
+            for col in self.columns.values():
+                col.reorder(perm)
+            del perm
+        cols = self.columns
+        if slo is not None and slo.active:
+            met = slo.met
+            ok = _Column("i")
+            ok.extend(tuple(
+                "" if why else int(met(ttft, tpot * 1e-3 if tpot != "" else 0.0, e2e))
+                for why, ttft, tpot, e2e in zip(*(cols[c].values() for c in
+                                                  ("rejected", "ttft_s", "tpot_ms", "e2e_s")))))
+            cols["slo_ok"] = ok
+        for col in cols.values():
+            col.ids = {}            # (only ever needed to add more)
+        out = RequestTable(cols, None, self.n)
+        self.index = _Column("i")        # (empty again: the columns moved to the table)
+        self.columns = {name: _Column(_kind(name)) for name in REQUEST_COLUMNS}
+        self.n = 0
+        return out
+
+
+class RequestTable(Sequence):
+    """Requests of a run in arrival order, read as ``RequestRecord``s (built on each
+    read: hold on to the records you need, not to many at once).  ``served()`` is the
+    view of those not refused on arrival; ``column(name)`` one field of every request
+    (fast: no record built)."""
+
+    __slots__ = ("_cols", "_pos", "_n")
+
+    def __init__(self, cols: dict[str, _Column], pos: Sequence[int] | None, n: int):
+        self._cols = cols
+        self._pos = pos          # the rows of this view (None: all of them)
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _row(self, i: int) -> RequestRecord:
+        if not -self._n <= i < self._n:
+            raise IndexError("request index out of range")
+        j = self._pos[i] if self._pos is not None else i % self._n
+        return RequestRecord._make([c.at(j) for c in self._cols.values()])
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._row(k) for k in range(*i.indices(self._n))]
+        return self._row(i)
+
+    def _columns(self) -> Iterator[Iterable[Any]]:
+        return (c.values(self._pos) for c in self._cols.values())
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        return map(RequestRecord._make, zip(*self._columns()))
+
+    def tuples(self) -> Iterator[tuple]:
+        """The rows as plain tuples, in ``REQUEST_COLUMNS`` order (what a writer needs)."""
+        return zip(*self._columns())
+
+    def column(self, name: str) -> Sequence[Any]:
+        """One field of every request, in order, without building records: read-only
+        (the column's own array when it can be, else a new list)."""
+        col = self._cols[name]
+        if self._pos is None and not col.blank and col.kind in ("i", "d", "o"):
+            return col.data
+        return list(col.values(self._pos))
+
+    def served(self) -> RequestTable:
+        """The requests not refused on arrival (a view: nothing is copied)."""
+        col = self._cols["rejected"]
+        if col.kind == "t" and not any(col.words):
+            return self                  # (no request refused: no "rejected" but "")
+        rejected = col.values(self._pos)
+        keep = array("q", (i for i, why in enumerate(rejected) if not why))
+        if len(keep) == self._n:
+            return self
+        if self._pos is not None:
+            keep = array("q", map(self._pos.__getitem__, keep))
+        return RequestTable(self._cols, keep, len(keep))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(map(operator.eq, self, other))
+
+    __hash__ = None      # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"RequestTable({self._n:,} requests)"
+
+

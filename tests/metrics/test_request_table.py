@@ -1,0 +1,177 @@
+"""The run's requests kept column by column (sim/request_table.py): read back, they are
+exactly the records the recorder's tuples make (values and types, in arrival order),
+whatever the values (blanks, NaN, huge or odd numbers), batches and order."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from sim.config.slo import SLOSection
+from sim.records import REQUEST_COLUMNS, RequestRecord, records_in_arrival_order
+from sim.request_table import RequestColumns, RequestTable
+
+BLANK_INT = -(2 ** 63)        # the least 64-bit integer
+
+
+def served_row(i: int, rng: random.Random, attributed: bool = True) -> tuple:
+    """A recorder tuple of a finished request (sim/engine/record.py Recorder.finish)."""
+    out = rng.choice([1, 1, 7, 300])
+    row = (i, f"r{i:07d}", rng.choice(["", "s1", "s2"]), i * 0.25 + rng.random(),
+           rng.randint(1, 90_000), rng.randint(0, 5000), rng.randint(0, 5000),
+           rng.randint(0, 50), rng.randint(0, 3), rng.randint(0, 500), rng.random(),
+           rng.random() + 0.5, rng.random() + 2.0, out, rng.randint(0, 2), rng.randint(0, 9), "",
+           rng.random() * 40 if out > 1 else "", rng.random() * 40 if out > 2 else "",
+           rng.randint(1, out))
+    if attributed:
+        row += ("", rng.randint(0, 900), rng.randint(0, 900), 0, rng.randint(0, 9), 16,
+                rng.choice(["", "evicted", "align"]), rng.choice(["", f"r{i - 1:07d}"]))
+    return row
+
+
+def refused_row(i: int) -> tuple:
+    """Recorder.reject's tuple."""
+    return (i, f"r{i:07d}", "", i * 0.25, 70_000) + ("",) * 11 + ("exceeds_max_model_len",
+                                                                  "", "", "")
+
+
+def typed(records) -> list:
+    return [[(type(v), v) for v in r] for r in records]
+
+
+def build(rows: list[tuple], batch: int, slo=None) -> RequestTable:
+    cols = RequestColumns()
+    for k in range(0, len(rows), batch):
+        cols.add(rows[k:k + batch])
+    return cols.table(slo)
+
+
+@pytest.mark.parametrize("attributed", [True, False])
+@pytest.mark.parametrize("batch", [1, 7, 1000])
+def test_the_table_reads_back_the_records_of_the_tuples_in_arrival_order(attributed, batch):
+    rng = random.Random(3)
+    served = [served_row(i, rng, attributed) for i in range(300) if i % 13]
+    refused = [refused_row(i) for i in range(0, 300, 13)]
+    rows = served + refused
+    rng.shuffle(rows)                         # finish order is not arrival order
+    want = records_in_arrival_order(served, refused)
+    table = build(rows, batch)
+    assert len(table) == 300 and isinstance(table[0], RequestRecord)
+    assert typed(table) == typed(want)
+    assert typed([table[i] for i in range(-300, 300)]) == typed(want + want)
+    assert typed(table[5:40:3]) == typed(want[5:40:3])
+    assert table == want and want == table and table != want[:-1]
+    for name in REQUEST_COLUMNS:
+        assert [(type(v), v) for v in table.column(name)] == \
+            [(type(getattr(r, name)), getattr(r, name)) for r in want]
+    with pytest.raises(IndexError):
+        table[300]
+
+
+def test_the_served_view_drops_refused_requests_and_computes_slo_ok():
+    rng = random.Random(5)
+    served = [served_row(i, rng) for i in range(200) if i % 7]
+    refused = [refused_row(i) for i in range(0, 200, 7)]
+    slo = SLOSection(ttft_ms=1200.0, tpot_ms=25.0)
+    want = records_in_arrival_order(served, refused, slo)
+    table = build(refused + served[::-1], 50, slo)
+    assert typed(table) == typed(want)
+    view = table.served()
+    want_served = [r for r in want if not r.rejected]
+    assert len(view) == len(want_served) < len(table)
+    assert typed(view) == typed(want_served)
+    assert typed([view[-1], view[0]]) == typed([want_served[-1], want_served[0]])
+    assert list(view.column("slo_ok")) == [r.slo_ok for r in want_served]
+    assert {r.slo_ok for r in want_served} == {0, 1}      # (the SLO splits them)
+    assert list(view.tuples()) == [tuple(r) for r in want_served]
+    assert view.served() is view
+
+
+def test_values_an_array_cannot_hold_exactly_are_kept_as_given():
+    rng = random.Random(9)
+    rows = [served_row(i, rng) for i in range(40)]
+    odd = {3: ("prompt_tokens", 2 ** 70), 11: ("hit_tokens", True),
+           17: ("queue_s", math.inf), 25: ("junction", BLANK_INT), 31: ("preemptions", 2.0)}
+    for i, (name, v) in odd.items():
+        j = 1 + REQUEST_COLUMNS.index(name)
+        rows[i] = rows[i][:j] + (v,) + rows[i][j + 1:]
+    nan_at = 1 + REQUEST_COLUMNS.index("ttft_s")
+    rows[20] = rows[20][:nan_at] + (math.nan,) + rows[20][nan_at + 1:]
+    table = build(rows, 8)
+    want = records_in_arrival_order(rows, [])
+    got = list(table)
+    assert type(got[20].ttft_s) is float and math.isnan(got[20].ttft_s)
+    fix = lambda recs: typed(r._replace(ttft_s=0.0) if i == 20 else r
+                             for i, r in enumerate(recs))
+    assert fix(got) == fix(want)
+    for i, (name, v) in odd.items():
+        assert type(getattr(got[i], name)) is type(v) and getattr(got[i], name) == v
+
+
+def test_a_tuple_longer_than_a_record_is_refused():
+    with pytest.raises(ValueError, match="more than"):
+        RequestColumns().add([served_row(0, random.Random(1)) + ("x",)])
+
+
+def test_columns_widen_as_larger_numbers_come_and_blanks_stay_blank():
+    # each integer column takes the narrowest array that holds it; a larger value
+    # (or one equal to the narrow width's blank) widens it, blanks included
+    rng = random.Random(11)
+    edges = [0, 127, -127, -128, 128, 32767, -32768, 2 ** 31, -(2 ** 63) + 1, 2 ** 63 - 1]
+    rows = []
+    for i, v in enumerate(edges * 3):
+        row = refused_row(i) if i % 4 == 3 else served_row(i, rng)
+        j = 1 + REQUEST_COLUMNS.index("prompt_tokens")
+        rows.append(row[:j] + (v,) + row[j + 1:])
+    for batch in (1, 3, 30):
+        table = build(rows, batch)
+        assert typed(table) == typed(records_in_arrival_order(rows, []))
+    sizes = {n: table._cols[n].nbytes() for n in ("preemptions", "prompt_tokens", "session",
+                                                  "hit_tokens")}
+    # (1 byte each, and a blank flag each: refused rows have none; 8 each; 1-byte codes;
+    # 2 bytes each, and a blank flag each)
+    assert sizes == {"preemptions": 60, "prompt_tokens": 240, "session": 30,
+                     "hit_tokens": 90}
+
+
+def test_text_of_few_values_is_kept_once():
+    rows = [served_row(i, random.Random(i)) for i in range(50)]
+    j = 1 + REQUEST_COLUMNS.index("session")
+    rows = [r[:j] + ("".join(["conv", str(i % 3)]),) + r[j + 1:] for i, r in enumerate(rows)]
+    table = build(rows, 16)
+    got = table.column("session")
+    assert got == [f"conv{i % 3}" for i in range(50)]
+    assert len({id(s) for s in got}) == 3            # one string object per value
+
+
+def test_request_ids_of_any_text_read_back_exactly():
+    ids = ["r1", "", "é-\U0001f600", "\ud800lone", "a,b\n", "r1"]
+    rows = [(i, rid) + served_row(i, random.Random(i))[2:] for i, rid in enumerate(ids)]
+    table = build(rows[::-1], 4)
+    assert table.column("request_id") == ids and [r.request_id for r in table] == ids
+    assert table[3].request_id == "\ud800lone"
+
+
+@pytest.mark.parametrize("indices", [[4, 0, 3, 1, 2], [9, 2, 40, 7, 3], [2, 0, 2, 1, 0]])
+def test_rows_come_out_by_arrival_index_whatever_the_indices(indices):
+    # every arrival indexed 0..n-1 (a run), gaps, or (never in a run) one index twice:
+    # a stable sort by index, as the list of records was
+    rows = [(i, f"r{k}") + served_row(i, random.Random(k))[2:] for k, i in enumerate(indices)]
+    assert typed(build(rows, 2)) == typed(records_in_arrival_order(rows, []))
+
+
+def test_simulate_returns_tables_of_every_request_and_of_the_served_ones():
+    from pathlib import Path
+
+    from sim.config.scenario import load_scenario
+    from sim.run import simulate
+
+    tiny = Path(__file__).resolve().parents[2] / "scenarios" / "athena-tiny.yaml"
+    sc = load_scenario(tiny, {"workload.num_requests": 30, "scheduler.max_model_len": 350})
+    dep, rows, s = simulate(sc)
+    assert isinstance(rows, RequestTable) and isinstance(dep.records, RequestTable)
+    assert len(dep.records) == s["requests"] + s["rejected_requests"]
+    assert s["rejected_requests"] > 0 and len(rows) == s["requests"] > 0
+    assert list(rows) == [r for r in dep.records if not r.rejected]
+    assert sum(rows.column("prompt_tokens")) == s["prompt_tokens"]
