@@ -24,8 +24,8 @@ block; ``checkpoints: vllm`` thus holds one block object per state vLLM would ke
 plus the running requests' tables.  ``every_unit`` keeps its states in a content
 index instead (``IdealCoordinator``): one machine integer per distinct hash unit,
 whatever the number of KV-cache groups, in an open-addressing table that doubles as it
-fills (``bench/sim_bench.py million``'s 1,000,000 synthetic requests: 4.9 M keys in a
-134 MB table, 1.23 GiB peak RSS from the source build, 496 pool block objects), and its
+fills (``bench/sim_bench.py million --set cache.policy=ideal``: 1,000,000 synthetic
+requests, 4.9 M keys in a 134 MB table, 0.93 GiB peak RSS, 496 pool block objects), and its
 pool holds only the running requests' tables (as with caching off, hit tokens
 included).  The memory columns of its runs therefore report the working set, not the
 cache; the cache is unbounded by definition.
