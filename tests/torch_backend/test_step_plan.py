@@ -31,7 +31,7 @@ def _plain(plan: StepPlan) -> StepPlan:
 
 def test_the_torch_backend_runs_from_plain_step_items(monkeypatch):
     orig = TB.TorchBackend.step_time
-    seen = {"items": 0, "decode": 0, "finished": 0}
+    seen = {"items": 0, "decode": 0, "finished": 0, "finishing": 0}
 
     def plain_step(self, plan):
         copy = _plain(plan)
@@ -39,6 +39,7 @@ def test_the_torch_backend_runs_from_plain_step_items(monkeypatch):
         seen["items"] += len(copy.items)
         seen["decode"] += sum(1 for c in copy.items if not c.is_prefill)
         seen["finished"] += len(copy.finished)
+        seen["finishing"] = sum(1 for c in copy.items if c.finishes)   # (the last plan's)
         return orig(self, copy)
 
     monkeypatch.setattr(TB.TorchBackend, "step_time", plain_step)
@@ -46,7 +47,11 @@ def test_the_torch_backend_runs_from_plain_step_items(monkeypatch):
                               "workload.num_requests": 6})
     dep, rows, summary = simulate(sc)
     recs = dep.verify
-    assert len(rows) == 6 and seen["decode"] > 20 and seen["finished"] >= 4
+    # every request is reported finished in the plan after its last step, except those
+    # whose last step is the run's last (how many: the torch backend's measured step times
+    # decide how requests batch, so this count varies with the machine's load)
+    assert len(rows) == 6 and seen["decode"] > 20 and seen["finished"] >= 1
+    assert seen["finished"] + seen["finishing"] == 6
     assert sorted(v.kind for v in recs) == ["decode"] * 6 + ["prefill"] * 6
     assert any(v.resumed_at > 0 for v in recs)
     assert max(v.max_abs_err for v in recs) < TB.TOLERANCE["float32"]
