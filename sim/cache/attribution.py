@@ -43,7 +43,7 @@ from mypy_extensions import i64
 from sim.cache.block_pool import GROUP_BITS
 from sim.cache.coordinator import Coordinator, HybridCoordinator, IdealCoordinator, SpecGroup
 from sim.cache.evictions import EvictionLog
-from sim.cache.hashing import PrefixKeys, unit_key
+from sim.cache.hashing import PrefixKeys, unit_end
 from sim.cache.mamba_manager import MambaManager
 from sim.cache.managers import SingleTypeManager
 
@@ -252,15 +252,13 @@ class MissAttribution:
         # block ends' keys run by run (PrefixKeys.key without the search, as find_full)
         step = self.scale * keys.unit
         e = (j + 1) * step + keys.lookahead
-        ch: i64 = 0
-        s: i64 = 0
-        st: i64 = 0
+        pre: i64 = 0
         b0: i64 = 0
         nxt: i64 = -1    # last token of the located run (-1: none located yet)
         while j < nb:
             if e > nxt:
-                ch, s, st, b0, nxt = keys.run_at(e)
-            k = (unit_key(ch, s, st, e - b0) << GROUP_BITS) | gid
+                pre, b0, nxt = keys.run_at(e)
+            k = (unit_end(pre, e - b0) << GROUP_BITS) | gid
             if km.has(k) or evt.has(k) or (pending and self._pending(j, k)):
                 j += 1
                 e += step
@@ -293,9 +291,7 @@ class MissAttribution:
             # keys computed run by run, highest first (PrefixKeys.key without the search)
             unit = keys.unit
             la = keys.lookahead
-            ch: i64 = 0
-            s: i64 = 0
-            st: i64 = 0
+            pre: i64 = 0
             b0: i64 = 0
             nxt: i64 = -1    # last token of the located run (-1: none located yet)
             bits = self._tail_bits(parent, first, first, hi)
@@ -305,8 +301,8 @@ class MissAttribution:
                 fi = first + top
                 e = (fi + 1) * unit + la
                 if e > nxt or e <= b0:
-                    ch, s, st, b0, nxt = keys.run_at(e)
-                k = (unit_key(ch, s, st, e - b0) << GROUP_BITS) | gid
+                    pre, b0, nxt = keys.run_at(e)
+                k = (unit_end(pre, e - b0) << GROUP_BITS) | gid
                 if ((fi + 1) * self.align <= above and km.has(k)) or evt.has(k):
                     hit = (fi + 1) * self.align
                     break

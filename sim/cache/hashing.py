@@ -24,7 +24,10 @@ where run ``r`` holds token ``e - 1`` (it begins at token ``begin_r``) and
 ending exactly at a run end gets ``chain[r + 1]``, as it must).  Building a
 request costs one ``unit_key`` per *run* (a Mooncake prompt: ~25 runs against
 ~200 units), and a key costs one ``unit_key`` when somebody asks for it: the
-lookup walks, and the block ends the cache registers.  A 57,600-token system
+lookup walks, and the block ends the cache registers.  The keys inside one run
+share everything ``unit_key`` absorbs before the length, so each run keeps that
+state (``unit_pre(chain[r], stream_r, start_r)``) and a key only finishes it
+(``unit_end``): about half the arithmetic of a whole ``unit_key``.  A 57,600-token system
 prompt is one run: its keys need no chain walk and no memo.
 
 ``unit_key`` is a 57-bit state in two lanes modulo the primes ``P1 < 2**29``
@@ -66,6 +69,15 @@ def unit_key(parent: i64, stream: i64, start: i64, length: i64) -> i64:
 
     ``i64``: 64-bit machine integers in the compiled build, plain ints in the
     source; no intermediate value reaches 2**62, so both compute the same."""
+    return unit_end(unit_pre(parent, stream, start), length)
+
+
+def unit_pre(parent: i64, stream: i64, start: i64) -> i64:
+    """``unit_key``'s state after absorbing ``parent``, ``stream`` and ``start``: the
+    part every key inside one run shares (a run's keys differ only in ``length``), so
+    a run computes it once (``PrefixKeys.pre``) and each key finishes it with
+    ``unit_end``.  Packed as ``a << 28 | b`` (a < 2**29, b < 2**28: shifts, no
+    division, unpack it)."""
     p = parent
     a: i64 = p // P2
     b: i64 = p - a * P2
@@ -73,6 +85,13 @@ def unit_key(parent: i64, stream: i64, start: i64, length: i64) -> i64:
     b = (b * B2 + a + stream) % P2
     a = (a * B1 + b + start) % P1
     b = (b * B2 + a + start) % P2
+    return (a << 28) | b
+
+
+def unit_end(pre: i64, length: i64) -> i64:
+    """The key ``unit_key`` makes from ``unit_pre``'s state and ``length``."""
+    a: i64 = pre >> 28
+    b: i64 = pre & 0xFFFFFFF
     a = (a * B1 + b + length) % P1
     b = (b * B2 + a + length) % P2
     a = a * a % P1 * a % P1
@@ -135,7 +154,9 @@ class PrefixKeys:
         self.streams = vec[i64]()
         self.starts = vec[i64]()
         self.begins = vec[i64]()       # begins[r]: first token of run r in the sequence
-        self.chain = vec[i64]()        # chain[r]: key of the runs before run r
+        # pre[r]: unit_pre(key of the runs before run r, stream, start): a key inside
+        # run r is unit_end(pre[r], key end - begins[r])
+        self.pre = vec[i64]()
         self.cursor = 0                # run of the last key asked for (walks are local)
         self.total = 0
         self.count = 0
@@ -160,19 +181,20 @@ class PrefixKeys:
         streams = self.streams
         starts = self.starts
         begins = self.begins
-        chain = self.chain
+        pre = self.pre
         total: i64 = self.total
         last = len(begins) - 1
         have = last >= 0
-        ps: i64 = 0                    # the last run: stream, start, first token, chain key
+        ps: i64 = 0                    # the last run: stream, start, first token, state
         pst: i64 = 0
         pb: i64 = 0
+        pp: i64 = 0
         p: i64 = ROOT
         if have:
             ps = streams[last]
             pst = starts[last]
             pb = begins[last]
-            p = chain[last]
+            pp = pre[last]
         for i in range(len(lengths_in)):
             n = lengths_in[i]
             if n <= 0:
@@ -183,11 +205,12 @@ class PrefixKeys:
                 if s == ps and pst + (total - pb) == st:
                     total += n         # continues the last run: merged
                     continue
-                p = unit_key(p, ps, pst, total - pb)
+                p = unit_end(pp, total - pb)
+            pp = unit_pre(p, s, st)
             streams = append(streams, s)
             starts = append(starts, st)
             begins = append(begins, total)
-            chain = append(chain, p)
+            pre = append(pre, pp)
             ps = s
             pst = st
             pb = total
@@ -196,7 +219,7 @@ class PrefixKeys:
         self.streams = streams
         self.starts = starts
         self.begins = begins
-        self.chain = chain
+        self.pre = pre
         self._set_total(total)
 
     def _set_total(self, total: int) -> None:
@@ -218,18 +241,20 @@ class PrefixKeys:
     def append_run(self, stream: int, start: int, n: int) -> None:
         """Append ``n`` tokens of ``stream`` from ``start`` (merged into the last
         run when they continue it, so the runs stay canonical)."""
-        total = self.total
+        total: i64 = self.total
         last = len(self.begins) - 1
+        p: i64 = ROOT
         if last >= 0:
             b = self.begins[last]
-            st = self.starts[last]
-            s = self.streams[last]
-            if s == stream and st + (total - b) == start:
-                self._set_total(total + n)   # the last run grows
+            if self.streams[last] == stream and self.starts[last] + (total - b) == start:
+                # the last run grows (``_set_total`` inlined: once per request per step)
+                total += n
+                self.total = total
+                c = (total - self.lookahead) // self.unit
+                self.count = c if c > 0 else 0
                 return
-            self.chain = append(self.chain, unit_key(self.chain[last], s, st, total - b))
-        else:
-            self.chain = append(self.chain, ROOT)
+            p = unit_end(self.pre[last], total - b)
+        self.pre = append(self.pre, unit_pre(p, stream, start))
         self.streams = append(self.streams, stream)
         self.starts = append(self.starts, start)
         self.begins = append(self.begins, total)
@@ -262,16 +287,15 @@ class PrefixKeys:
         self.cursor = r
         return r
 
-    def run_at(self, e: int) -> tuple[i64, i64, i64, i64, i64]:
+    def run_at(self, e: int) -> tuple[i64, i64, i64]:
         """What a key ending at token ``e`` needs of the run holding token ``e - 1``:
-        ``(chain, stream, start, begin, end)``; every key ending in ``(begin, end]``
-        is ``unit_key(chain, stream, start, key end - begin)``, so walks over
-        consecutive keys search the runs once per run (``keys_at``, and the
-        lookups in ``managers``)."""
+        ``(pre, begin, end)``; every key ending in ``(begin, end]`` is
+        ``unit_end(pre, key end - begin)``, so walks over consecutive keys search the
+        runs once per run (``keys_at``, and the lookups in ``managers``)."""
         r = self.locate(e)
         begins = self.begins
         end = begins[r + 1] if r < len(begins) - 1 else self.total
-        return self.chain[r], self.streams[r], self.starts[r], begins[r], end
+        return self.pre[r], begins[r], end
 
     def key(self, i: int) -> int:
         """The key of unit ``i`` (``0 <= i < count``; IndexError otherwise, as
@@ -279,8 +303,8 @@ class PrefixKeys:
         if i < 0 or i >= self.count:
             raise IndexError("list index out of range")
         e = (i + 1) * self.unit + self.lookahead
-        ch, s, st, b0, _ = self.run_at(e)
-        return unit_key(ch, s, st, e - b0)
+        pre, b0, _ = self.run_at(e)
+        return unit_end(pre, e - b0)
 
     def keys_at(self, units: list[int]) -> list[int]:
         """``[key(i) for i in units]`` for increasing ``units`` (each < ``count``),
@@ -292,16 +316,14 @@ class PrefixKeys:
             raise IndexError("list index out of range")
         unit = self.unit
         la = self.lookahead
-        ch: i64 = 0
-        s: i64 = 0
-        st: i64 = 0
+        pre: i64 = 0
         b0: i64 = 0
         nxt: i64 = -1    # last token of the located run (-1: none located yet)
         for i in units:
             e = (i + 1) * unit + la
             if e > nxt:
-                ch, s, st, b0, nxt = self.run_at(e)
-            out.append(unit_key(ch, s, st, e - b0))
+                pre, b0, nxt = self.run_at(e)
+            out.append(unit_end(pre, e - b0))
         return out
 
     def keys(self) -> list[int]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool, make_key
 from sim.cache.events import log_partial_store, partial_is_new
-from sim.cache.hashing import PrefixKeys, unit_key
+from sim.cache.hashing import PrefixKeys, unit_end
 from sim.cache.managers import SingleTypeManager
 from sim.cache.rules import cdiv, mamba_checkpoint_position, prefill_checkpoint_valid
 from sim.cache.seams import Admission
@@ -33,13 +33,13 @@ def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: 
         sf = block_size // align
         fi = min(max_length // align, hashes.count) - 1
         # walk the units right to left, run by run: inside one run a key is
-        # unit_key(chain, stream, start, offset) (PrefixKeys.key without the search)
+        # unit_end(pre, offset) (PrefixKeys.key without the search)
         unit = hashes.unit
         e = (fi + 1) * unit + hashes.lookahead
         while fi >= 0:
-            ch, s, st, b0, _ = hashes.run_at(e)
+            pre, b0, _ = hashes.run_at(e)
             while fi >= 0 and e > b0:
-                kf = unit_key(ch, s, st, e - b0)
+                kf = unit_end(pre, e - b0)
                 # cheap membership probe on the first group before the full lookup
                 if km.has((kf << GROUP_BITS) | g0):
                     got = pool.get_cached_block(kf, group_ids)

@@ -28,7 +28,7 @@ from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
 from sim.cache.events import log_full_stores, log_partial_store, partial_is_new
-from sim.cache.hashing import PrefixKeys, unit_key
+from sim.cache.hashing import PrefixKeys, unit_end
 from sim.cache.rules import cdiv
 from sim.cache.specs import GroupSpec
 
@@ -51,21 +51,19 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
     if len(group_ids) == 1 and nb > 0:
         # one group: walk the hash map directly, and the keys run by run (the key of
         # block j ends at token e = (j + 1) * block_size + lookahead; inside one run
-        # it is unit_key(chain, stream, start, e - begin): PrefixKeys.key without
-        # the search, as in find_mamba)
+        # it is unit_end(pre, e - begin): PrefixKeys.key without the search, as in
+        # find_mamba)
         c0 = computed[0]
         step = scale * hashes.unit
         e = step + hashes.lookahead
-        ch: i64 = 0
-        s: i64 = 0
-        st: i64 = 0
+        pre: i64 = 0
         b0: i64 = 0
         nxt: i64 = -1    # last token of the located run (-1: none located yet)
         j = 0
         while j < nb:
             if e > nxt:
-                ch, s, st, b0, nxt = hashes.run_at(e)
-            bid = km.first((unit_key(ch, s, st, e - b0) << GROUP_BITS) | g0)
+                pre, b0, nxt = hashes.run_at(e)
+            bid = km.first((unit_end(pre, e - b0) << GROUP_BITS) | g0)
             if bid < 0:
                 break
             c0.append(pool.blocks[bid])
@@ -89,10 +87,10 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
         unit = hashes.unit
         e = (fi + 1) * unit + hashes.lookahead
         while fi >= first:
-            ch, s, st, b0, _ = hashes.run_at(e)
+            pre, b0, _ = hashes.run_at(e)
             found = False
             while fi >= first and e > b0:
-                kf = unit_key(ch, s, st, e - b0)
+                kf = unit_end(pre, e - b0)
                 if km.has((kf << GROUP_BITS) | g0):
                     got = pool.get_cached_block(kf, group_ids)
                     if got:

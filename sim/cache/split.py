@@ -17,7 +17,7 @@ prompt-tail and mid-block stops (vLLM's ``use_internal_checkpoint``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sim.cache.rules import mamba_checkpoint_position, prefill_checkpoint_valid
 
@@ -35,24 +35,6 @@ class SplitPolicy:
     # Mamba group's alignment (0: none), as vLLM's Scheduler derives them
     prefill_checkpoints: bool = False
     prefill_checkpoint_alignment: int = 0
-    # (num_tokens, num_prompt) -> (last cacheable block position, prompt tail), memoized
-    _positions: dict[tuple[int, int], tuple[int, int]] = field(
-        default_factory=dict, init=False, compare=False, repr=False)
-
-    def _checkpoints(self, num_tokens: int, num_prompt: int) -> tuple[int, int]:
-        key = (num_tokens, num_prompt)
-        got = self._positions.get(key)
-        if got is None:
-            rule = self.checkpoint_rule
-            last_cache = mamba_checkpoint_position(num_tokens, self.block_size, self.drop_eagle,
-                                                   self.lookahead, rule)
-            tail = (mamba_checkpoint_position(num_prompt, self.hash_block_size, self.drop_eagle,
-                                              self.lookahead, rule)
-                    if self.partial_hits else 0)
-            if len(self._positions) > 100_000:
-                self._positions.clear()
-            got = self._positions[key] = (last_cache, tail)
-        return got
 
     def split(self, num_prompt: int, num_tokens: int, num_computed: int, junction: int,
               num_new: int, new_local: int, max_scheduled: int, long_prefill: int) -> int:
@@ -61,7 +43,14 @@ class SplitPolicy:
         if start >= prefill_end:
             return num_new
         bs = self.block_size
-        last_cache, tail = self._checkpoints(num_tokens, num_prompt)
+        # the last cacheable block position and the prompt tail (a few integer operations:
+        # cheaper than any memo of them)
+        rule = self.checkpoint_rule
+        last_cache = mamba_checkpoint_position(num_tokens, bs, self.drop_eagle, self.lookahead,
+                                               rule)
+        tail = (mamba_checkpoint_position(num_prompt, self.hash_block_size, self.drop_eagle,
+                                          self.lookahead, rule)
+                if self.partial_hits else 0)
         end = start + num_new
         internal = False
         if self.prefill_checkpoints and end >= prefill_end:
