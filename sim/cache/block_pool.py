@@ -154,8 +154,23 @@ class BlockPool:
     def drop_keys(self, block: Block) -> None:
         """``remove_keys``, publishing a ``BlockRemoved`` per key (vLLM's
         ``_remove_cached_block_hashes`` + ``_emit_block_removed_events``)."""
+        if self.events is None:
+            # (nobody reads the keys: unmap them without listing them)
+            key = block.key
+            extra = block.extra
+            block.key = NO_KEY
+            block.key_tokens = NO_KEY
+            km = self.key_map
+            bid = block.block_id
+            if key >= 0:
+                km.remove(key, bid)
+            if extra is not None:
+                block.extra = None
+                for k in extra:
+                    km.remove(k, bid)
+            return
         removed = self.remove_keys(block)
-        if self.events is not None and removed:
+        if removed:
             self.events.removed(removed)
 
     def move_keys(self, src: Block, dst: Block) -> None:
@@ -192,6 +207,24 @@ class BlockPool:
                 # partial -> full promotion of the same block drops its old keys
                 self.drop_keys(blk)
             self.insert_key(key, blk, (i + 1) * block_size)
+
+    def cache_full_range(self, block_hashes: vec[i64], blocks: list[Block], first: i64,
+                         block_size: i64, group_id: i64) -> None:
+        """``cache_full_blocks`` of the consecutive blocks ``first`` ..
+        ``first + len(block_hashes) - 1`` (keys in a vec: no index list, no boxed key)."""
+        n = len(block_hashes)
+        base = (first + 1) * block_size
+        j: i64 = 0
+        while j < n:
+            blk = blocks[first + j]
+            h = block_hashes[j]
+            if not blk.is_null:
+                key = (h << GROUP_BITS) | group_id
+                if blk.key >= 0:
+                    # partial -> full promotion of the same block drops its old keys
+                    self.drop_keys(blk)
+                self.insert_key(key, blk, base + j * block_size)
+            j += 1
 
     def cache_partial_block(self, unit_hash: int, block: Block, num_tokens: int,
                             group_id: int) -> int | None:
@@ -277,8 +310,8 @@ class BlockPool:
                     b.key = NO_KEY
                     b.key_tokens = NO_KEY
                     self.evicted_keys += 1
-                    if ev is not None:
-                        ev.evicted(key)
+                    if ev is not None and (ev.watch >> (key & 31)) & 1:
+                        ev.evicted(key)   # (a watched group's: the log's own test, inlined)
                 else:
                     gone = self.remove_keys(b)
                     self.evicted_keys += len(gone)
@@ -327,6 +360,71 @@ class BlockPool:
     def free_blocks(self, ordered: list[Block]) -> None:
         """Release one reference of each block; order = eviction priority."""
         self.free_blocks_each([ordered])
+
+    def _free_one(self, b: Block, cursor: Block) -> Block:
+        """Release one reference of ``b`` (not the null block), as one ``free_blocks``
+        call does: left unreferenced, it goes to the back of the free queue if it has
+        a key, else right after ``cursor`` -- the call's last block moved to the front
+        (the head at the call's start), so the call's unhashed blocks keep their order
+        ahead of earlier calls' ones.  Returns the cursor for the call's next block."""
+        b.ref_cnt -= 1
+        if b.ref_cnt != 0:
+            return cursor
+        self.num_free_blocks += 1
+        if b.key < 0:
+            self.occupied[b.kind] -= 1
+            nx = cursor.next_free
+            cursor.next_free = b
+            b.prev_free = cursor
+            b.next_free = nx
+            nx.prev_free = b
+            return b
+        tail = self.tail
+        p = tail.prev_free
+        p.next_free = b
+        b.prev_free = p
+        b.next_free = tail
+        tail.prev_free = b
+        return cursor
+
+    def free_tails(self, tables: list[list[Block]], start: i64) -> None:
+        """``free_blocks`` of each list of ``tables`` from ``start``, tail first, list
+        after list (a finished request's blocks, member by member; no reversed
+        copies)."""
+        head = self.head
+        for blocks in tables:
+            cursor = head
+            j: i64 = len(blocks) - 1
+            while j >= start:
+                b = blocks[j]
+                j -= 1
+                if not b.is_null:
+                    cursor = self._free_one(b, cursor)
+
+    def free_skipped(self, tables: list[list[Block]], first: i64, last: i64,
+                     drop_last: bool, last_idx: i64) -> None:
+        """For each list of ``tables`` in turn: ``free_blocks`` of its blocks ``last - 1``
+        down to ``first`` (those not null), then, with ``drop_last``, of its block
+        ``last_idx`` (if not null); each freed entry becomes the null block (a Mamba
+        request's skipped states and its previous running state, member by member,
+        as one manager per group frees them; no lists)."""
+        head = self.head
+        null = self.null_block
+        for blocks in tables:
+            if first < last:
+                cursor = head
+                i = last - 1
+                while i >= first:
+                    b = blocks[i]
+                    if not b.is_null:
+                        blocks[i] = null
+                        cursor = self._free_one(b, cursor)
+                    i -= 1
+            if drop_last:
+                b = blocks[last_idx]
+                if not b.is_null:
+                    blocks[last_idx] = null
+                    self._free_one(b, head)
 
     def free_blocks_each(self, lists: list[list[Block]]) -> None:
         """``free_blocks(l)`` for each ``l`` in turn, in one call.

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Final
 
+from mypy_extensions import i64
+
 from sim.cache.block_pool import Block, BlockPool
 from sim.cache.hashing import PrefixKeys
 from sim.cache.key_map import KeyMap
@@ -31,6 +33,8 @@ MANAGER_BY_KIND: dict[str, type[SingleTypeManager]] = {
     "swa": SlidingWindowManager,
     "mamba": MambaManager,
 }
+
+_NO_BLOCKS: list[Block] = []   # (a placeholder: every slot is filled before returning)
 
 # the block count an unlimited pool reports: more than any run can ever ask for
 UNLIMITED_BLOCKS: Final = 1 << 40
@@ -82,11 +86,14 @@ class UnlimitedBlockPool(BlockPool):
 
 
 class SpecGroup:
-    __slots__ = ("spec", "group_ids", "cls", "use_eagle")
+    __slots__ = ("spec", "group_ids", "cls", "use_eagle", "is_full", "is_mamba")
 
     def __init__(self, spec: GroupSpec, group_ids: list[int], cls: type[SingleTypeManager],
                  use_eagle: bool):
         self.spec, self.group_ids, self.cls, self.use_eagle = spec, group_ids, cls, use_eagle
+        # (the kind tests of every lookup pass, without a string comparison)
+        self.is_full = spec.kind == "full"
+        self.is_mamba = spec.kind == "mamba"
 
 
 class Coordinator:
@@ -125,6 +132,7 @@ class Coordinator:
         if use_eagle and not annotated:
             self.eagle_group_ids = set(range(len(specs)))
         self.drop_eagle_group_ids = set(self.eagle_group_ids) if use_eagle else set()
+        self.drop_eagle = bool(self.drop_eagle_group_ids)
         if self.eagle_group_ids and scheduler_block_size < prefill_lookahead:
             raise ValueError(
                 f"multi-module MTP with prefix caching requires scheduler_block_size "
@@ -156,7 +164,6 @@ class Coordinator:
         self.retention = retention
         self._one_full = False
         self.full_alone = -1   # full attention's hit alone in the last lookup (-1: unknown)
-        self._replay_memo: dict[int, tuple[int, ...]] = {}
         self.unitary = False
         self.partial_hits = False
         self.align = scheduler_block_size
@@ -206,15 +213,10 @@ class Coordinator:
 
     # --------------------------------------------------------------- caching --
     def replay(self, req: CacheRequest) -> tuple[int, ...]:
-        """The replay boundaries of ``req``'s prompt (memoised by prompt length)."""
-        n = req.num_prompt_tokens
-        got = self._replay_memo.get(n)
-        if got is None:
-            if len(self._replay_memo) > 100_000:
-                self._replay_memo.clear()
-            got = self._replay_memo[n] = replay_boundaries(
-                n, self.scheduler_block_size, bool(self.drop_eagle_group_ids))
-        return got
+        """The replay boundaries of ``req``'s prompt (a few integer operations: cheaper
+        than a memo keyed by the prompt length)."""
+        return replay_boundaries(req.num_prompt_tokens, self.scheduler_block_size,
+                                 self.drop_eagle)
 
     def cache_blocks(self, req: CacheRequest, num_computed: int) -> None:
         ret = self.retention
@@ -319,56 +321,65 @@ class HybridCoordinator(Coordinator):
 
     def find_longest_cache_hit(self, hashes: PrefixKeys, max_length: int
                                ) -> tuple[list[list[Block]], int, int]:
-        n = len(self.specs)
+        groups = self.spec_groups
+        ng = len(groups)
         self.full_alone = -1
         hit_length = max_length
         first_pass = self._one_full
         longest = 0
-        blocks_by_group: list[list[Block] | None] = [None] * n
-        len_by_group = [0] * n
-        simple = len(self.spec_groups) == 2 and self.spec_groups[0].spec.kind == "full"
-        verified: set[int] = set()
+        # per spec group (index in ``groups``): its members' hit blocks, hit length
+        found: list[list[list[Block]] | None] = [None] * ng
+        found_len: list[int] = [0] * ng
+        simple = ng == 2 and groups[0].is_full
+        verified: i64 = 0    # spec groups whose EAGLE drop was verified (bit idx)
         h = self.hash_block_size
         while True:
             curr = hit_length
-            for idx, g in enumerate(self.spec_groups):
-                first = g.group_ids[0]
-                if g.spec.kind == "full" and blocks_by_group[first] is not None:
-                    curr = min(curr, len_by_group[first])
+            for idx in range(ng):
+                g = groups[idx]
+                if g.is_full and found[idx] is not None:
+                    if found_len[idx] < curr:
+                        curr = found_len[idx]
                     continue
-                drop = g.use_eagle and idx not in verified
+                drop = g.use_eagle and not (verified >> idx) & 1
                 lim = curr
-                if drop and g.spec.kind != "mamba":
+                if drop and not g.is_mamba:
                     lim = min(curr + self._margin(g), hashes.count * h)
                 blocks, new = self._find(g, hashes, lim, drop)
                 if drop:
-                    verified.add(idx)
+                    verified |= 1 << idx
                 elif new < curr:
-                    verified.clear()
+                    verified = 0
                 curr = new
-                if first_pass and g.spec.kind == "full":
+                if first_pass and g.is_full:
                     self.full_alone = new   # (idx 0, the full group, on its first pass)
                     first_pass = False
-                for gid, b in zip(g.group_ids, blocks):
-                    blocks_by_group[gid] = b
-                    len_by_group[gid] = new
-                longest = max(longest, curr)
+                found[idx] = blocks
+                found_len[idx] = new
+                if curr > longest:
+                    longest = curr
             if curr >= hit_length:
                 break
             hit_length = curr
             if simple:
                 break
-        for g in self.spec_groups:
-            if g.spec.kind != "full":
+        out: list[list[Block]] = [_NO_BLOCKS] * len(self.specs)
+        for idx in range(ng):
+            g = groups[idx]
+            got = found[idx]
+            ids = g.group_ids
+            if got is None:
+                for gid in ids:
+                    out[gid] = []
                 continue
-            nb = cdiv(hit_length, self.manager_of[g.group_ids[0]].block_size)
-            for gid in g.group_ids:
-                got = blocks_by_group[gid]
-                if got is not None:
-                    del got[nb:]
-                    len_by_group[gid] = hit_length
-        return ([b if b is not None else [] for b in blocks_by_group], hit_length,
-                longest - hit_length)
+            if g.is_full:
+                nb = cdiv(hit_length, self.manager_of[ids[0]].block_size)
+                for c in got:
+                    if len(c) > nb:
+                        del c[nb:]
+            for k in range(len(ids)):
+                out[ids[k]] = got[k]
+        return out, hit_length, longest - hit_length
 
     def num_cacheable_tokens(self, num_computed: int, use_eagle: bool, block_size: int) -> int:
         aligned = num_computed if self.partial_hits else \

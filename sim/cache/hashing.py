@@ -120,7 +120,7 @@ def canonical_runs(runs: list[Run]) -> list[Run]:
     return out
 
 
-def _last_below(begins: vec[i64], e: int, lo: int, hi: int) -> int:
+def _last_below(begins: vec[i64], e: i64, lo: i64, hi: i64) -> i64:
     """The last index in ``[lo, hi]`` whose begin is below ``e`` (``begins`` is
     increasing and ``begins[lo] < e``)."""
     while lo < hi:
@@ -147,8 +147,9 @@ class PrefixKeys:
         """``runs``: any description of the tokens; made canonical here (empty runs
         dropped, a run continuing the previous one merged into it), as
         ``canonical_runs`` does."""
-        self.unit = unit
-        self.lookahead = lookahead
+        # (machine integers: no boxed int in the compiled build's hot paths)
+        self.unit: i64 = unit
+        self.lookahead: i64 = lookahead
         # The columns are librt vecs of machine integers: no boxed int per value in
         # the compiled build (every value lies in [-2**62, 2**62); keys below 2**57)
         self.streams = vec[i64]()
@@ -157,9 +158,9 @@ class PrefixKeys:
         # pre[r]: unit_pre(key of the runs before run r, stream, start): a key inside
         # run r is unit_end(pre[r], key end - begins[r])
         self.pre = vec[i64]()
-        self.cursor = 0                # run of the last key asked for (walks are local)
-        self.total = 0
-        self.count = 0
+        self.cursor: i64 = 0           # run of the last key asked for (walks are local)
+        self.total: i64 = 0
+        self.count: i64 = 0
         if runs:
             streams = vec[i64]()
             starts = vec[i64]()
@@ -222,11 +223,13 @@ class PrefixKeys:
         self.pre = pre
         self._set_total(total)
 
-    def _set_total(self, total: int) -> None:
+    def _set_total(self, total: i64) -> None:
         """The sequence now has ``total`` tokens: so many units are emitted."""
         self.total = total
-        c = (total - self.lookahead) // self.unit
-        self.count = c if c > 0 else 0
+        c: i64 = (total - self.lookahead) // self.unit
+        if c < 0:
+            c = 0
+        self.count = c
 
     @property
     def runs(self) -> list[Run]:
@@ -238,11 +241,11 @@ class PrefixKeys:
             out.append((self.streams[r], self.starts[r], end - self.begins[r]))
         return out
 
-    def append_run(self, stream: int, start: int, n: int) -> None:
+    def append_run(self, stream: i64, start: i64, n: i64) -> None:
         """Append ``n`` tokens of ``stream`` from ``start`` (merged into the last
         run when they continue it, so the runs stay canonical)."""
         total: i64 = self.total
-        last = len(self.begins) - 1
+        last: i64 = len(self.begins) - 1
         p: i64 = ROOT
         if last >= 0:
             b = self.begins[last]
@@ -250,8 +253,10 @@ class PrefixKeys:
                 # the last run grows (``_set_total`` inlined: once per request per step)
                 total += n
                 self.total = total
-                c = (total - self.lookahead) // self.unit
-                self.count = c if c > 0 else 0
+                c: i64 = (total - self.lookahead) // self.unit
+                if c < 0:
+                    c = 0
+                self.count = c
                 return
             p = unit_end(self.pre[last], total - b)
         self.pre = append(self.pre, unit_pre(p, stream, start))
@@ -260,20 +265,20 @@ class PrefixKeys:
         self.begins = append(self.begins, total)
         self._set_total(total + n)
 
-    def locate(self, e: int) -> int:
+    def locate(self, e: i64) -> i64:
         """The run holding token ``e - 1`` (``0 < e <= total``): ``begins[r] < e <=
         begins[r + 1]``.  Walks are local, so it looks next to the last run
         asked for before searching."""
         begins = self.begins
-        last = len(begins) - 1
-        r = self.cursor
+        last: i64 = len(begins) - 1
+        r: i64 = self.cursor
         if r > last:
             r = last
         if r < last and begins[r + 1] < e:
             # forward: a few runs by scanning (block-end keys of a walk often skip
             # one or two short runs), then by bisection
             r += 1
-            steps = 0
+            steps: i64 = 0
             while r < last and begins[r + 1] < e:
                 if steps == 4:
                     r = _last_below(begins, e, r + 1, last)
@@ -287,22 +292,24 @@ class PrefixKeys:
         self.cursor = r
         return r
 
-    def run_at(self, e: int) -> tuple[i64, i64, i64]:
+    def run_at(self, e: i64) -> tuple[i64, i64, i64]:
         """What a key ending at token ``e`` needs of the run holding token ``e - 1``:
         ``(pre, begin, end)``; every key ending in ``(begin, end]`` is
         ``unit_end(pre, key end - begin)``, so walks over consecutive keys search the
         runs once per run (``keys_at``, and the lookups in ``managers``)."""
         r = self.locate(e)
         begins = self.begins
-        end = begins[r + 1] if r < len(begins) - 1 else self.total
+        end: i64 = self.total
+        if r < len(begins) - 1:
+            end = begins[r + 1]
         return self.pre[r], begins[r], end
 
-    def key(self, i: int) -> int:
+    def key(self, i: i64) -> i64:
         """The key of unit ``i`` (``0 <= i < count``; IndexError otherwise, as
         vLLM's hash list raises)."""
         if i < 0 or i >= self.count:
             raise IndexError("list index out of range")
-        e = (i + 1) * self.unit + self.lookahead
+        e: i64 = (i + 1) * self.unit + self.lookahead
         pre, b0, _ = self.run_at(e)
         return unit_end(pre, e - b0)
 
@@ -324,6 +331,29 @@ class PrefixKeys:
             if e > nxt:
                 pre, b0, nxt = self.run_at(e)
             out.append(unit_end(pre, e - b0))
+        return out
+
+    def block_keys(self, first: i64, last: i64, scale: i64) -> vec[i64]:
+        """The keys at the ends of blocks ``first`` .. ``last - 1`` of ``scale`` units
+        (units ``(j + 1) * scale - 1``; each < ``count``), as ``keys_at`` walks them, in
+        a vec: machine integers, no boxed key (the cache's block registration)."""
+        out = vec[i64]()
+        if first >= last:
+            return out
+        if (last * scale - 1 >= self.count) or first < 0:
+            raise IndexError("list index out of range")
+        step: i64 = scale * self.unit
+        e: i64 = (first + 1) * step + self.lookahead
+        pre: i64 = 0
+        b0: i64 = 0
+        nxt: i64 = -1    # last token of the located run (-1: none located yet)
+        j = first
+        while j < last:
+            if e > nxt:
+                pre, b0, nxt = self.run_at(e)
+            out = append(out, unit_end(pre, e - b0))
+            e += step
+            j += 1
         return out
 
     def keys(self) -> list[int]:

@@ -52,7 +52,7 @@ def _any_hit(new_computed: list[list[Block]]) -> bool:
 
 def _any_cached(c: Coordinator, rid: str) -> bool:
     for m in c.managers:
-        if rid in m.num_cached:
+        if m.has_cached(rid):
             return True
     return False
 
@@ -73,6 +73,10 @@ class KVCacheManager:
         a state at every hash unit, ``sim/cache/policies/ideal.py``).  The hash unit and
         lookahead the requests' keys are made with are the coordinator's and its pool's."""
         self.cfg = cfg
+        # (read on every allocation: the config is an interpreted class, whose fields
+        # the compiled build reads by a generic attribute lookup)
+        self.max_model_len: int = cfg.max_model_len
+        self.report_mode: str | None = cfg.report_mode
         self.use_eagle = cfg.eagle_drop
         hash_block_size = cfg.hash_block_size
         assert hash_block_size is not None   # resolved when the config was validated
@@ -187,13 +191,13 @@ class KVCacheManager:
         ``compute_mamba_prefill_checkpoints``)."""
         for m in self.coordinator.mamba_managers:
             if m.ckpt_blocks:
-                return m.checkpoints.get(req.request_id)
+                return m.checkpoint_of(req.request_id)
         return None
 
     def admission_blocks(self, req: CacheRequest) -> int:
         """Blocks the admission gate asks for ``req`` now without a prefix hit: its whole
         sequence so far (what a waiting request is refused on)."""
-        mml = self.cfg.max_model_len
+        mml = self.max_model_len
         full = req.num_tokens if req.num_tokens < mml else mml
         return self.coordinator.blocks_to_allocate(req.request_id, full, self.empty, 0, 0,
                                                    full, True)
@@ -216,7 +220,7 @@ class KVCacheManager:
             mode = req.report_mode if req.report_mode is not None else log.report_mode
             if hit > 0 and mode == "full":
                 self._emit_cached_block_events(req, blocks, log)
-        elif hit > 0 and self.cfg.report_mode == "full" and req.report_mode != "incremental":
+        elif hit > 0 and self.report_mode == "full" and req.report_mode != "incremental":
             events = self._emit_cached_block_events(req, blocks)
         junction = hit + uncached if uncached else 0
         return Lookup(blocks, hit, junction, events,
@@ -269,7 +273,7 @@ class KVCacheManager:
         if num_new_tokens == 0 and num_new_computed == 0:
             raise ValueError("num_new_tokens must be greater than 0")
         ncb = new_computed if new_computed is not None else self.empty
-        mml = self.cfg.max_model_len
+        mml = self.max_model_len
         num_local = req.num_computed_tokens + num_new_computed
         total = num_local if num_local < mml else mml
         num_main = total + num_new_tokens
@@ -352,7 +356,7 @@ class KVCacheManager:
         """Mamba states this request registered (one Mamba group's count)."""
         for m in self.coordinator.managers:
             if isinstance(m, MambaManager):
-                return m.states_written.get(req.request_id, 0)
+                return m.written_by(req.request_id)
         return 0
 
     def free(self, req: CacheRequest) -> None:

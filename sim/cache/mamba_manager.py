@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mypy_extensions import i64
+
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool, make_key
 from sim.cache.events import log_partial_store, partial_is_new
 from sim.cache.hashing import PrefixKeys, unit_end
-from sim.cache.managers import SingleTypeManager
+from sim.cache.managers import ReqState, SingleTypeManager
 from sim.cache.rules import cdiv, mamba_checkpoint_position, prefill_checkpoint_valid
 from sim.cache.seams import Admission
 from sim.cache.specs import GroupSpec
@@ -104,16 +106,24 @@ class MambaManager(SingleTypeManager):
         self.checkpoint_rule = checkpoint_rule
         self.drop_eagle_checkpoint = False
         self.cached_this_step: set[int] = set()   # keys of every member
-        self.last_state_idx: dict[str, int] = {}
-        self.retired: dict[str, int] = {}
-        self.allocated: set[str] = set()
-        self.states_written: dict[str, int] = {}   # states this request registered (per group)
+        # (per request: the running state's fields of ``ReqState``)
         self._checkpoints: dict[int, int] = {}     # prompt length -> checkpoint position
         # internal prefill checkpoints: this group reserves a block per chunk
         self.ckpt_blocks = spec.prefill_checkpoint_blocks > 0 and spec.mamba_mode == "align"
         self.ckpt_align = spec.prefill_checkpoint_alignment
-        # rid -> (checkpoint position, reserved block index) of the current chunk
-        self.checkpoints: dict[str, tuple[int, int]] = {}
+
+    def checkpoint_of(self, rid: str) -> tuple[int, int] | None:
+        """(position, reserved block index) of ``rid``'s current chunk's internal prefill
+        checkpoint, if it has one."""
+        st = self.states.get(rid)
+        if st is None or st.ckpt_pos <= 0:
+            return None
+        return st.ckpt_pos, st.ckpt_idx
+
+    def written_by(self, rid: str) -> int:
+        """Mamba states ``rid`` registered (one member group's count)."""
+        st = self.states.get(rid)
+        return st.written if st is not None else 0
 
     def find(self, hashes: PrefixKeys, max_length: int, group_ids: list[int], drop_eagle: bool,
              align: int) -> tuple[list[list[Block]], int]:
@@ -142,42 +152,52 @@ class MambaManager(SingleTypeManager):
                 mask[blk - start] = True
         return mask
 
+    def cache_indices(self, start: int, end: int, retention: int | None,
+                      boundaries: list[int]) -> list[int] | None:
+        """Retention 0 keeps the boundaries' blocks alone: listed directly (increasing,
+        once each), not through a mask over every block."""
+        if retention != 0:
+            return super().cache_indices(start, end, retention, boundaries)
+        out: list[int] = []
+        bs = self.block_size
+        align = self.align
+        for b in boundaries:
+            blk = b // align * align // bs - 1
+            if start <= blk < end:
+                k = len(out)
+                while k > 0 and out[k - 1] > blk:
+                    k -= 1
+                if k > 0 and out[k - 1] == blk:
+                    continue
+                out.insert(k, blk)
+        return out
+
     def remove_skipped_blocks(self, rid: str, processed: int) -> None:
         """Free the states below the running one: the skipped range (nulls
         skipped, tail first) and the previous running state, member by member."""
         if not self.align_mode:
             return   # mode none: the one running state is never skipped
-        t = self.tables.get(rid)
+        st = self.states.get(rid)
+        if st is None:
+            return
+        t = st.table
         if t is None:
             return
-        n_blocks = len(t[0])
-        first = last = 0
+        n_blocks: i64 = len(t[0])
+        first: i64 = 0
+        last: i64 = 0
         skipped = processed - 1
         if skipped > 0:
-            first = self.retired.get(rid, 0)
+            first = st.retired
             last = min(skipped // self.block_size, n_blocks)
-        last_state = self.last_state_idx.get(rid)
-        drop_last = last_state is not None and last_state < -(-processed // self.block_size) - 1
-        ls = last_state if last_state is not None else 0
+        drop_last = st.has_last and st.last_state < -(-processed // self.block_size) - 1
+        ls = st.last_state if st.has_last else 0
         if first >= last and not drop_last:
             return
-        null = self.pool.null_block
-        lists: list[list[Block]] = []   # the frees in the order one manager per group makes
-        for blocks in t:
-            if first < last:
-                freed: list[Block] = []
-                for i in range(last - 1, first - 1, -1):
-                    b = blocks[i]
-                    if not b.is_null:
-                        freed.append(b)
-                        blocks[i] = null
-                lists.append(freed)
-            if drop_last and not blocks[ls].is_null:
-                lists.append([blocks[ls]])
-                blocks[ls] = null
-        self.pool.free_blocks_each(lists)
+        # the frees in the order one manager per group makes
+        self.pool.free_skipped(t, first, last, drop_last, ls)
         if first < last:
-            self.retired[rid] = last
+            st.retired = last
 
     @property
     def max_blocks_per_request(self) -> int:
@@ -189,8 +209,8 @@ class MambaManager(SingleTypeManager):
         return 2 + self.num_spec_blocks + (self.spec.prefill_checkpoint_blocks
                                            if self.ckpt_blocks else 0)
 
-    def _needs_internal_checkpoint(self, rid: str, query_start: int, query_end: int,
-                                   checkpoint: int, prefill_end: int) -> bool:
+    def _needs_internal_checkpoint(self, st: ReqState | None, query_start: int,
+                                   query_end: int, checkpoint: int, prefill_end: int) -> bool:
         """Whether this chunk exports a state from inside itself into a reserved
         block (vLLM's ``MambaManager._needs_internal_checkpoint``): the backend
         can, and the column it would write is not already a live block."""
@@ -203,11 +223,13 @@ class MambaManager(SingleTypeManager):
         idx = -(-query_end // bs) - 2
         if idx < 0:
             return False
-        t = self.tables.get(rid)
-        blocks = t[0] if t else []
+        t = st.table if st is not None else None
+        if not t:
+            return True   # (no blocks: idx >= 0 = len)
+        blocks = t[0]
         n = len(blocks)
         return (idx >= n or blocks[idx].is_null
-                or (rid in self.allocated and idx >= n - self.num_spec_blocks))
+                or (st is not None and st.allocated and idx >= n - self.num_spec_blocks))
 
     def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[list[Block]],
                            total_computed: int, num_local: int, num_tokens_main: int,
@@ -220,16 +242,17 @@ class MambaManager(SingleTypeManager):
                     # A state cached by another request in this same step is not
                     # handed out: report "no room" so the request waits a step.
                     return self.pool.num_blocks + 1
+        st = self.states.get(rid)
+        t = st.table if st is not None else None
         if not self.align_mode:
-            t = self.tables.get(rid)
             new = 1 + self.num_spec_blocks - (len(t[0]) if t else 0)
             return (new if new > 0 else 0) * self.width + self._evictable(new_computed)
         bs = self.block_size
         required = -(-num_tokens_main // bs) + self.num_spec_blocks
-        t = self.tables.get(rid)
         nc0 = new_computed[self.group_id]
         new = required - len(nc0) - (len(t[0]) if t else 0)
-        has_partial = bool(nc0 and num_local % bs) or rid in self.partial_hit
+        has_partial = (bool(nc0) and num_local % bs != 0) or (
+            st is not None and st.partial_srcs is not None)
         if has_partial:
             new = max(new, 0) + 1
         ckpt_block = 0
@@ -237,24 +260,31 @@ class MambaManager(SingleTypeManager):
             # keyed on the chunk end, where the worker exports the state
             pos = mamba_checkpoint_position(num_tokens_main, self.align, self.drop_eagle_checkpoint,
                                             self.pool.lookahead, self.checkpoint_rule)
-            if not self._needs_internal_checkpoint(rid, total_computed, num_tokens_main, pos,
+            if not self._needs_internal_checkpoint(st, total_computed, num_tokens_main, pos,
                                                    prefill_end):
                 pos = 0
             ckpt_block = int(pos > 0)
             if not admission:
                 if pos > 0:
-                    self.checkpoints[rid] = (pos, -(-num_tokens_main // bs) - 2)
-                elif rid in self.checkpoints:
-                    del self.checkpoints[rid]
+                    if st is None:
+                        st = self._state(rid)
+                    st.ckpt_pos = pos
+                    st.ckpt_idx = -(-num_tokens_main // bs) - 2
+                elif st is not None:
+                    st.ckpt_pos = 0
+                    st.ckpt_idx = 0
         if new > 0:
             cap = 1 + int(has_partial) + ckpt_block
-            if rid not in self.allocated:
+            if st is None or not st.allocated:
                 cap += self.num_spec_blocks
             new = min(new, cap)
         return new * self.width + self._evictable(new_computed)
 
     def allocate_new(self, rid: str, num_tokens: int, num_tokens_main: int) -> None:
-        t = self.tables.get(rid) or self._new_table(rid)
+        st = self._state(rid)
+        t = st.table
+        if t is None:
+            t = self._new_table(st)
         b0 = t[0]
         if not self.align_mode:
             # mode none: the running state and K speculative blocks, once
@@ -266,24 +296,30 @@ class MambaManager(SingleTypeManager):
             return
         nspec = self.num_spec_blocks
         required = -(-num_tokens_main // self.block_size) + nspec
-        partial = self.partial_hit.get(rid)
-        ckpt_block = 1 if self.ckpt_blocks and rid in self.checkpoints else 0
-        if required <= len(b0) and partial is None and not ckpt_block:
-            self.allocated.add(rid)
+        srcs = st.partial_srcs
+        pidx = st.partial_idx
+        ckpt_block = 1 if self.ckpt_blocks and st.ckpt_pos > 0 else 0
+        if required <= len(b0) and srcs is None and not ckpt_block:
+            st.allocated = True
             return
         prev = len(b0)
-        was_allocated = rid in self.allocated
+        was_allocated = st.allocated
         if was_allocated:
-            self.last_state_idx[rid] = prev - 1 - nspec
+            st.has_last = True
+            st.last_state = prev - 1 - nspec
         elif prev > 0:
-            self.last_state_idx[rid] = prev - 1
+            st.has_last = True
+            st.last_state = prev - 1
         skipped = required - nspec - 1
         # the reserved checkpoint column stays a real block (the worker exports there)
         live_from = skipped - ckpt_block
         null = self.pool.null_block
         for blocks in t:
             if prev < skipped and prev < live_from:
-                blocks.extend([null] * (live_from - prev))
+                k = live_from - prev
+                while k > 0:
+                    blocks.append(null)
+                    k -= 1
             if was_allocated:
                 # the speculative blocks move up past the skipped range
                 for idx in range(prev - nspec, prev):
@@ -293,7 +329,7 @@ class MambaManager(SingleTypeManager):
                     else:
                         break
         new = max(required - len(b0), 0)
-        if partial is not None:
+        if srcs is not None:
             new += 1
         pool = self.pool
         # one pop for every member: the free queue hands out the same blocks in
@@ -303,8 +339,8 @@ class MambaManager(SingleTypeManager):
             blocks = t[mi]
             j = mi * new          # this member's blocks: fresh[j:j + new]
             end = j + new
-            if partial is not None:
-                idx, srcs = partial
+            if srcs is not None:
+                idx = pidx
                 src = srcs[mi]
                 cow = fresh[j]
                 j += 1
@@ -323,20 +359,20 @@ class MambaManager(SingleTypeManager):
             while j < end:
                 blocks.append(fresh[j])
                 j += 1
-        self.allocated.add(rid)
-        if partial is not None:
-            del self.partial_hit[rid]
+        st.allocated = True
+        if srcs is not None:
+            st.partial_srcs = None
+            st.partial_idx = -1
+
+    def _table_of(self, rid: str) -> list[list[Block]]:
+        """``rid``'s block tables (KeyError if it has none)."""
+        st = self.states[rid]
+        t = st.table
+        if t is None:
+            raise KeyError(rid)
+        return t
 
     def _forget(self, rid: str) -> list[list[Block]] | None:
-        self.allocated.discard(rid)
-        if rid in self.last_state_idx:
-            del self.last_state_idx[rid]
-        if rid in self.retired:
-            del self.retired[rid]
-        if rid in self.states_written:
-            del self.states_written[rid]
-        if rid in self.checkpoints:
-            del self.checkpoints[rid]
         if self.admission is not None:
             if rid in self.sequence_end:
                 del self.sequence_end[rid]   # (its last state stays: the sequence's end)
@@ -349,15 +385,27 @@ class MambaManager(SingleTypeManager):
         adm = self.admission
         if adm is not None:
             replay = adm.boundaries(req, num_tokens, replay)
-        before = self.num_cached.get(rid, 0)
+        st = self.states.get(rid)
+        before: i64 = 0
+        if st is not None and st.num_cached > 0:
+            before = st.num_cached
         super().cache_blocks(req, num_tokens, retention, replay)
-        after = self.num_cached.get(rid, 0)
+        if st is None:
+            st = self.states.get(rid)
+        after: i64 = 0
+        if st is not None and st.num_cached > 0:
+            after = st.num_cached
         if adm is not None and adm.sequence_end and after > before:
             self._keep_sequence_end(req, before, after)
         written = self._cache_partial_tail(req, num_tokens, retention)
         if after > before:
             cts = self.cached_this_step
-            for mi, blocks in enumerate(self.tables[rid]):
+            assert st is not None
+            t = st.table
+            if t is None:
+                raise KeyError(rid)
+            for mi in range(len(t)):
+                blocks = t[mi]
                 for i in range(before, after):
                     b = blocks[i]
                     if b.is_null or b.key < 0:
@@ -366,13 +414,13 @@ class MambaManager(SingleTypeManager):
                     if mi == 0:
                         written += 1
         if written:
-            self.states_written[rid] = self.states_written.get(rid, 0) + written
+            self._state(rid).written += written
 
     def _keep_sequence_end(self, req: CacheRequest, before: int, after: int) -> None:
         """Of the decode-phase states (past the prompt) just cached in blocks
         ``before .. after-1``, keep the last and take back every earlier one of this
         request: only the sequence's last state stays when it finishes."""
-        t = self.tables[req.request_id]
+        t = self._table_of(req.request_id)
         npt = req.num_prompt_tokens
         last = -1
         for i in range(after - 1, before - 1, -1):
@@ -406,7 +454,7 @@ class MambaManager(SingleTypeManager):
         the prompt's, not a retained boundary, not the junction) is overwritten
         by the next chunk: its block loses every key instead."""
         rid = req.request_id
-        t = self.tables[rid]
+        t = self._table_of(rid)
         npt = req.num_prompt_tokens
         prompt_ckpt = pos == mamba_checkpoint_position(
             npt, self.align, self.drop_eagle_checkpoint, self.pool.lookahead, self.checkpoint_rule)
@@ -440,10 +488,9 @@ class MambaManager(SingleTypeManager):
                             retention: int | None) -> int:
         """Register the prompt checkpoint (or junction) state inside a block;
         returns the states the first member registered (0 or 1)."""
-        if self.checkpoints:
-            got = self.checkpoints.get(req.request_id)
-            if got is not None:
-                return self._cache_checkpoint(req, got[0], got[1], retention)
+        st = self.states.get(req.request_id)
+        if st is not None and st.ckpt_pos > 0:
+            return self._cache_checkpoint(req, st.ckpt_pos, st.ckpt_idx, retention)
         h = self.pool.hash_block_size
         if num_tokens <= 0 or num_tokens % h != 0:
             return 0
@@ -458,7 +505,7 @@ class MambaManager(SingleTypeManager):
         if num_tokens != latest and not at_junction:
             return 0
         idx = cdiv(num_tokens, self.block_size) - 1
-        t = self.tables.get(req.request_id)
+        t = st.table if st is not None else None
         if t is None or idx >= len(t[0]):
             return 0
         written = 0
@@ -487,6 +534,8 @@ class MambaManager(SingleTypeManager):
                 # Mid-block states are only registered on blocks this request
                 # wrote itself, which every member holds alike.
                 raise AssertionError("identical KV-cache groups diverged at a partial state")
-            self.partial_hit[req.request_id] = (idx, registered)
-            self.num_cached[req.request_id] = idx
+            assert st is not None
+            st.partial_idx = idx
+            st.partial_srcs = registered
+            st.num_cached = idx
         return written

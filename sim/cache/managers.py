@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 # ----------------------------------------------------------------- lookups --
 
+_NO_BOUNDARIES: list[int] = []   # (no sparse retention: no boundaries; never written)
+
+
 def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: list[int],
               block_size: int, drop_eagle: bool, align: int) -> tuple[list[list[Block]], int]:
     h = pool.hash_block_size
@@ -163,6 +166,31 @@ def find_swa(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: li
     return computed, len(computed[0]) * block_size
 
 
+class ReqState:
+    """One request's bookkeeping in one manager: everything that was a per-request
+    dict entry (block table, cached count, partially hit block, and the Mamba
+    manager's running-state fields), in one object found with one dict lookup per
+    call (machine integers: no boxed int per field).  A field's "absent" value stands
+    for a missing entry; the object lives from the request's first touch to
+    ``_forget``."""
+
+    def __init__(self) -> None:
+        self.table: list[list[Block]] | None = None   # one block list per member
+        self.num_cached: i64 = -1          # blocks registered (-1: none yet)
+        self.partial_idx: i64 = -1         # the partially hit block's index (-1: none)
+        self.partial_srcs: list[Block] | None = None   # ... and that block of each member
+        # Mamba (align mode): the previous running state's index, the first index not
+        # yet freed below it, whether the request was allocated, states registered,
+        # and the current chunk's internal prefill checkpoint (position 0: none)
+        self.has_last = False
+        self.last_state: i64 = 0
+        self.retired: i64 = 0
+        self.allocated = False
+        self.written: i64 = 0
+        self.ckpt_pos: i64 = 0
+        self.ckpt_idx: i64 = 0
+
+
 class SingleTypeManager:
     """Block table bookkeeping common to every kind (vLLM's base manager).
 
@@ -176,12 +204,15 @@ class SingleTypeManager:
     evolves exactly as with one manager per group.  Reads of per-block state
     (reference counts, keys) stay per member.
 
-    ``tables[rid]`` holds one block list per member; all have the same length
-    and the same null pattern.
+    ``states[rid].table`` holds one block list per member; all have the same
+    length and the same null pattern.
     """
 
     fine_lookup = False
     admission_cap: int | None = None  # SWA: per-request block cap of the admission gate
+    # whether ``reachable_mask`` reads sparse retention's boundaries (the base and full
+    # attention keep every block: no boundary list is built for them)
+    reads_boundaries = True
 
     def __init__(self, spec: GroupSpec, pool: BlockPool, group_ids: list[int],
                  scheduler_block_size: int):
@@ -194,10 +225,8 @@ class SingleTypeManager:
         self.align = scheduler_block_size  # cache-hit alignment; lowered when fine-grained
         self.use_eagle = False
         self.shared_prefix_checkpoint = False
-        self.tables: dict[str, list[list[Block]]] = {}
-        self.num_cached: dict[str, int] = {}
-        # rid -> (block index, the partially hit block of each member)
-        self.partial_hit: dict[str, tuple[int, list[Block]]] = {}
+        # rid -> its bookkeeping here (block tables, cached count, partial hit, ...)
+        self.states: dict[str, ReqState] = {}
         self.pending_cow: list[list[tuple[Block, Block]]] = [[] for _ in self.group_ids]
         self.has_pending_cow = False
 
@@ -207,12 +236,31 @@ class SingleTypeManager:
 
     def table(self, rid: str) -> list[Block]:
         """The block table of the first member group (empty if none)."""
-        t = self.tables.get(rid)
+        st = self.states.get(rid)
+        if st is None:
+            return []
+        t = st.table
         return t[0] if t else []
 
-    def _new_table(self, rid: str) -> list[list[Block]]:
-        t = self.tables[rid] = [[] for _ in self.group_ids]
+    def _state(self, rid: str) -> ReqState:
+        """``rid``'s bookkeeping, made on first touch."""
+        st = self.states.get(rid)
+        if st is None:
+            st = ReqState()
+            self.states[rid] = st
+        return st
+
+    def _new_table(self, st: ReqState) -> list[list[Block]]:
+        t: list[list[Block]] = []
+        for _ in range(self.width):
+            t.append([])
+        st.table = t
         return t
+
+    def has_cached(self, rid: str) -> bool:
+        """Whether ``rid`` registered blocks here (vLLM: ``num_cached_block`` has it)."""
+        st = self.states.get(rid)
+        return st is not None and st.num_cached >= 0
 
     # sizing ------------------------------------------------------------------
     def num_skipped_tokens(self, num_computed: int) -> int:
@@ -236,9 +284,10 @@ class SingleTypeManager:
         required = -(-num_tokens // bs)
         if admission and self.admission_cap is not None:
             required = min(required, self.admission_cap)
-        t = self.tables.get(rid)
+        st = self.states.get(rid)
+        t = st.table if st is not None else None
         have = len(t[0]) if t else 0
-        if rid in self.num_cached:
+        if st is not None and st.num_cached >= 0:
             return max(required - have, 0) * self.width
         skipped_blocks = self.num_skipped_tokens(total_computed) // bs
         nc0 = new_computed[self.group_id]
@@ -250,9 +299,10 @@ class SingleTypeManager:
 
     # allocation --------------------------------------------------------------
     def add_local_computed(self, rid: str, new_computed: list[list[Block]], num_local: int) -> None:
-        t = self.tables.get(rid)
+        st = self._state(rid)
+        t = st.table
         assert not t or not t[0]
-        t = self._new_table(rid)
+        t = self._new_table(st)
         skipped = self.num_skipped_tokens(num_local) // self.block_size
         null = self.pool.null_block
         hit = 0
@@ -265,11 +315,12 @@ class SingleTypeManager:
                 blocks.extend([null] * skipped)
             blocks.extend(nc)
             hit = len(nc)
-        self.num_cached[rid] = len(t[0])
+        st.num_cached = len(t[0])
         if hit and num_local % self.block_size:
             idx = num_local // self.block_size
-            self.partial_hit[rid] = (idx, [blocks[-1] for blocks in t])
-            self.num_cached[rid] = idx
+            st.partial_idx = idx
+            st.partial_srcs = [blocks[-1] for blocks in t]
+            st.num_cached = idx
 
     def _apply_cow(self, blocks: list[Block], member: int, idx: int, src: Block,
                    cow: Block) -> None:
@@ -280,26 +331,33 @@ class SingleTypeManager:
         cow.ref_cnt += 1
 
     def allocate_new(self, rid: str, num_tokens: int, num_tokens_main: int) -> None:
-        t = self.tables.get(rid) or self._new_table(rid)
-        partial = self.partial_hit.get(rid)
-        if partial is not None:
-            del self.partial_hit[rid]   # (get + del: no native dict.pop in the compiled build)
+        st = self._state(rid)
+        t = st.table
+        if t is None:
+            t = self._new_table(st)
+        srcs = st.partial_srcs
+        idx = st.partial_idx
+        if srcs is not None:
+            st.partial_srcs = None
+            st.partial_idx = -1
         new = -(-num_tokens // self.block_size) - len(t[0])
-        if partial is None and new <= 0:
+        if srcs is None and new <= 0:
             return
-        new = max(new, 0)
-        per = new + (partial is not None)
+        if new < 0:
+            new = 0
+        per = new + (1 if srcs is not None else 0)
         # one pop for every member (same blocks, same order as member by member)
         fresh = self.pool.get_new_blocks(per * self.width, self.group_id)
+        j = 0
         for mi in range(self.width):
             blocks = t[mi]
-            got = fresh[mi * per:(mi + 1) * per] if self.width > 1 else fresh
-            if partial is not None:
-                idx, srcs = partial
-                self._apply_cow(blocks, mi, idx, srcs[mi], got[0])
-                got = got[1:]
-            if got:
-                blocks.extend(got)
+            end = j + per
+            if srcs is not None:
+                self._apply_cow(blocks, mi, idx, srcs[mi], fresh[j])
+                j += 1
+            while j < end:
+                blocks.append(fresh[j])
+                j += 1
 
     def take_pending_cow(self) -> list[list[tuple[Block, Block]]]:
         """This step's copy-on-write pairs, one list per member."""
@@ -313,54 +371,82 @@ class SingleTypeManager:
                        boundaries: list[int]) -> list[bool] | None:
         return None
 
+    def cache_indices(self, start: int, end: int, retention: int | None,
+                      boundaries: list[int]) -> list[int] | None:
+        """The indices in ``[start, end)`` of the blocks to register, increasing (None:
+        every one): those ``reachable_mask`` marks."""
+        mask = self.reachable_mask(start, end, retention, boundaries)
+        if mask is None:
+            return None
+        out: list[int] = []
+        for j in range(len(mask)):   # (an index loop: enumerate is generic)
+            if mask[j]:
+                out.append(start + j)
+        return out
+
     def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,
                      replay: tuple[int, ...]) -> None:
         """Cache the full blocks ``num_tokens`` completed.  ``replay``: the prompt's
         replay boundaries (read only with sparse retention)."""
         rid = req.request_id
-        num_cached = self.num_cached.get(rid, 0)
+        st = self.states.get(rid)
+        num_cached: i64 = 0
+        if st is not None and st.num_cached > 0:
+            num_cached = st.num_cached
         keys = req.block_hashes
-        hashed = keys.count * self.pool.hash_block_size
-        num_full = (num_tokens if num_tokens < hashed else hashed) // self.block_size
+        hashed: i64 = keys.count * self.pool.hash_block_size
+        num_full: i64 = (num_tokens if num_tokens < hashed else hashed) // self.block_size
         if num_cached >= num_full:
             return
-        boundaries: list[int] = []
-        if retention is not None:   # (only sparse retention reads the boundaries)
-            boundaries.extend(replay)
+        if st is None:
+            st = self._state(rid)
+        boundaries = _NO_BOUNDARIES   # (never written: only sparse retention reads them)
+        if retention is not None and self.reads_boundaries:
+            boundaries = list(replay)
             if req.shared_prefix_boundary:
                 boundaries.append(req.shared_prefix_boundary)
                 if self.use_eagle:
                     boundaries.append(req.shared_prefix_boundary - self.block_size)
-        mask = self.reachable_mask(num_cached, num_full, retention, boundaries)
-        if mask is None:
-            indices = [i for i in range(num_cached, num_full)]
-        else:   # (decided once for every member; an index loop: enumerate is generic)
-            indices = []
-            for j in range(len(mask)):
-                if mask[j]:
-                    indices.append(num_cached + j)
-        if indices:
-            scale = self.block_size // self.pool.hash_block_size
-            block_keys = keys.keys_at([(i + 1) * scale - 1 for i in indices])
-            for blocks, g in zip(self.tables[rid], self.group_ids):
-                self.pool.cache_full_blocks(block_keys, blocks, indices, self.block_size, g)
-        if self.pool.events is not None:
-            log_full_stores(self.pool.events, req, self.tables[rid], self.group_ids, indices,
-                            self.block_size, num_cached, num_full, self.pool.hash_block_size)
-        self.num_cached[rid] = num_full
+        indices = self.cache_indices(num_cached, num_full, retention, boundaries)
+        pool = self.pool
+        scale = self.block_size // pool.hash_block_size
+        if indices is None:
+            # every block: keys in a vec, registered as a range (no index list)
+            t = st.table
+            if t is None:
+                raise KeyError(rid)
+            block_keys = keys.block_keys(num_cached, num_full, scale)
+            for mi in range(self.width):
+                pool.cache_full_range(block_keys, t[mi], num_cached, self.block_size,
+                                      self.group_ids[mi])
+        else:   # (decided once for every member)
+            if indices:
+                t = st.table
+                if t is None:
+                    raise KeyError(rid)
+                listed = keys.keys_at([(i + 1) * scale - 1 for i in indices])
+                for mi in range(self.width):
+                    pool.cache_full_blocks(listed, t[mi], indices, self.block_size,
+                                           self.group_ids[mi])
+        if pool.events is not None:
+            if indices is None:
+                indices = [i for i in range(num_cached, num_full)]
+            t = st.table
+            if t is None:
+                raise KeyError(rid)
+            log_full_stores(pool.events, req, t, self.group_ids, indices,
+                            self.block_size, num_cached, num_full, pool.hash_block_size)
+        st.num_cached = num_full
 
     # freeing -----------------------------------------------------------------
     def _forget(self, rid: str) -> list[list[Block]] | None:
-        # (``in`` + ``del`` rather than ``dict.pop``, which the compiled build calls
+        # (``get`` + ``del`` rather than ``dict.pop``, which the compiled build calls
         # generically at ~600 CPU instructions a time)
-        if rid in self.num_cached:
-            del self.num_cached[rid]
-        if rid in self.partial_hit:
-            del self.partial_hit[rid]
-        t = self.tables.get(rid)
-        if t is not None:
-            del self.tables[rid]
-        return t
+        st = self.states.get(rid)
+        if st is None:
+            return None
+        del self.states[rid]
+        return st.table
 
     def free(self, rid: str) -> None:
         """Return every member's blocks, tail first (leading nulls skipped)."""
@@ -371,18 +457,12 @@ class SingleTypeManager:
         i = 0
         while i < len(b0) and b0[i].is_null:
             i += 1
-        lists: list[list[Block]] = []
-        for blocks in t:   # each member's blocks from i, tail first
-            rev: list[Block] = []
-            j = len(blocks) - 1
-            while j >= i:
-                rev.append(blocks[j])
-                j -= 1
-            lists.append(rev)
-        self.pool.free_blocks_each(lists)
+        # each member's blocks from i, tail first
+        self.pool.free_tails(t, i)
 
     def _remove_range(self, rid: str, first: int, last: int) -> None:
-        t = self.tables.get(rid)
+        st = self.states.get(rid)
+        t = st.table if st is not None else None
         if t is None or first >= last:
             return
         last = min(last, len(t[0]))
@@ -402,7 +482,8 @@ class SingleTypeManager:
         skipped = self.num_skipped_tokens(processed)
         if skipped <= 0:
             return
-        t = self.tables.get(rid)
+        st = self.states.get(rid)
+        t = st.table if st is not None else None
         if t is None:
             return
         self._remove_range(rid, 0, min(skipped // self.block_size, len(t[0])))
@@ -413,6 +494,7 @@ class SingleTypeManager:
 
 class FullAttentionManager(SingleTypeManager):
     fine_lookup = True
+    reads_boundaries = False
 
     def find(self, hashes: PrefixKeys, max_length: int, group_ids: list[int], drop_eagle: bool,
              align: int) -> tuple[list[list[Block]], int]:
@@ -429,7 +511,10 @@ class FullAttentionManager(SingleTypeManager):
         boundary = min(limit // h, req.block_hashes.count) * h
         if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
             return
-        t = self.tables[req.request_id]
+        st = self.states[req.request_id]
+        t = st.table
+        if t is None:
+            raise KeyError(req.request_id)
         idx = boundary // self.block_size
         if idx >= len(t[0]):
             return

@@ -15,6 +15,8 @@ consulted once per block freed, hit or evicted -- never on the ``vllm`` policy's
 """
 from __future__ import annotations
 
+from mypy_extensions import i64
+
 from sim.cache.block_pool import Block, BlockPool
 from sim.cache.seams import EvictionOrder
 
@@ -56,6 +58,37 @@ class UtilityBlockPool(BlockPool):
         if b.ref_cnt == 0 and b.key >= 0 and not b.is_null:
             self.order.taken(b.block_id)
         super().uncache(b)
+
+    def free_tails(self, tables: list[list[Block]], start: i64) -> None:
+        # (through ``free_blocks_each``, which prices what the frees release)
+        lists: list[list[Block]] = []
+        for blocks in tables:
+            rev: list[Block] = []
+            j = len(blocks) - 1
+            while j >= start:
+                rev.append(blocks[j])
+                j -= 1
+            lists.append(rev)
+        self.free_blocks_each(lists)
+
+    def free_skipped(self, tables: list[list[Block]], first: i64, last: i64,
+                     drop_last: bool, last_idx: i64) -> None:
+        # (through ``free_blocks_each``, which prices what the frees release)
+        null = self.null_block
+        lists: list[list[Block]] = []
+        for blocks in tables:
+            if first < last:
+                freed: list[Block] = []
+                for i in range(last - 1, first - 1, -1):
+                    b = blocks[i]
+                    if not b.is_null:
+                        freed.append(b)
+                        blocks[i] = null
+                lists.append(freed)
+            if drop_last and not blocks[last_idx].is_null:
+                lists.append([blocks[last_idx]])
+                blocks[last_idx] = null
+        self.free_blocks_each(lists)
 
     def free_blocks_each(self, lists: list[list[Block]]) -> None:
         super().free_blocks_each(lists)
