@@ -288,7 +288,7 @@ class BlockPool:
             raise ValueError(f"Cannot get {n} free blocks from the pool")
         if self.events is not None:
             log_evictions(self.events, self, n)   # (the keys of the blocks about to be reused)
-        out = []
+        out: list[Block] = []
         occ = self.occupied
         kind = self.kind_of_group[group_id] if self.kind_of_group else 0
         km = self.key_map

@@ -34,8 +34,6 @@ MANAGER_BY_KIND: dict[str, type[SingleTypeManager]] = {
     "mamba": MambaManager,
 }
 
-_NO_BLOCKS: list[Block] = []   # (a placeholder: every slot is filled before returning)
-
 # the block count an unlimited pool reports: more than any run can ever ask for
 UNLIMITED_BLOCKS: Final = 1 << 40
 
@@ -162,12 +160,17 @@ class Coordinator:
             for mm in self.mamba_managers:
                 mm.drop_eagle_checkpoint = True
         self.retention = retention
+        self.retention_zero = retention is not None and retention == 0
         self._one_full = False
+        self._no_blocks: list[Block] = []   # (a placeholder: every slot is filled before returning)
         self.full_alone = -1   # full attention's hit alone in the last lookup (-1: unknown)
         self.unitary = False
         self.partial_hits = False
         self.align = scheduler_block_size
-        self._cacheable: list[tuple[SingleTypeManager, bool]] = []
+        # the managers that cache, and whether each counts as an EAGLE group when it does
+        # (two lists: no tuple to unpack per call)
+        self._cacheable: list[SingleTypeManager] = []
+        self._cacheable_eagle: list[bool] = []
         self.spec_groups: list[SpecGroup] = []
         self._arrange(specs, hash_block_size, scheduler_block_size)
 
@@ -222,8 +225,11 @@ class Coordinator:
         ret = self.retention
         # only sparse retention reads the replay boundaries
         replay = self.replay(req) if ret is not None else ()
-        for m, eagle in self._cacheable:
-            m.cache_blocks(req, self.num_cacheable_tokens(num_computed, eagle, m.block_size),
+        eagle = self._cacheable_eagle
+        ms = self._cacheable
+        for i in range(len(ms)):
+            m = ms[i]
+            m.cache_blocks(req, self.num_cacheable_tokens(num_computed, eagle[i], m.block_size),
                            ret, replay)
 
     def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[list[Block]],
@@ -234,7 +240,7 @@ class Coordinator:
         ``prefill_end`` matters only under retention 0, where Mamba reserves an
         internal prefill checkpoint on the chunk reaching it alone (vLLM passes
         0 otherwise: every chunk publishes a state)."""
-        if self.retention != 0:
+        if not self.retention_zero:
             prefill_end = 0
         n = 0
         for m in self.managers:
@@ -261,7 +267,8 @@ class UnitaryCoordinator(Coordinator):
         m = self.managers[0]
         self.align = m.block_size
         m.use_eagle = 0 in self.drop_eagle_group_ids
-        self._cacheable = [(m, False)]
+        self._cacheable = [m]
+        self._cacheable_eagle = [False]
         self.spec_groups = [SpecGroup(specs[0], [0], type(m), 0 in self.drop_eagle_group_ids)]
 
     def find_longest_cache_hit(self, hashes: PrefixKeys, max_length: int
@@ -314,7 +321,8 @@ class HybridCoordinator(Coordinator):
             if g.use_eagle:
                 for gid in g.group_ids:
                     self.manager_of[gid].use_eagle = True
-        self._cacheable = [(m, m.use_eagle) for m in self.managers]
+        self._cacheable = list(self.managers)
+        self._cacheable_eagle = [m.use_eagle for m in self.managers]
         # With one full-attention spec group, looked up first, the first pass of
         # find_longest_cache_hit is exactly that group's hit alone (find_per_group)
         self._one_full = sum(1 for g in groups if g.spec.kind == "full") == 1
@@ -363,7 +371,7 @@ class HybridCoordinator(Coordinator):
             hit_length = curr
             if simple:
                 break
-        out: list[list[Block]] = [_NO_BLOCKS] * len(self.specs)
+        out: list[list[Block]] = [self._no_blocks] * len(self.specs)
         for idx in range(ng):
             g = groups[idx]
             got = found[idx]
@@ -401,6 +409,7 @@ class NoPrefixCacheCoordinator(Coordinator):
     def _arrange(self, specs: list[GroupSpec], hash_block_size: int,
                  scheduler_block_size: int) -> None:
         self._cacheable = []
+        self._cacheable_eagle = []
         self.spec_groups = []
 
     def find_longest_cache_hit(self, hashes: PrefixKeys, max_length: int

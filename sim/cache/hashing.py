@@ -147,7 +147,7 @@ class PrefixKeys:
         """``runs``: any description of the tokens; made canonical here (empty runs
         dropped, a run continuing the previous one merged into it), as
         ``canonical_runs`` does."""
-        # (machine integers: no boxed int in the compiled build's hot paths)
+        # (machine integers: the lookups' walks read them without unboxing)
         self.unit: i64 = unit
         self.lookahead: i64 = lookahead
         # The columns are librt vecs of machine integers: no boxed int per value in
@@ -179,13 +179,21 @@ class PrefixKeys:
         order, kept canonical: an empty run is dropped, a run continuing the
         last one is merged into it (``canonical_runs``'s rule; one ``append_run``
         per run, without a call per run)."""
+        last = len(self.begins) - 1
+        have = last >= 0
+        if not have:
+            # fresh columns sized for these runs and a few more (a request's outputs
+            # add one run per step at most: usually one stream continued)
+            cap = len(lengths_in) + 4
+            self.streams = vec[i64](capacity=cap)
+            self.starts = vec[i64](capacity=cap)
+            self.begins = vec[i64](capacity=cap)
+            self.pre = vec[i64](capacity=cap)
         streams = self.streams
         starts = self.starts
         begins = self.begins
         pre = self.pre
         total: i64 = self.total
-        last = len(begins) - 1
-        have = last >= 0
         ps: i64 = 0                    # the last run: stream, start, first token, state
         pst: i64 = 0
         pb: i64 = 0

@@ -322,6 +322,15 @@ class KVCacheManager:
         """Drop the refs retained for this step's copy-on-write copies (vLLM frees them
         at the end of ``schedule()``); the copies themselves are kept in
         ``last_copies`` for a compute backend to perform before the forward."""
+        pending = False
+        for m in self.coordinator.managers:
+            if m.has_pending_cow:
+                pending = True
+                break
+        if not pending:   # (the common step: nothing to copy, no lists built)
+            if self.last_copies:
+                self.last_copies = []
+            return
         copies: list[tuple[str, Block, Block]] = []
         retained: list[Block] = []
         for m in self.coordinator.managers:

@@ -33,7 +33,10 @@ def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: 
     g0 = group_ids[0]
     if align < block_size and block_size % align == 0:
         sf = block_size // align
-        fi = min(max_length // align, hashes.count) - 1
+        fi: i64 = max_length // align
+        if hashes.count < fi:
+            fi = hashes.count
+        fi -= 1
         # walk the units right to left, run by run: inside one run a key is
         # unit_end(pre, offset) (PrefixKeys.key without the search)
         unit = hashes.unit
@@ -106,11 +109,19 @@ class MambaManager(SingleTypeManager):
         self.checkpoint_rule = checkpoint_rule
         self.drop_eagle_checkpoint = False
         self.cached_this_step: set[int] = set()   # keys of every member
+        self._null_runs: list[list[Block]] = []   # (``_null_run``)
         # (per request: the running state's fields of ``ReqState``)
-        self._checkpoints: dict[int, int] = {}     # prompt length -> checkpoint position
         # internal prefill checkpoints: this group reserves a block per chunk
         self.ckpt_blocks = spec.prefill_checkpoint_blocks > 0 and spec.mamba_mode == "align"
         self.ckpt_align = spec.prefill_checkpoint_alignment
+
+    def _null_run(self, k: int) -> list[Block]:
+        """``k`` null blocks (a list kept per length, never written: padding a table
+        extends it from here instead of building one per member)."""
+        runs = self._null_runs
+        while len(runs) <= k:
+            runs.append([self.pool.null_block] * len(runs))
+        return runs[k]
 
     def checkpoint_of(self, rid: str) -> tuple[int, int] | None:
         """(position, reserved block index) of ``rid``'s current chunk's internal prefill
@@ -156,7 +167,7 @@ class MambaManager(SingleTypeManager):
                       boundaries: list[int]) -> list[int] | None:
         """Retention 0 keeps the boundaries' blocks alone: listed directly (increasing,
         once each), not through a mask over every block."""
-        if retention != 0:
+        if retention is None or retention != 0:
             return super().cache_indices(start, end, retention, boundaries)
         out: list[int] = []
         bs = self.block_size
@@ -316,10 +327,7 @@ class MambaManager(SingleTypeManager):
         null = self.pool.null_block
         for blocks in t:
             if prev < skipped and prev < live_from:
-                k = live_from - prev
-                while k > 0:
-                    blocks.append(null)
-                    k -= 1
+                blocks.extend(self._null_run(live_from - prev))
             if was_allocated:
                 # the speculative blocks move up past the skipped range
                 for idx in range(prev - nspec, prev):
@@ -494,11 +502,9 @@ class MambaManager(SingleTypeManager):
         h = self.pool.hash_block_size
         if num_tokens <= 0 or num_tokens % h != 0:
             return 0
-        npt = req.num_prompt_tokens
-        latest = self._checkpoints.get(npt)
-        if latest is None:
-            latest = self._checkpoints[npt] = mamba_checkpoint_position(
-                npt, h, self.drop_eagle_checkpoint, self.pool.lookahead, self.checkpoint_rule)
+        # (a few integer operations: cheaper than a memo keyed by the prompt length)
+        latest = mamba_checkpoint_position(req.num_prompt_tokens, h, self.drop_eagle_checkpoint,
+                                           self.pool.lookahead, self.checkpoint_rule)
         at_junction = (self.shared_prefix_checkpoint
                        and num_tokens == req.shared_prefix_boundary
                        and req.num_computed_tokens < num_tokens <= req.num_prompt_tokens)

@@ -38,9 +38,6 @@ if TYPE_CHECKING:
 
 # ----------------------------------------------------------------- lookups --
 
-_NO_BOUNDARIES: list[int] = []   # (no sparse retention: no boundaries; never written)
-
-
 def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: list[int],
               block_size: int, drop_eagle: bool, align: int) -> tuple[list[list[Block]], int]:
     h = pool.hash_block_size
@@ -50,7 +47,9 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
     n_view = hashes.count // scale
     km = pool.key_map
     g0 = group_ids[0]
-    nb = min(max_length // block_size, n_view)
+    nb: i64 = max_length // block_size
+    if n_view < nb:
+        nb = n_view
     if len(group_ids) == 1 and nb > 0:
         # one group: walk the hash map directly, and the keys run by run (the key of
         # block j ends at token e = (j + 1) * block_size + lookahead; inside one run
@@ -83,7 +82,9 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
     if fine:
         sf = block_size // align
         first = len(computed[0]) * sf
-        hi = min(min(first + sf - 1, max_length // align), hashes.count)
+        hi: i64 = min(first + sf - 1, max_length // align)
+        if hashes.count < hi:
+            hi = hashes.count
         # the partial keys inside the first missing block, right to left (keys
         # walked run by run, as in find_mamba)
         fi = hi - 1
@@ -111,7 +112,8 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
     hit -= hit % align
     nb = cdiv(hit, block_size)
     for c in computed:
-        del c[nb:]
+        if len(c) > nb:
+            del c[nb:]
     return computed, hit
 
 
@@ -227,6 +229,7 @@ class SingleTypeManager:
         self.shared_prefix_checkpoint = False
         # rid -> its bookkeeping here (block tables, cached count, partial hit, ...)
         self.states: dict[str, ReqState] = {}
+        self._no_boundaries: list[int] = []   # (no sparse retention: never written)
         self.pending_cow: list[list[tuple[Block, Block]]] = [[] for _ in self.group_ids]
         self.has_pending_cow = False
 
@@ -395,12 +398,15 @@ class SingleTypeManager:
             num_cached = st.num_cached
         keys = req.block_hashes
         hashed: i64 = keys.count * self.pool.hash_block_size
-        num_full: i64 = (num_tokens if num_tokens < hashed else hashed) // self.block_size
+        done: i64 = num_tokens
+        if hashed < done:
+            done = hashed
+        num_full: i64 = done // self.block_size
         if num_cached >= num_full:
             return
         if st is None:
             st = self._state(rid)
-        boundaries = _NO_BOUNDARIES   # (never written: only sparse retention reads them)
+        boundaries = self._no_boundaries   # (never written: only sparse retention reads)
         if retention is not None and self.reads_boundaries:
             boundaries = list(replay)
             if req.shared_prefix_boundary:
@@ -508,7 +514,10 @@ class FullAttentionManager(SingleTypeManager):
         if self.block_size == h:
             return
         limit = req.num_prompt_tokens if self.use_eagle else req.num_prompt_tokens - 1
-        boundary = min(limit // h, req.block_hashes.count) * h
+        units: i64 = limit // h
+        if req.block_hashes.count < units:
+            units = req.block_hashes.count
+        boundary = units * h
         if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
             return
         st = self.states[req.request_id]

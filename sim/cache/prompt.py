@@ -47,9 +47,10 @@ class StreamRegistry:
                 hasher: PrefixHasher) -> PrefixKeys:
         """``hasher.keys_of(self.runs_of(segments))`` without the intermediate
         run tuples (the engine builds every request's keys this way)."""
-        streams = vec[i64]()
-        starts = vec[i64]()
-        lengths = vec[i64]()
+        cap = len(segments)
+        streams = vec[i64](capacity=cap)
+        starts = vec[i64](capacity=cap)
+        lengths = vec[i64](capacity=cap)
         for name, off, n in segments:
             # (a name is registered even for an empty segment, as runs_of does)
             streams = append(streams, self.id(name) if isinstance(name, str)
