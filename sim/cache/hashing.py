@@ -147,9 +147,10 @@ class PrefixKeys:
         """``runs``: any description of the tokens; made canonical here (empty runs
         dropped, a run continuing the previous one merged into it), as
         ``canonical_runs`` does."""
-        # (machine integers: the lookups' walks read them without unboxing)
-        self.unit: i64 = unit
-        self.lookahead: i64 = lookahead
+        # (plain ints, not i64: callers build bit masks and products of them that
+        # must not wrap; the walks copy them into machine-integer locals)
+        self.unit = unit
+        self.lookahead = lookahead
         # The columns are librt vecs of machine integers: no boxed int per value in
         # the compiled build (every value lies in [-2**62, 2**62); keys below 2**57)
         self.streams = vec[i64]()
@@ -159,8 +160,8 @@ class PrefixKeys:
         # run r is unit_end(pre[r], key end - begins[r])
         self.pre = vec[i64]()
         self.cursor: i64 = 0           # run of the last key asked for (walks are local)
-        self.total: i64 = 0
-        self.count: i64 = 0
+        self.total = 0
+        self.count = 0
         if runs:
             streams = vec[i64]()
             starts = vec[i64]()
@@ -231,7 +232,7 @@ class PrefixKeys:
         self.pre = pre
         self._set_total(total)
 
-    def _set_total(self, total: i64) -> None:
+    def _set_total(self, total: int) -> None:
         """The sequence now has ``total`` tokens: so many units are emitted."""
         self.total = total
         c: i64 = (total - self.lookahead) // self.unit
