@@ -259,7 +259,8 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     dep.kv_events = attach_kv_events(sc, kv, sched)   # (no decode jumps: exact event steps)
     eng = Engine(sched, backend, maker.make, on_finish,
                  jump=jump and dep.kv_events is None, progress=progress)
-    eng.on_step = sampler.step
+    # (called natively: see Engine.maker)
+    eng.maker, eng.recorder, eng.sampler = maker, rec, sampler
     if getattr(sc, "attribution", True):   # why each request missed (sim/cache/attribution.py)
         from sim.cache.attribution import MissAttribution
 

@@ -24,7 +24,6 @@ class RequestMaker:
     def __init__(self, kv: KVCacheManager, streams: StreamRegistry):
         self.kv = kv
         self.streams = streams
-        self.sessions: dict[int, str | None] = {}   # arrival index -> session, until it finishes
 
     def make(self, trace: Any, index: int) -> SimRequest:
         rid: str = trace.request_id
@@ -32,7 +31,7 @@ class RequestMaker:
         r = SimRequest(self.kv.make_request(rid, keys), trace.output_tokens, index)
         r.out_stream = self.streams.id(f"out/{rid}")
         r.priority = getattr(trace, "priority", 0)   # scheduler.policy priority (default 0)
-        self.sessions[index] = trace.session
+        r.session = trace.session   # (for its row: the request carries it, no map by index)
         return r
 
 
@@ -61,9 +60,11 @@ class StepSampler:
     def __init__(self, sched: Scheduler,
                  occupancy: Callable[[], tuple[int, int, int]] | None = None):
         self.sched = sched
-        # the pool's (attention occupied, Mamba occupied, in use) now: the cache
-        # manager's, or one a test sets by hand
-        self.occupancy = occupancy if occupancy is not None else sched.kv.occupancy
+        # the pool's (attention occupied, Mamba occupied, in use) now: one a test sets by
+        # hand, or (None) the cache manager's, called natively (a tuple of three ints is
+        # no object then; through a callable it is one, boxed, every step)
+        self.occupancy = occupancy
+        self.kv = sched.kv
         self.rows: list[tuple[int, int, int, int, int, int]] = []
         self.stride = 1
         self.countdown = 1
@@ -76,7 +77,11 @@ class StepSampler:
         self.itl_count = 0
 
     def step(self, items: list[ScheduledItem], start: int, end: int, k: int) -> None:
-        a, m, in_use = self.occupancy()
+        occ = self.occupancy
+        if occ is None:
+            a, m, in_use = self.kv.occupancy()
+        else:
+            a, m, in_use = occ()
         if a + m > self.occupied_peak:
             self.occupied_peak = a + m
         if in_use > self.in_use_peak:
@@ -174,21 +179,13 @@ class Recorder:
     def reject(self, r: SimRequest) -> None:
         """The row of a request refused on arrival: what it asked for, no measurements
         (empty fields), and why (the ``rejected`` column)."""
-        sessions = self.maker.sessions
-        session: str | None = None
-        if r.index in sessions:
-            session = sessions[r.index]
-            del sessions[r.index]
+        session = r.session
         c = r.cache
         self.rejected_rows.append((r.index, c.request_id, session or "", r.arrival_ns * NS,
                                    c.num_prompt_tokens) + ("",) * 11 + (r.rejected, "", "", ""))
 
     def finish(self, r: SimRequest) -> None:
-        sessions = self.maker.sessions
-        session: str | None = None
-        if r.index in sessions:
-            session = sessions[r.index]
-            del sessions[r.index]
+        session = r.session
         c = r.cache
         ns = NS
         chunks = self.sampler.deliveries(r)

@@ -43,7 +43,7 @@ class SimRequest:
                  "chunk_ends", "chunk_end_steps", "first_prefill_done", "done_event",
                  "out_stream", "fast_n", "fast_until", "item", "has_drafts",
                  "is_prefill_chunk", "recording", "cache_mark", "rejected", "priority",
-                 "arrival_step", "miss", "last_delivery_ns", "deliveries")
+                 "arrival_step", "miss", "last_delivery_ns", "deliveries", "session")
 
     def __init__(self, cache: CacheRequest, max_tokens: int, index: int):
         self.cache = cache
@@ -83,6 +83,7 @@ class SimRequest:
         # tokens (-1: none yet) and how many deliveries so far (inter-token latencies)
         self.last_delivery_ns = -1
         self.deliveries = 0
+        self.session: str | None = None    # the workload record's session (requests.csv)
 
     def __repr__(self) -> str:
         return (f"SimRequest({self.cache.request_id!r}, index={self.index}, "
@@ -168,6 +169,11 @@ class Scheduler:
         self.usable_blocks = kv.usable_blocks   # (block 0 is the null block)
         # miss attribution (sim/cache/attribution.py): None = off
         self.attribution: MissAttribution | None = None
+        # what schedule() and update_from_output() return: one list each, refilled every
+        # step (a new list a step was an allocation, its growth and its free; every
+        # caller reads them before the next step)
+        self.out: list[ScheduledItem] = []
+        self.done: list[SimRequest] = []
 
     # ----------------------------------------------------------------- helpers --
     def add(self, req: SimRequest) -> bool:
@@ -221,6 +227,8 @@ class Scheduler:
 
     # ---------------------------------------------------------------- schedule --
     def schedule(self, now: int) -> list[ScheduledItem]:
+        """This step's items, in scheduling order: the scheduler's own list (``out``),
+        refilled by the next call."""
         self.sched_time = now
         attr = self.attribution
         evl = self.kv.eviction_log
@@ -236,7 +244,9 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         K = self.num_speculative_tokens
         lpt = self.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
-        out: list[ScheduledItem] = []
+        out = self.out
+        if out:
+            out.clear()
         preempted = False
         i = 0
         running = self.running
@@ -504,8 +514,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ update --
     def update_from_output(self, items: list[ScheduledItem], now: int) -> list[SimRequest]:
-        """Advance every scheduled request; returns the requests that finished."""
-        finished = []
+        """Advance every scheduled request; returns the requests that finished (the
+        scheduler's own list, ``done``, refilled by the next call)."""
+        finished = self.done
+        if finished:
+            finished.clear()
         kv = self.kv
         K = self.num_speculative_tokens
         drafts = K > 0
