@@ -140,20 +140,16 @@ class _Column:
         data = self.data
         n = len(vals)
         n0 = len(data)
-        while True:
+        if nums is None:
+            raw = bytes(n * data.itemsize)
+        else:
             try:
-                raw = (bytes(n * data.itemsize) if nums is None
-                       else struct.pack(f"{n}{data.typecode}", *nums))
-                break
+                raw = struct.pack(f"{n}{data.typecode}", *nums)
             except struct.error:                   # out of this width's range
-                lo, hi = min(nums), max(nums)    # type: ignore[type-var]
-                for code in INT_CODES[INT_CODES.index(data.typecode) + 1:]:
-                    top = 1 << (8 * array(code).itemsize - 1)
-                    if -top <= lo and hi < top:
-                        data = self.data = _widened(data, code)
-                        break
-                else:
-                    return self._as_list(vals)     # beyond 64 bits: kept as given
+                wide = self._wider(nums, vals)
+                if wide is None:
+                    return                         # beyond 64 bits: kept as given
+                data, raw = wide
         data.frombytes(raw)
         if flags is not None:
             if self.blanks is None:
@@ -162,6 +158,29 @@ class _Column:
             self.blank += flags.count(1)
         elif self.blanks is not None:
             self.blanks += bytes(n)
+
+    def _wider(self, nums: Sequence[Any], vals: tuple) -> tuple[array, bytes] | None:
+        """Integers that do not fit the column's width: the column widened to the
+        narrowest width that holds them all, and their bytes at that width (None, the
+        column a list of the values as given, when 64 bits do not hold them).  They are
+        packed once at 64 bits and their range read from those (not ``min``/``max`` of
+        the numbers, which compares them one by one)."""
+        import numpy as np
+
+        try:
+            raw = struct.pack(f"{len(nums)}q", *nums)
+        except struct.error:
+            self._as_list(vals)
+            return None
+        got = np.frombuffer(raw, dtype="q")
+        lo, hi = int(got.min()), int(got.max())
+        data = self.data
+        for code in INT_CODES[INT_CODES.index(data.typecode) + 1:]:
+            top = 1 << (8 * array(code).itemsize - 1)
+            if -top <= lo and hi < top:
+                break
+        data = self.data = _widened(data, code)
+        return data, (raw if code == "q" else got.astype(code).tobytes())
 
     def _as_list(self, vals: tuple) -> None:
         self.data = list(self.values())
@@ -254,10 +273,11 @@ class RequestColumns:
     def add(self, rows: list[tuple]) -> None:
         if not rows:
             return
-        if min(map(len, rows)) < WIDTH:
-            rows = [t + PAD[WIDTH - len(t)] for t in rows]
-        if max(map(len, rows)) != WIDTH:
+        lens = set(map(len, rows))          # (one pass: most batches have one length)
+        if max(lens) > WIDTH:
             raise ValueError(f"a request row has more than {WIDTH} fields")
+        if min(lens) < WIDTH:
+            rows = [t + PAD[WIDTH - len(t)] for t in rows]
         cols = zip(*rows)
         self.index.extend(next(cols))
         for col, vals in zip(self.columns.values(), cols):
