@@ -30,7 +30,10 @@ def hash_id_segments(ids: object, n_in: int, block: int,
     part = n_in - full * block
     zero: Any = 0
     size: Any = block        # (boxed once: every full block's length)
-    segs: list[tuple[Any, Any, Any]] = []
+    k = full + 1 if part else full        # segments of the ids (sized once: no regrowth)
+    if k > len(ids):
+        k = len(ids)
+    segs: list[Any] = [None] * k
     i = 0
     for h in ids:
         if type(h) is not int:
@@ -39,9 +42,9 @@ def hash_id_segments(ids: object, n_in: int, block: int,
         if v < 0 or v >= LIMIT:
             return None
         if i < full:
-            segs.append((h, zero, size))
+            segs[i] = (h, zero, size)
         elif i == full and part:
-            segs.append((h, zero, part))
+            segs[i] = (h, zero, part)
         i += 1
     covered = block * full if i >= full else block * i
     if i > full and part:

@@ -277,7 +277,18 @@ class Scheduler:
                     # positions stay inside the blocks of the last allocation:
                     # allocate_slots would allocate, free and cache nothing
                     prefill_scheduled |= r.is_prefill_chunk
-                    self._emit(out, r, n, comp, False, sk)
+                    it = r.item
+                    if it is None:
+                        self._emit(out, r, n, comp, False, sk)
+                    else:   # (_emit, inline: the step most requests of a batch take)
+                        it.num_tokens = n
+                        it.context = comp
+                        it.is_prefill = False
+                        it.spec_tokens = sk
+                        it.new_hit = 0
+                        it.padded = False
+                        out.append(it)
+                        r.is_prefill_chunk = comp + n < nt
                     budget -= n
                     i += 1
                     continue
