@@ -3,7 +3,9 @@ recording each finished one (compiled: both run once per request, and
 interpreted closures cost several thousand CPU instructions each time).
 
 ``RequestMaker.make`` and ``Recorder.finish`` are what ``Engine`` calls as
-``make_request`` and ``on_finish``; ``StepSampler.step`` is its ``on_step``."""
+``make_request`` and ``on_finish``, ``StepSampler.step`` once per step; ``sim run`` hands
+the three objects over (``Engine.maker``, ``recorder``, ``sampler``) and the engine calls
+them natively."""
 from __future__ import annotations
 
 from typing import Any, Callable, Final
