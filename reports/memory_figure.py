@@ -68,19 +68,38 @@ def memory_figure(cols: dict[str, list[float]], block_bytes: float, pool_bytes: 
         return style.save(fig, folder, "memory", CAPTION, svg=False)
 
 
-def memory_blocks(folder: Path, s: dict) -> list:
+def _inputs(folder: Path, s: dict) -> tuple[Path, float, float] | None:
+    """memory.csv, the pool and a block (bytes) of a run folder; None for a folder
+    without a memory section (no memory.csv or no pool in summary.json)."""
+    path = Path(folder) / "memory.csv"
+    if not path.is_file() or not s.get("pool_bytes") or not s.get("num_gpu_blocks"):
+        return None
+    pool = float(s["pool_bytes"])
+    return path, pool, pool / s["num_gpu_blocks"]
+
+
+def draw_memory(folder: Path, s: dict) -> None:
+    """``memory.png`` of a run folder with a memory section (else nothing)."""
+    got = _inputs(folder, s)
+    if got is not None:
+        path, pool, block = got
+        memory_figure(read_memory(path), block, pool, Path(folder),
+                      f"{s.get('scenario', '')}: pool memory over time")
+
+
+def memory_blocks(folder: Path, s: dict, draw: bool = True) -> list:
     """The report blocks (``reports/render.py``) of the memory section: the figure and a
-    table of the pool and the peaks; [] for a run folder without ``memory.csv``."""
+    table of the pool and the peaks; [] for a run folder without ``memory.csv``.
+    ``draw``: also draw the figure (else it is drawn elsewhere: ``draw_memory``)."""
     from reports.render import Table
 
     folder = Path(folder)
-    path = folder / "memory.csv"
-    if not path.is_file() or not s.get("pool_bytes") or not s.get("num_gpu_blocks"):
+    got = _inputs(folder, s)
+    if got is None:
         return []
-    pool = float(s["pool_bytes"])
-    block = pool / s["num_gpu_blocks"]
-    saved = memory_figure(read_memory(path), block, pool, folder,
-                          f"{s.get('scenario', '')}: pool memory over time")
+    _, pool, block = got
+    if draw:
+        draw_memory(folder, s)
     rows = [
         ["pool", f"{style.gib(pool)} ({s['num_gpu_blocks']:,} blocks of "
                  f"{block / 2**20:,.2f} MiB)"],
@@ -97,13 +116,13 @@ def memory_blocks(folder: Path, s: dict) -> list:
               "simultaneous, so they may add up to more than the pool; `both held at once` "
               "is the most the two held together (at an engine step)."),
         ("table", Table(["memory per GPU", "value"], rows, "lr")),
-        ("img", saved.files[0].name, saved.caption),
+        ("img", "memory.png", CAPTION),
     ]
 
 
-def memory_markdown(folder: Path, s: dict) -> list[str]:
+def memory_markdown(folder: Path, s: dict, draw: bool = True) -> list[str]:
     """The memory section as Markdown lines (for a report assembled as lines)."""
     from reports.render import render_md
 
-    blocks = memory_blocks(folder, s)
+    blocks = memory_blocks(folder, s, draw)
     return render_md(blocks).splitlines() + [""] if blocks else []

@@ -80,12 +80,14 @@ def top_evictors(rows) -> list[tuple[str, int, int]]:
             sorted(tokens.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_EVICTORS]]
 
 
-def miss_markdown(folder: Path, s: dict, rows, name: str) -> list[str]:
-    """The report's "Why requests missed" section (empty without attribution)."""
+def miss_markdown(folder: Path, s: dict, rows, name: str, draw: bool = True) -> list[str]:
+    """The report's "Why requests missed" section (empty without attribution); ``draw``:
+    also draw its figure (else it is drawn elsewhere: ``reports/run_report.py`` draw)."""
     if not has_attribution(s):
         return []
-    with style.rc():
-        fig = waterfall(s, folder, f"{name}: why requests missed")
+    if draw:
+        with style.rc():
+            waterfall(s, folder, f"{name}: why requests missed")
     prompt = s["prompt_tokens"]
 
     def share(v):
@@ -114,7 +116,7 @@ def miss_markdown(folder: Path, s: dict, rows, name: str) -> list[str]:
                   "|---|---:|---:|"]
         lines += [f"| {by} | {t:,} | {n:,} |" for by, t, n in top]
         lines.append("")
-    lines += [f"![{fig.caption}](miss_waterfall.png)", ""]
+    lines += [f"![{CAPTION}](miss_waterfall.png)", ""]
     return lines
 
 

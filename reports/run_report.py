@@ -185,10 +185,18 @@ def latency_markdown(s: dict) -> list[str]:
     return out
 
 
-def load_run_folder(folder: Path) -> tuple[dict, dict, list]:
+def load_run_folder(folder: Path, fresh: bool = False,
+                    rows: list | None = None) -> tuple[dict, dict, list]:
     """summary.json, run.json and requests.csv of a run folder, checked before anything is
-    drawn: a corrupt or foreign file is one ``InputError`` naming it."""
-    import csv
+    drawn: a corrupt or foreign file is one ``InputError`` naming it.  ``fresh``: a
+    folder ``sim run`` has just written, whose requests.csv is read for the report's
+    columns alone (``reports/rows.py``); ``rows``: those columns already read."""
+    s, h = load_run_json(folder)
+    return s, h, load_rows(folder, fresh, rows)
+
+
+def load_run_json(folder: Path) -> tuple[dict, dict]:
+    """summary.json and run.json of a run folder, checked (``load_run_folder``)."""
     import math
 
     from sim.config.errors import InputError
@@ -212,9 +220,21 @@ def load_run_folder(folder: Path) -> tuple[dict, dict, list]:
             or h["block_size"] < 1:
         raise InputError(f"{folder / 'run.json'}: block_size: expected an integer >= 1, "
                          f"got {h['block_size']!r}")
-    req = folder / "requests.csv"
+    return s, h
+
+
+def load_rows(folder: Path, fresh: bool = False, rows: list | None = None) -> list:
+    """The served requests of a run folder's requests.csv, checked (``load_run_folder``)."""
+    import csv
+    import math
+
+    from reports import rows as report_rows
+    from sim.config.errors import InputError
+
+    req = Path(folder) / "requests.csv"
     try:
-        rows = read_rows(folder)
+        if rows is None:
+            rows = report_rows.read(folder) if fresh else read_rows(folder)
     except OSError as e:
         raise InputError(f"{req}: cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError:
@@ -228,20 +248,52 @@ def load_run_folder(folder: Path) -> tuple[dict, dict, list]:
                    for v in (r.hit_tokens, r.lost_tokens, r.ttft_s)):
             raise InputError(f"{req}: request {r.request_id}: not a row of sim run's "
                              f"requests table")
-    return s, h, rows
+    return rows
 
 
-def write_report(folder: Path) -> None:
-    """Rebuild report.md and its figures from a run folder (requests.csv,
-    summary.json, run.json)."""
+# the report's figures, by stem: ``draw`` renders any of them, in any process
+FIGURES = ("ttft_cdf", "hit_hist", "miss_waterfall", "memory")
+# what needs requests.csv (the rest reads summary.json and memory.csv alone)
+ROW_FIGURES = ("ttft_cdf", "hit_hist")
+
+
+def draw(folder: Path, stems=FIGURES, s: dict | None = None, h: dict | None = None,
+         rows: list | None = None, fresh: bool = False) -> None:
+    """Render the report's figures ``stems`` into ``folder`` (a figure whose section the
+    report leaves out is not drawn), reading the run folder for what is not given.  The
+    figures are independent of each other and of report.md, so ``sim run`` draws them in
+    worker processes, two groups at once (``reports/workers.py``)."""
+    from reports.memory_figure import draw_memory
+    from reports.miss_figure import has_attribution, waterfall
+
     folder = Path(folder)
-    s, h, rows = load_run_folder(folder)
+    if s is None or h is None:
+        s, h = load_run_json(folder)
+    if rows is None and any(st in ROW_FIGURES for st in stems):
+        rows = load_rows(folder, fresh)
     name = h["name"]
     with style.rc():
-        cdf = ttft_cdf(rows, folder, f"{name}: time to first token, CDF of "
-                                     f"{s['requests']:,} requests")
-        hist = hit_histogram(rows, folder, f"{name}: prefix reuse per request",
-                             s["hash_block_size"])
+        if "ttft_cdf" in stems:
+            ttft_cdf(rows, folder, f"{name}: time to first token, CDF of {s['requests']:,} "
+                                   f"requests")
+        if "hit_hist" in stems:
+            hit_histogram(rows, folder, f"{name}: prefix reuse per request",
+                          s["hash_block_size"])
+        if "miss_waterfall" in stems and has_attribution(s):
+            waterfall(s, folder, f"{name}: why requests missed")
+    if "memory" in stems:
+        draw_memory(folder, s)
+
+
+def write_report(folder: Path, stems=FIGURES, fresh: bool = False,
+                 rows: list | None = None) -> None:
+    """Rebuild report.md and its figures from a run folder (requests.csv,
+    summary.json, run.json).  ``stems``: the figures drawn here (the others are drawn
+    elsewhere: ``reports/workers.py``); ``fresh`` and ``rows``: see ``load_run_folder``."""
+    folder = Path(folder)
+    s, h, rows = load_run_folder(folder, fresh, rows)
+    name = h["name"]
+    draw(folder, [st for st in FIGURES if st in stems and st in ROW_FIGURES], s, h, rows)
     lines = [
         f"# Run report: {name}",
         "",
@@ -273,15 +325,15 @@ def write_report(folder: Path) -> None:
         "## Latency",
         "",
         *latency_markdown(s),
-        f"![{cdf.caption}](ttft_cdf.png)",
+        f"![{CAPTIONS['ttft_cdf']}](ttft_cdf.png)",
         "",
-        f"![{hist.caption}](hit_hist.png)",
+        f"![{CAPTIONS['hit_hist']}](hit_hist.png)",
         "",
         "Per-request values: `requests.csv`; every figure above: `summary.json`.",
         "",
     ]
     from reports.miss_figure import miss_markdown  # why requests missed (attribution)
-    lines += miss_markdown(folder, s, rows, name)
+    lines += miss_markdown(folder, s, rows, name, draw="miss_waterfall" in stems)
     from reports.memory_figure import memory_markdown  # the pool over time (memory.csv)
-    lines += memory_markdown(folder, s)
+    lines += memory_markdown(folder, s, draw="memory" in stems)
     (folder / "report.md").write_text("\n".join(lines))

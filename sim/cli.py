@@ -245,17 +245,28 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
 
     folder = out or Path(sc.output or Path("runs") / sc.name)
     check_output_folder(folder)         # before any work: a bad path is one line, exit 2
-    update, stop = _progress(not quiet, "requests", _expected_requests(sc), delay_s=1.0)
+    # the report is drawn by two processes that import matplotlib while the run runs
+    # (reports/workers.py); --no-report imports none of it
+    from reports.workers import ReportWorkers
+
+    workers = None if no_report else ReportWorkers.start()
     try:
-        dep, rows, summary = simulate(sc, progress=update)
-    except WorkloadError as e:
+        update, stop = _progress(not quiet, "requests", _expected_requests(sc), delay_s=1.0)
+        try:
+            dep, rows, summary = simulate(sc, progress=update)
+        except WorkloadError as e:
+            stop()
+            fail(f"{scenario}: {e}" if str(e).startswith("workload") else
+                 f"{scenario}: workload: {e}")
+        except ValueError as e:
+            stop()
+            fail(f"{scenario}: {e}")
         stop()
-        fail(f"{scenario}: {e}" if str(e).startswith("workload") else f"{scenario}: workload: {e}")
-    except ValueError as e:
-        stop()
-        fail(f"{scenario}: {e}")
-    stop()
-    write_run(folder, sc, dep, rows, summary, report=not no_report, command=COMMAND)
+        write_run(folder, sc, dep, rows, summary, report=not no_report, command=COMMAND,
+                  workers=workers)
+    finally:
+        if workers is not None:
+            workers.close()
     if not quiet:
         s = summary
         refused = (f" ({s['rejected_requests']:,} rejected: requests.csv `rejected`)"

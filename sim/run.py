@@ -490,43 +490,65 @@ def write_memory_csv(path: Path, sampler: StepSampler) -> None:
 
 def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = True,
               extra: Callable[[Path], None] | None = None,
-              command: list[str] | None = None) -> Path:
+              command: list[str] | None = None, workers=None) -> Path:
     """Write the run folder atomically (temp folder, then rename); ``extra(folder)``
     may add files of its own before the folder moves into place.  ``run.json`` holds the
     report header plus what re-runs the run (``sim/provenance.py``); ``command`` is the
-    command line recorded there."""
+    command line recorded there.  ``workers``: report workers started before the run
+    (``reports/workers.py``; ``sim run``) that draw the report while this process
+    writes the rest; without them the report is drawn here."""
+    with atomic_folder(out_dir, kind="run") as tmp:
+        try:
+            _write_files(tmp, sc, dep, rows, summary, command,
+                         workers if report else None)
+            if report and workers is None:
+                from reports.run_report import write_report   # (matplotlib: only here)
+
+                write_report(tmp)
+            if getattr(dep, "kv_events", None) is not None:
+                dep.kv_events.write(tmp)          # kv_events.jsonl (+ .msgpack)
+            if report and workers is not None:
+                workers.finish()                  # (the report whole before ``extra``)
+            if extra is not None:
+                extra(tmp)
+        finally:
+            if workers is not None:
+                workers.close()     # (before the temporary folder is moved or removed)
+    return Path(out_dir)
+
+
+def _write_files(tmp: Path, sc: Scenario, dep, rows, summary, command, workers) -> None:
+    """summary.json, memory.csv, run.json, requests.csv, in that order: the report
+    workers start once the files their parts read are written (requests.csv's columns
+    the report reads are handed over instead: ``reports/rows.py``)."""
     from sim.provenance import run_record
 
-    with atomic_folder(out_dir, kind="run") as tmp:
-        with open(tmp / "requests.csv", "w", newline="") as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(REQUEST_COLUMNS)
-            recs = getattr(dep, "records", None) or rows
-            # a RequestTable's rows one at a time, as tuples: no second copy of the run
-            for r in (recs.tuples() if isinstance(recs, RequestTable) else recs):
-                w.writerow([_fmt(v) for v in r])
-        # wall_s and sim_requests_per_s measure this machine; every other field (and
-        # every other file but run.json's command and commit) is byte-identical for the
-        # same inputs and seed.
-        with open(tmp / "summary.json", "w") as f:
-            # allow_nan=False: NaN is not JSON; a NaN here is a bug and must show
-            json.dump(summary, f, indent=1, sort_keys=False, allow_nan=False)
-            f.write("\n")
-        sampler = getattr(dep, "sampler", None)
-        if sampler is not None:
-            write_memory_csv(tmp / "memory.csv", sampler)
-        with open(tmp / "run.json", "w") as f:
-            json.dump({**run_header(sc, dep), **run_record(sc, command)}, f, indent=1)
-            f.write("\n")
-        if report:
-            from reports.run_report import write_report   # (matplotlib: only with a report)
+    # wall_s and sim_requests_per_s measure this machine; every other field (and
+    # every other file but run.json's command and commit) is byte-identical for the
+    # same inputs and seed.
+    with open(tmp / "summary.json", "w") as f:
+        # allow_nan=False: NaN is not JSON; a NaN here is a bug and must show
+        json.dump(summary, f, indent=1, sort_keys=False, allow_nan=False)
+        f.write("\n")
+    sampler = getattr(dep, "sampler", None)
+    if sampler is not None:
+        write_memory_csv(tmp / "memory.csv", sampler)
+    with open(tmp / "run.json", "w") as f:
+        json.dump({**run_header(sc, dep), **run_record(sc, command)}, f, indent=1)
+        f.write("\n")
+    recs = getattr(dep, "records", None) or rows
+    if workers is not None:
+        from reports.rows import as_written
 
-            write_report(tmp)
-        if getattr(dep, "kv_events", None) is not None:
-            dep.kv_events.write(tmp)          # kv_events.jsonl (+ .msgpack)
-        if extra is not None:
-            extra(tmp)
-    return Path(out_dir)
+        workers.submit(tmp, "side")       # (summary.json, run.json, memory.csv)
+        # the report's columns of requests.csv, as read back from it: drawn meanwhile
+        workers.submit(tmp, "main", as_written(recs))
+    with open(tmp / "requests.csv", "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(REQUEST_COLUMNS)
+        # a RequestTable's rows one at a time, as tuples: no second copy of the run
+        for r in (recs.tuples() if isinstance(recs, RequestTable) else recs):
+            w.writerow([_fmt(v) for v in r])
 
 
 class _CallableModule(types.ModuleType):

@@ -1,0 +1,141 @@
+"""``sim run`` draws its report in worker processes (reports/workers.py): the same bytes
+as a report drawn in the main process, and a worker that fails, dies or hangs costs
+time, never the report, an exit code or a stray process."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import reports.workers as W
+from sim.config.scenario import load_scenario
+from sim.run import simulate, write_run
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="workers fork (Linux)")
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """A small run (attribution and memory on: all four figures) and its in-process
+    report, the reference."""
+    d = tmp_path_factory.mktemp("wk")
+    data = yaml.safe_load((ROOT / "scenarios" / "athena.yaml").read_text())
+    data["workload"]["num_requests"] = 80
+    p = d / "s.yaml"
+    p.write_text(yaml.safe_dump(data))
+    sc = load_scenario(p)
+    dep, rows, summary = simulate(sc)
+    ref = write_run(d / "ref", sc, dep, rows, summary)
+    return sc, dep, rows, summary, ref
+
+
+def _same(a: Path, b: Path) -> None:
+    names = sorted(n for n in os.listdir(a) if n != "run.json")
+    assert names == sorted(n for n in os.listdir(b) if n != "run.json")
+    for n in names:
+        assert (a / n).read_bytes() == (b / n).read_bytes(), n
+
+
+def _children() -> set[int]:
+    import multiprocessing
+
+    return {p.pid for p in multiprocessing.active_children()}
+
+
+def test_workers_write_the_same_bytes(ran, tmp_path):
+    sc, dep, rows, summary, ref = ran
+    assert {"ttft_cdf.png", "hit_hist.png", "miss_waterfall.png", "memory.png"} <= set(
+        os.listdir(ref))
+    before = _children()
+    out = write_run(tmp_path / "w", sc, dep, rows, summary, workers=W.ReportWorkers.start())
+    _same(ref, out)
+    assert _children() == before        # stopped and reaped
+
+
+def _in_child(action):
+    """A draw_part that does ``action`` in a worker and draws normally here."""
+    parent, real = os.getpid(), W.draw_part
+
+    def draw_part(*args):
+        if os.getpid() != parent:
+            action()
+        real(*args)
+    return draw_part
+
+
+def test_a_dead_worker_costs_time_not_the_report(ran, tmp_path, monkeypatch, capfd):
+    sc, dep, rows, summary, ref = ran
+    monkeypatch.setattr(W, "draw_part", _in_child(lambda: os._exit(3)))
+    out = write_run(tmp_path / "w", sc, dep, rows, summary, workers=W.ReportWorkers.start())
+    _same(ref, out)
+    assert "report worker exited without answering" in capfd.readouterr().err
+
+
+def test_a_hung_worker_is_stopped_after_the_timeout(ran, tmp_path, monkeypatch):
+    import time
+
+    sc, dep, rows, summary, ref = ran
+    monkeypatch.setattr(W, "TIMEOUT_S", 0.5)
+    monkeypatch.setattr(W, "draw_part", _in_child(lambda: time.sleep(3600)))
+    before = _children()
+    t0 = time.monotonic()
+    out = write_run(tmp_path / "w", sc, dep, rows, summary, workers=W.ReportWorkers.start())
+    assert time.monotonic() - t0 < 60
+    _same(ref, out)
+    assert _children() == before
+
+
+def test_a_failing_report_fails_as_in_process(ran, tmp_path, monkeypatch):
+    """An exception while drawing: the main process draws the part again and raises
+    what an in-process report raises; no partial run folder."""
+    sc, dep, rows, summary, ref = ran
+    from reports import run_report
+
+    def broken(*a, **k):
+        raise RuntimeError("drawing failed")
+
+    monkeypatch.setattr(run_report, "hit_histogram", broken)
+    for workers in (None, W.ReportWorkers.start()):
+        out = tmp_path / f"w{workers is None}"
+        with pytest.raises(RuntimeError, match="drawing failed"):
+            write_run(out, sc, dep, rows, summary, workers=workers)
+        assert not out.exists()
+        assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+
+
+def test_no_report_imports_no_matplotlib(tmp_path):
+    """``--no-report``: no worker, and matplotlib never imported."""
+    data = yaml.safe_load((ROOT / "scenarios" / "athena.yaml").read_text())
+    data["workload"]["num_requests"] = 20
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    code = ("import sys; from sim.cli import main\n"
+            "try:\n    main(['run', 's.yaml', '--out', 'o', '-q', '--no-report'])\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]", res.stdout
+    assert (tmp_path / "o" / "requests.csv").is_file()
+    assert not (tmp_path / "o" / "report.md").exists()
+
+
+def test_report_columns_read_as_written(ran):
+    """The report's columns of a fresh requests.csv, read or taken from memory, are the
+    values a full read of the file gives."""
+    from reports import rows
+    from reports.run_report import read_rows
+
+    sc, dep, _, summary, ref = ran
+    full = [rows.ReportRow._make(getattr(r, c) for c in rows.REPORT_COLUMNS)
+            for r in read_rows(ref)]
+    assert rows.read(ref) == full
+    assert rows.rows_of(rows.as_written(dep.records)) == full
+    assert rows.rows_of(rows.as_written(list(dep.records))) == full
+    assert len(full) == summary["requests"]
