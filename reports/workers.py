@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 TIMEOUT_S = 600.0
+EXIT_S = 2.0        # how long workers that have answered are given to exit on their own
 # what each worker draws: (1) report.md and the figures that read requests.csv, (2) the
 # figures that read summary.json and memory.csv alone, which can start first
 PARTS = ("main", "side")
@@ -146,6 +147,7 @@ class ReportWorkers:
         main_theirs.close()         # (so that a dead worker reads as EOF here)
         side_theirs.close()
         self._conns = {"main": main_end, "side": side_end}
+        self._answered = 0
         self._pending: list[tuple[str, Path]] = []
 
     @classmethod
@@ -180,6 +182,7 @@ class ReportWorkers:
                 continue
             answer = self._answer(part, deadline)
             if answer is None:
+                self._answered += 1
                 continue
             self.close()
             if not answer.startswith("Traceback"):   # (an exception shows again below)
@@ -202,10 +205,15 @@ class ReportWorkers:
             return "exited without answering"
 
     def close(self) -> None:
-        """Stop the workers, idle or drawing (after ``finish``: both are done); safe to
-        call twice.  Killing the first worker kills the second (``_die_with_parent``)."""
+        """Stop the workers: after ``finish`` has had both answers they are exiting
+        (given a moment, so that each ends on its own and is reaped); otherwise, idle
+        or drawing, they are killed (the first worker's end kills the second:
+        ``_die_with_parent``).  Safe to call twice."""
+        done = self._answered == len(PARTS)
         for c in self._conns.values():
             c.close()
+        if done:
+            self._proc.join(EXIT_S)
         if self._proc.exitcode is None:
             self._proc.kill()
         self._proc.join()
