@@ -18,6 +18,9 @@ from pathlib import Path
 
 from sim.records import INT_COLUMNS, TEXT_COLUMNS
 
+# the run report's figures that read requests.csv (the others read summary.json and
+# memory.csv alone)
+ROW_FIGURES = ("ttft_cdf", "hit_hist")
 # the columns of requests.csv the report reads (figures, miss section, messages)
 REPORT_COLUMNS = ("request_id", "ttft_s", "hit_tokens", "lost_tokens", "checkpoint_tokens",
                   "checkpoint_reason", "capacity_tokens", "capacity_evicted_by")

@@ -13,6 +13,7 @@ import numpy as np
 
 from reports import style
 from reports.render import Table, render_md
+from reports.rows import ROW_FIGURES
 from sim.records import LATENCY_STATS
 from sim.stats import percentiles
 
@@ -253,8 +254,6 @@ def load_rows(folder: Path, fresh: bool = False, rows: list | None = None) -> li
 
 # the report's figures, by stem: ``draw`` renders any of them, in any process
 FIGURES = ("ttft_cdf", "hit_hist", "miss_waterfall", "memory")
-# what needs requests.csv (the rest reads summary.json and memory.csv alone)
-ROW_FIGURES = ("ttft_cdf", "hit_hist")
 
 
 def draw(folder: Path, stems=FIGURES, s: dict | None = None, h: dict | None = None,

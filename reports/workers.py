@@ -1,27 +1,35 @@
 """Draw a run's report in worker processes started before the run, beside it.
 
-``sim run`` spends about half of its time on the report: importing matplotlib, reading
-requests.csv back and rendering four figures, one after the other, after the
-simulation.  The figures depend on nothing but the run folder's files and not on each
-other, so ``ReportWorkers`` forks two processes when the command starts; they import
-matplotlib and the report modules (and render one throwaway figure, which loads the
-fonts) while the simulation runs on the other core, and once the run folder's files
-are written each draws its part (``PARTS``) into the temporary run folder, the two at
-once.  The main process imports no matplotlib at all.
+``sim run`` spent about half of its time on the report: importing matplotlib, reading
+requests.csv back and rendering four figures one after the other, after the
+simulation.  The figures depend on nothing but the run's files and not on each other.
+So ``ReportWorkers.start`` forks one worker when the command starts; it imports
+matplotlib and the report modules and renders one throwaway figure (fonts, PIL) while
+the simulation runs on the other core, then forks the second worker from its warm self
+(one import for both, none of it competing with the simulation).  Once summary.json,
+memory.csv and run.json are written, one worker draws the figures that read them
+alone (part "side": miss waterfall, memory); the other writes report.md and draws the
+figures that read requests.csv (part "main": TTFT CDF, hit histogram) from the
+report's columns handed over in memory, exactly as requests.csv reads back
+(``reports/rows.py``), while the main process writes requests.csv.  The main process
+imports no matplotlib at all.
 
 The output is the same bytes: each part is the same code (``reports/run_report.py``)
-on the same files; only where it runs differs.  Nothing can hang or go missing:
+on the same values; only the process differs.  Nothing can hang or go missing:
 
 * a worker that fails (an exception), dies, or has not answered after ``TIMEOUT_S`` is
-  stopped, and its part is drawn again in the main process, which then fails, if it
-  does, exactly as an in-process report fails (same exception, same exit code);
-* the workers ignore SIGINT (the main process's interrupt handling stops them), are
-  daemons (they end with the main process), and ``close`` stops them in every case,
-  before the temporary run folder is removed or moved into place.
+  stopped, with the other, and the report is drawn again in the main process, which
+  then fails, if it does, exactly as an in-process report fails (same exception, same
+  exit code); a worker that died or hung says so in one warning line;
+* the workers ignore SIGINT (the main process's interrupt handling stops them), the
+  first is a daemon and the second dies with it (``_die_with_parent``), both see EOF
+  and exit if the main process is gone, and ``close`` stops them in every case before
+  the temporary run folder is removed or moved into place.
 
-Where ``fork`` is unavailable (not Linux) ``start`` returns None and the report is
-drawn in the main process, as the notebook API and sweep points always draw it (a
-sweep runs its points in parallel already).
+Where ``fork`` is unavailable (not Linux), in a process running other threads, or with
+``HCS_REPORT_WORKERS=0``, ``start`` returns None and the report is drawn in the main
+process, as the notebook API, ``sim compare`` and sweep points always draw it (a sweep
+runs its points in parallel already; a pool per point would cost more than it saves).
 """
 from __future__ import annotations
 
@@ -33,24 +41,43 @@ from pathlib import Path
 
 TIMEOUT_S = 600.0
 EXIT_S = 2.0        # how long workers that have answered are given to exit on their own
-# what each worker draws: (1) report.md and the figures that read requests.csv, (2) the
-# figures that read summary.json and memory.csv alone, which can start first
-PARTS = ("main", "side")
+REPORT_MD = "report.md"
+# what each worker draws (figure stems, and report.md), by the CPUs this process may
+# use: two parts (one a core beside the main process's writing) balanced on a 2-CPU
+# machine; one figure each with four or more
+PLANS = {2: (("miss_waterfall", "memory"), (REPORT_MD, "ttft_cdf", "hit_hist")),
+         4: (("miss_waterfall",), ("memory",), ("hit_hist",), (REPORT_MD, "ttft_cdf"))}
 
 
-def draw_part(folder: Path, part: str, columns: list | None = None) -> None:
-    """One part of the report of a run folder ``sim run`` has just written; ``columns``
-    (part "main"): the requests' report columns (``reports/rows.py`` ``as_written``),
-    else read from requests.csv."""
+def plan() -> tuple[tuple[str, ...], ...]:
+    """The parts for the CPUs this process may run on."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return PLANS[4 if cpus >= 4 else 2]
+
+
+def needs_rows(part: tuple[str, ...]) -> bool:
+    """Whether ``part`` reads the requests (report.md, or a figure of requests.csv)."""
+    from reports.rows import ROW_FIGURES
+
+    return REPORT_MD in part or any(s in ROW_FIGURES for s in part)
+
+
+def draw_part(folder: Path, part: tuple[str, ...], columns: list | None = None) -> None:
+    """One part of the report of a run folder ``sim run`` has just written: its figures,
+    and report.md if it is one of them; ``columns``: the requests' report columns
+    (``reports/rows.py`` ``as_written``), else read from requests.csv when needed."""
     from reports import run_report
     from reports.rows import rows_of
 
-    if part == "main":
-        run_report.write_report(folder, stems=run_report.ROW_FIGURES, fresh=True,
-                                rows=None if columns is None else rows_of(columns))
+    rows = None if columns is None else rows_of(columns)
+    stems = [s for s in part if s != REPORT_MD]
+    if REPORT_MD in part:
+        run_report.write_report(folder, stems=stems, fresh=True, rows=rows)
     else:
-        run_report.draw(folder, [s for s in run_report.FIGURES
-                                 if s not in run_report.ROW_FIGURES])
+        run_report.draw(folder, stems, rows=rows, fresh=True)
 
 
 def _warm() -> None:
@@ -69,11 +96,12 @@ def _warm() -> None:
         style.plt.close(fig)
 
 
-def _serve(conn, other, parents) -> None:
-    """The first worker: close the main process's ends of the pipes (so that either
+def _serve(conns, parents) -> None:
+    """The first worker: close the main process's ends of the pipes (so that every
     worker reads EOF, and exits, once the main process is gone), warm up, fork the
-    second worker (warm as well: one import of matplotlib for two workers, none of it
-    competing with the simulation for the second core), and serve the first part."""
+    other workers (warm as well: one import of matplotlib for all, none of it competing
+    with the simulation for the second core), serve the first part, and wait for the
+    others (they die with it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the main process handles Ctrl-C
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for c in parents:
@@ -82,28 +110,34 @@ def _serve(conn, other, parents) -> None:
         _warm()
     except BaseException:       # (a real problem shows again when the part is drawn)
         pass
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:                # the second worker: it dies with the first (SIGKILL)
-        code = 0
-        try:
-            conn.close()
-            _die_with_parent(parent)
-            _serve_one(other)
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    other.close()
+    first = os.getpid()
+    pids = []
+    for i, conn in enumerate(conns[1:], start=1):
+        pid = os.fork()
+        if pid == 0:            # another worker: it dies with the first (SIGKILL)
+            code = 0
+            try:
+                for j, c in enumerate(conns):
+                    if j != i:
+                        c.close()
+                _die_with_parent(first)
+                _serve_one(conn)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        pids.append(pid)
+        conn.close()
     try:
-        _serve_one(conn)
+        _serve_one(conns[0])
     finally:
-        os.waitpid(pid, 0)      # (its end would end the second worker: wait for it)
+        for pid in pids:        # (this worker's end would end them: wait for them)
+            os.waitpid(pid, 0)
 
 
 def _die_with_parent(parent: int) -> None:
     """Have the kernel kill this process when ``parent`` (the first worker) ends, so
-    that stopping the first worker stops both (Linux ``PR_SET_PDEATHSIG``)."""
+    that stopping the first worker stops all (Linux ``PR_SET_PDEATHSIG``)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -115,7 +149,7 @@ def _die_with_parent(parent: int) -> None:
 
 def _serve_one(conn) -> None:
     """Draw the one part asked for and answer None (done) or the error's traceback (the
-    main process then draws that part itself)."""
+    main process then draws the report itself)."""
     try:
         folder, part, columns = conn.recv()
     except (EOFError, OSError):
@@ -134,53 +168,61 @@ def _serve_one(conn) -> None:
 
 
 class ReportWorkers:
-    """The report workers (``start``), given the run folder part by part (``submit``),
-    waited for (``finish``) and stopped (``close``; also as a context manager)."""
+    """The report workers (``start``), given the run folder (``submit``), waited for
+    (``finish``) and stopped (``close``; also as a context manager)."""
 
-    def __init__(self, ctx):
-        main_end, main_theirs = ctx.Pipe()
-        side_end, side_theirs = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(main_theirs, side_theirs,
-                                                      (main_end, side_end)),
+    def __init__(self, ctx, parts: tuple[tuple[str, ...], ...]):
+        self.parts = parts
+        pipes = [ctx.Pipe() for _ in parts]
+        self._conns = [mine for mine, _ in pipes]
+        self._proc = ctx.Process(target=_serve, args=([t for _, t in pipes], self._conns),
                                  daemon=True, name="sim-report")
         self._proc.start()
-        main_theirs.close()         # (so that a dead worker reads as EOF here)
-        side_theirs.close()
-        self._conns = {"main": main_end, "side": side_end}
+        for _, theirs in pipes:
+            theirs.close()          # (so that a dead worker reads as EOF here)
         self._answered = 0
-        self._pending: list[tuple[str, Path]] = []
+        self._folder: Path | None = None
 
     @classmethod
     def start(cls) -> "ReportWorkers | None":
-        """Fork the workers now; None where this platform has no ``fork`` (or with
-        ``HCS_REPORT_WORKERS=0``: the report drawn in the main process)."""
-        if sys.platform != "linux" or os.environ.get("HCS_REPORT_WORKERS") == "0":
+        """Fork the workers now; None (the report drawn in the main process) where this
+        platform has no ``fork`` and ``PR_SET_PDEATHSIG`` (not Linux), in a process
+        running other threads (a forked copy of one could find a lock held forever),
+        or with ``HCS_REPORT_WORKERS=0``."""
+        import threading
+
+        if sys.platform != "linux" or os.environ.get("HCS_REPORT_WORKERS") == "0" \
+                or threading.active_count() > 1:
             return None
         import multiprocessing
 
-        return cls(multiprocessing.get_context("fork"))
+        return cls(multiprocessing.get_context("fork"), plan())
 
-    def submit(self, folder: Path, part: str, columns: list | None = None) -> None:
-        """Ask ``part``'s worker to draw it into ``folder`` (whose files it reads are
-        written; ``columns``: see ``draw_part``); a worker that is gone already gets its
-        part drawn in ``finish``."""
-        try:
-            self._conns[part].send((str(folder), part, columns))
-        except (OSError, KeyError):
-            pass
-        self._pending.append((part, Path(folder)))
+    def submit(self, folder: Path, columns) -> None:
+        """Have the workers draw the report into ``folder``, whose summary.json, run.json
+        and memory.csv are written; ``columns()``: the requests' report columns
+        (``reports/rows.py`` ``as_written``), asked for once, after the parts that
+        need none are on their way."""
+        self._folder = Path(folder)
+        order = sorted(range(len(self.parts)), key=lambda i: needs_rows(self.parts[i]))
+        cols = None
+        for i in order:
+            if needs_rows(self.parts[i]) and cols is None:
+                cols = columns()
+            try:
+                self._conns[i].send((str(folder), self.parts[i],
+                                     cols if needs_rows(self.parts[i]) else None))
+            except OSError:     # (gone: ``finish`` finds out)
+                pass
 
     def finish(self) -> None:
-        """Wait for every submitted part; a part whose worker failed, died or timed out
-        is drawn here (raising what drawing raises)."""
+        """Wait for every part; if a worker failed, died or timed out, stop them all and
+        draw the whole report here (raising what an in-process report raises)."""
+        if self._folder is None:
+            return
         deadline = time.monotonic() + TIMEOUT_S
-        pending, self._pending = self._pending, []
-        redo = []
-        for part, folder in pending:
-            if redo:                # (the workers are stopped: redone here as well)
-                redo.append((part, folder))
-                continue
-            answer = self._answer(part, deadline)
+        for conn in self._conns:
+            answer = self._answer(conn, deadline)
             if answer is None:
                 self._answered += 1
                 continue
@@ -188,15 +230,16 @@ class ReportWorkers:
             if not answer.startswith("Traceback"):   # (an exception shows again below)
                 sys.stderr.write(f"warning: report worker {answer}; drawing the report in "
                                  f"this process\n")
-            redo.append((part, folder))
-        for part, folder in redo:       # (in PARTS order: report.md's part first)
-            draw_part(folder, part)
+            from reports.run_report import write_report
 
-    def _answer(self, part: str, deadline: float) -> str | None:
+            write_report(self._folder)
+            return
+
+    @staticmethod
+    def _answer(conn, deadline: float) -> str | None:
         """None (drawn), an exception's traceback, or why no answer came."""
         from multiprocessing.connection import wait
 
-        conn = self._conns[part]
         if not wait([conn], timeout=max(deadline - time.monotonic(), 0.0)):
             return f"gave no answer in {TIMEOUT_S:g} s"
         try:
@@ -205,12 +248,12 @@ class ReportWorkers:
             return "exited without answering"
 
     def close(self) -> None:
-        """Stop the workers: after ``finish`` has had both answers they are exiting
+        """Stop the workers: after ``finish`` has had every answer they are exiting
         (given a moment, so that each ends on its own and is reaped); otherwise, idle
-        or drawing, they are killed (the first worker's end kills the second:
+        or drawing, they are killed (the first worker's end kills the others:
         ``_die_with_parent``).  Safe to call twice."""
-        done = self._answered == len(PARTS)
-        for c in self._conns.values():
+        done = self._answered == len(self.parts)
+        for c in self._conns:
             c.close()
         if done:
             self._proc.join(EXIT_S)

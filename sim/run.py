@@ -540,9 +540,8 @@ def _write_files(tmp: Path, sc: Scenario, dep, rows, summary, command, workers) 
     if workers is not None:
         from reports.rows import as_written
 
-        workers.submit(tmp, "side")       # (summary.json, run.json, memory.csv)
-        # the report's columns of requests.csv, as read back from it: drawn meanwhile
-        workers.submit(tmp, "main", as_written(recs))
+        # drawn meanwhile, from the report's columns of requests.csv as read back
+        workers.submit(tmp, lambda: as_written(recs))
     with open(tmp / "requests.csv", "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(REQUEST_COLUMNS)

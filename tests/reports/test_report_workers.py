@@ -47,12 +47,23 @@ def _children() -> set[int]:
     return {p.pid for p in multiprocessing.active_children()}
 
 
-def test_workers_write_the_same_bytes(ran, tmp_path):
+@pytest.mark.parametrize("cpus", sorted(W.PLANS))
+def test_workers_write_the_same_bytes(ran, tmp_path, cpus):
+    """Every plan (two parts on a 2-CPU machine, four with more) draws every figure and
+    report.md once, and the same bytes."""
+    import multiprocessing
+
     sc, dep, rows, summary, ref = ran
     assert {"ttft_cdf.png", "hit_hist.png", "miss_waterfall.png", "memory.png"} <= set(
         os.listdir(ref))
+    parts = W.PLANS[cpus]
+    drawn = [s for part in parts for s in part]
+    from reports.run_report import FIGURES
+
+    assert sorted(drawn) == sorted((W.REPORT_MD, *FIGURES))
     before = _children()
-    out = write_run(tmp_path / "w", sc, dep, rows, summary, workers=W.ReportWorkers.start())
+    workers = W.ReportWorkers(multiprocessing.get_context("fork"), parts)
+    out = write_run(tmp_path / "w", sc, dep, rows, summary, workers=workers)
     _same(ref, out)
     assert _children() == before        # stopped and reaped
 
