@@ -502,9 +502,12 @@ def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = Tr
             _write_files(tmp, sc, dep, rows, summary, command,
                          workers if report else None)
             if report and workers is None:
+                from reports.rows import as_written, rows_of
                 from reports.run_report import write_report   # (matplotlib: only here)
 
-                write_report(tmp)
+                # (the report's columns as requests.csv reads back: not read back)
+                write_report(tmp, fresh=True,
+                             rows=rows_of(as_written(getattr(dep, "records", None) or rows)))
             if getattr(dep, "kv_events", None) is not None:
                 dep.kv_events.write(tmp)          # kv_events.jsonl (+ .msgpack)
             if report and workers is not None:
