@@ -134,40 +134,35 @@ class BlockPool:
                 block.extra = set()
             block.extra.add(key)
 
-    def remove_keys(self, block: Block) -> list[int]:
-        """Unmap every key of ``block``; the keys that were mapped to it."""
+    def _unmap_keys(self, block: Block, out: list[int] | None) -> None:
+        """Unmap every key of ``block``; with ``out``, append the keys that were mapped
+        to it (primary first)."""
         key = block.key
         extra = block.extra
         block.key = NO_KEY
         block.key_tokens = NO_KEY
         km = self.key_map
         bid = block.block_id
-        if extra is None:
-            if key < 0:
-                return []
-            return [key] if km.remove(key, bid) else []
-        block.extra = None
-        keys = [key] if key >= 0 else []
-        keys.extend(extra)
-        return [k for k in keys if km.remove(k, bid)]
+        if key >= 0 and km.remove(key, bid) and out is not None:
+            out.append(key)
+        if extra is not None:
+            block.extra = None
+            for k in extra:
+                if km.remove(k, bid) and out is not None:
+                    out.append(k)
+
+    def remove_keys(self, block: Block) -> list[int]:
+        """Unmap every key of ``block``; the keys that were mapped to it."""
+        out: list[int] = []
+        self._unmap_keys(block, out)
+        return out
 
     def drop_keys(self, block: Block) -> None:
         """``remove_keys``, publishing a ``BlockRemoved`` per key (vLLM's
-        ``_remove_cached_block_hashes`` + ``_emit_block_removed_events``)."""
+        ``_remove_cached_block_hashes`` + ``_emit_block_removed_events``); with no
+        event log nobody reads the keys, so none is listed."""
         if self.events is None:
-            # (nobody reads the keys: unmap them without listing them)
-            key = block.key
-            extra = block.extra
-            block.key = NO_KEY
-            block.key_tokens = NO_KEY
-            km = self.key_map
-            bid = block.block_id
-            if key >= 0:
-                km.remove(key, bid)
-            if extra is not None:
-                block.extra = None
-                for k in extra:
-                    km.remove(k, bid)
+            self._unmap_keys(block, None)
             return
         removed = self.remove_keys(block)
         if removed:
@@ -427,51 +422,12 @@ class BlockPool:
                     self._free_one(b, head)
 
     def free_blocks_each(self, lists: list[list[Block]]) -> None:
-        """``free_blocks(l)`` for each ``l`` in turn, in one call.
-
-        Each call appends its hashed blocks to the back (in order) and moves its
-        unhashed ones to the front (keeping their order, ahead of earlier calls'
-        ones).  Back appends and front moves never meet, so all back appends can
-        go first and the front moves follow call by call: the queue ends up as
-        after the separate calls.
-        """
-        occ = self.occupied
-        tail = self.tail
+        """``free_blocks(l)`` for each ``l`` in turn, in one call: each call appends its
+        hashed blocks to the back (in order) and moves its unhashed ones to the front
+        (keeping their order, ahead of earlier calls' ones): ``_free_one``."""
         head = self.head
-        pushed = 0
-        fronts: list[list[Block]] | None = None
         for ordered in lists:
-            first: list[Block] | None = None
+            cursor = head
             for b in ordered:
-                if b.is_null:
-                    continue
-                b.ref_cnt -= 1
-                if b.ref_cnt == 0:
-                    if b.key < 0:
-                        if first is None:
-                            first = []
-                        first.append(b)
-                        occ[b.kind] -= 1
-                    else:
-                        # to the back of the free queue (``_push_back`` inlined)
-                        p = tail.prev_free
-                        p.next_free = b
-                        b.prev_free = p
-                        b.next_free = tail
-                        tail.prev_free = b
-                        pushed += 1
-            if first is not None:
-                if fronts is None:
-                    fronts = []
-                fronts.append(first)
-        if fronts is not None:
-            for front in fronts:
-                for b in reversed(front):
-                    # to the front of the free queue
-                    nx = head.next_free
-                    head.next_free = b
-                    b.prev_free = head
-                    b.next_free = nx
-                    nx.prev_free = b
-                    pushed += 1
-        self.num_free_blocks += pushed
+                if not b.is_null:
+                    cursor = self._free_one(b, cursor)
