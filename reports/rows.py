@@ -1,20 +1,17 @@
 """The few columns of requests.csv the run report reads, without building full records.
 
-The report reads eight of requests.csv's columns (``REPORT_COLUMNS``).  ``read`` takes
-them from a requests.csv ``sim run`` has just written, each converted as
-``sim.records.read_request_records`` converts it; ``as_written`` takes them from the
-run's requests in memory through the same text (``sim/run.py`` ``_fmt``, then that
-conversion), so that the report worker can start before requests.csv is on disk
-(``reports/workers.py``).  Either way the values are those ``sim report`` reads back.
+The report reads eight of requests.csv's columns (``REPORT_COLUMNS``).  ``as_written``
+takes them from the run's requests in memory through the text requests.csv holds
+(``sim/run.py`` ``_fmt``, then the conversion ``sim.records.read_request_records``
+makes), so that the report worker can start before requests.csv is on disk
+(``reports/workers.py``): the values are those ``sim report`` reads back.
 
 No matplotlib here: the main process of ``sim run`` imports this module.
 """
 from __future__ import annotations
 
-import csv
 from collections import namedtuple
 from itertools import compress
-from pathlib import Path
 
 from sim.records import INT_COLUMNS, TEXT_COLUMNS
 
@@ -34,40 +31,20 @@ def _conv(v: str, kind: int):
     return v if kind == 0 or v == "" else int(v) if kind == 1 else float(v)
 
 
-def read(folder: Path) -> list[ReportRow]:
-    """The served requests of a requests.csv that ``sim run`` has just written (it checks
-    none of the columns it skips, so ``sim report`` reads any folder through
-    ``reports/run_report.py`` ``read_rows`` instead)."""
-    with open(Path(folder) / "requests.csv", newline="") as f:
-        rd = csv.reader(f)
-        header = next(rd)
-        at = {name: i for i, name in enumerate(header)}    # (the last of a repeated name)
-        idx = [at[c] for c in REPORT_COLUMNS]
-        rej = at["rejected"]
-        return [ReportRow._make([_conv(rec[i], k) for i, k in zip(idx, _KINDS)])
-                for rec in rd if not rec[rej]]
-
-
 def as_written(recs) -> list[list]:
     """``REPORT_COLUMNS`` of the served requests among ``recs`` (every request of a run,
     in requests.csv order: a ``sim.request_table.RequestTable`` or a list of records), as
     ``read`` would read them from the requests.csv ``sim run`` writes from ``recs``:
     column by column (``rows_of`` makes them rows)."""
-    from sim.request_table import RequestTable
-    from sim.run import _fmt
-
-    def column(name: str):
-        if isinstance(recs, RequestTable):
-            return recs.column(name)
-        return [getattr(r, name) for r in recs]
+    from sim.run import _col, _fmt
 
     def text(v, kind: int):     # (what requests.csv holds, read back)
         return _conv(_fmt(v), kind)
 
-    keep = [not _fmt(v) for v in column("rejected")]
+    keep = [not _fmt(v) for v in _col(recs, "rejected")]
     out = []
     for c, k in zip(REPORT_COLUMNS, _KINDS):
-        vals = column(c) if all(keep) else list(compress(column(c), keep))
+        vals = _col(recs, c) if all(keep) else list(compress(_col(recs, c), keep))
         # the same as text(v, k), quicker for the types each kind holds
         if k == 0:
             out.append([v if type(v) is str else text(v, k) for v in vals])

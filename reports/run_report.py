@@ -186,14 +186,13 @@ def latency_markdown(s: dict) -> list[str]:
     return out
 
 
-def load_run_folder(folder: Path, fresh: bool = False,
-                    rows: list | None = None) -> tuple[dict, dict, list]:
+def load_run_folder(folder: Path, rows: list | None = None) -> tuple[dict, dict, list]:
     """summary.json, run.json and requests.csv of a run folder, checked before anything is
-    drawn: a corrupt or foreign file is one ``InputError`` naming it.  ``fresh``: a
-    folder ``sim run`` has just written, whose requests.csv is read for the report's
-    columns alone (``reports/rows.py``); ``rows``: those columns already read."""
+    drawn: a corrupt or foreign file is one ``InputError`` naming it.  ``rows``: the
+    report's columns of requests.csv already at hand (``sim run``: ``reports/rows.py``),
+    checked as if read."""
     s, h = load_run_json(folder)
-    return s, h, load_rows(folder, fresh, rows)
+    return s, h, load_rows(folder, rows)
 
 
 def load_run_json(folder: Path) -> tuple[dict, dict]:
@@ -224,18 +223,17 @@ def load_run_json(folder: Path) -> tuple[dict, dict]:
     return s, h
 
 
-def load_rows(folder: Path, fresh: bool = False, rows: list | None = None) -> list:
+def load_rows(folder: Path, rows: list | None = None) -> list:
     """The served requests of a run folder's requests.csv, checked (``load_run_folder``)."""
     import csv
     import math
 
-    from reports import rows as report_rows
     from sim.config.errors import InputError
 
     req = Path(folder) / "requests.csv"
     try:
         if rows is None:
-            rows = report_rows.read(folder) if fresh else read_rows(folder)
+            rows = read_rows(folder)
     except OSError as e:
         raise InputError(f"{req}: cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError:
@@ -257,7 +255,7 @@ FIGURES = ("ttft_cdf", "hit_hist", "miss_waterfall", "memory")
 
 
 def draw(folder: Path, stems=FIGURES, s: dict | None = None, h: dict | None = None,
-         rows: list | None = None, fresh: bool = False) -> None:
+         rows: list | None = None) -> None:
     """Render the report's figures ``stems`` into ``folder`` (a figure whose section the
     report leaves out is not drawn), reading the run folder for what is not given.  The
     figures are independent of each other and of report.md, so ``sim run`` draws them in
@@ -269,7 +267,7 @@ def draw(folder: Path, stems=FIGURES, s: dict | None = None, h: dict | None = No
     if s is None or h is None:
         s, h = load_run_json(folder)
     if rows is None and any(st in ROW_FIGURES for st in stems):
-        rows = load_rows(folder, fresh)
+        rows = load_rows(folder)
     name = h["name"]
     with style.rc():
         if "ttft_cdf" in stems:
@@ -284,13 +282,12 @@ def draw(folder: Path, stems=FIGURES, s: dict | None = None, h: dict | None = No
         draw_memory(folder, s)
 
 
-def write_report(folder: Path, stems=FIGURES, fresh: bool = False,
-                 rows: list | None = None) -> None:
+def write_report(folder: Path, stems=FIGURES, rows: list | None = None) -> None:
     """Rebuild report.md and its figures from a run folder (requests.csv,
     summary.json, run.json).  ``stems``: the figures drawn here (the others are drawn
-    elsewhere: ``reports/workers.py``); ``fresh`` and ``rows``: see ``load_run_folder``."""
+    elsewhere: ``reports/workers.py``); ``rows``: see ``load_run_folder``."""
     folder = Path(folder)
-    s, h, rows = load_run_folder(folder, fresh, rows)
+    s, h, rows = load_run_folder(folder, rows)
     name = h["name"]
     draw(folder, [st for st in FIGURES if st in stems and st in ROW_FIGURES], s, h, rows)
     lines = [

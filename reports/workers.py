@@ -75,9 +75,9 @@ def draw_part(folder: Path, part: tuple[str, ...], columns: list | None = None) 
     rows = None if columns is None else rows_of(columns)
     stems = [s for s in part if s != REPORT_MD]
     if REPORT_MD in part:
-        run_report.write_report(folder, stems=stems, fresh=True, rows=rows)
+        run_report.write_report(folder, stems=stems, rows=rows)
     else:
-        run_report.draw(folder, stems, rows=rows, fresh=True)
+        run_report.draw(folder, stems, rows=rows)
 
 
 def _warm() -> None:

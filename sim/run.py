@@ -506,7 +506,7 @@ def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = Tr
                 from reports.run_report import write_report   # (matplotlib: only here)
 
                 # (the report's columns as requests.csv reads back: not read back)
-                write_report(tmp, fresh=True,
+                write_report(tmp,
                              rows=rows_of(as_written(getattr(dep, "records", None) or rows)))
             if getattr(dep, "kv_events", None) is not None:
                 dep.kv_events.write(tmp)          # kv_events.jsonl (+ .msgpack)

@@ -138,15 +138,14 @@ def test_no_report_imports_no_matplotlib(tmp_path):
 
 
 def test_report_columns_read_as_written(ran):
-    """The report's columns of a fresh requests.csv, read or taken from memory, are the
-    values a full read of the file gives."""
+    """The report's columns taken from memory are the values a full read of the
+    requests.csv written from them gives."""
     from reports import rows
     from reports.run_report import read_rows
 
     sc, dep, _, summary, ref = ran
     full = [rows.ReportRow._make(getattr(r, c) for c in rows.REPORT_COLUMNS)
             for r in read_rows(ref)]
-    assert rows.read(ref) == full
     assert rows.rows_of(rows.as_written(dep.records)) == full
     assert rows.rows_of(rows.as_written(list(dep.records))) == full
     assert len(full) == summary["requests"]
