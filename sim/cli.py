@@ -447,6 +447,14 @@ def _on_signal(signum, frame) -> None:
     raise Interrupted(signum)
 
 
+# Console commands whose process ends with ``os._exit`` once they succeed: a finished
+# ``sim run`` holds every request's record, the cache's blocks and key maps; letting the
+# interpreter free them one by one costs ~0.1 s of a two-second run, and nothing else is
+# left to do (no atexit work: these commands start no thread, and the report workers are
+# reaped before the command returns).  Embedded calls (``main(argv)``) never take it.
+FAST_EXIT = frozenset({"run", "report"})
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: the one place where bad input becomes one line and exit 2,
     and an interrupt becomes one line and exit 130 (SIGINT) / 143 (SIGTERM).
@@ -484,7 +492,14 @@ def main(argv: list[str] | None = None) -> None:
     except (Interrupted, KeyboardInterrupt) as e:
         typer.echo("interrupted; nothing written", err=True)
         sys.exit(128 + (e.signum if isinstance(e, Interrupted) else signal.SIGINT))
-    sys.exit(rc if isinstance(rc, int) else 0)
+    code = rc if isinstance(rc, int) else 0
+    if argv is None and code == 0 and len(sys.argv) > 1 and sys.argv[1] in FAST_EXIT:
+        # the console command is done: every file is written and closed, the report
+        # workers are reaped; end without freeing the run's objects one by one
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
