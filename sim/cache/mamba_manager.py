@@ -126,14 +126,14 @@ class MambaManager(SingleTypeManager):
     def checkpoint_of(self, rid: str) -> tuple[int, int] | None:
         """(position, reserved block index) of ``rid``'s current chunk's internal prefill
         checkpoint, if it has one."""
-        st = self.states.get(rid)
+        st = self._get(rid)
         if st is None or st.ckpt_pos <= 0:
             return None
         return st.ckpt_pos, st.ckpt_idx
 
     def written_by(self, rid: str) -> int:
         """Mamba states ``rid`` registered (one member group's count)."""
-        st = self.states.get(rid)
+        st = self._get(rid)
         return st.written if st is not None else 0
 
     def find(self, hashes: PrefixKeys, max_length: int, group_ids: list[int], drop_eagle: bool,
@@ -188,7 +188,7 @@ class MambaManager(SingleTypeManager):
         skipped, tail first) and the previous running state, member by member."""
         if not self.align_mode:
             return   # mode none: the one running state is never skipped
-        st = self.states.get(rid)
+        st = self._get(rid)
         if st is None:
             return
         t = st.table
@@ -253,7 +253,7 @@ class MambaManager(SingleTypeManager):
                     # A state cached by another request in this same step is not
                     # handed out: report "no room" so the request waits a step.
                     return self.pool.num_blocks + 1
-        st = self.states.get(rid)
+        st = self._get(rid)
         t = st.table if st is not None else None
         if not self.align_mode:
             new = 1 + self.num_spec_blocks - (len(t[0]) if t else 0)
@@ -374,7 +374,9 @@ class MambaManager(SingleTypeManager):
 
     def _table_of(self, rid: str) -> list[list[Block]]:
         """``rid``'s block tables (KeyError if it has none)."""
-        st = self.states[rid]
+        st = self._get(rid)
+        if st is None:
+            raise KeyError(rid)
         t = st.table
         if t is None:
             raise KeyError(rid)
@@ -393,13 +395,13 @@ class MambaManager(SingleTypeManager):
         adm = self.admission
         if adm is not None:
             replay = adm.boundaries(req, num_tokens, replay)
-        st = self.states.get(rid)
+        st = self._get(rid)
         before: i64 = 0
         if st is not None and st.num_cached > 0:
             before = st.num_cached
         super().cache_blocks(req, num_tokens, retention, replay)
         if st is None:
-            st = self.states.get(rid)
+            st = self._get(rid)
         after: i64 = 0
         if st is not None and st.num_cached > 0:
             after = st.num_cached
@@ -496,7 +498,7 @@ class MambaManager(SingleTypeManager):
                             retention: int | None) -> int:
         """Register the prompt checkpoint (or junction) state inside a block;
         returns the states the first member registered (0 or 1)."""
-        st = self.states.get(req.request_id)
+        st = self._get(req.request_id)
         if st is not None and st.ckpt_pos > 0:
             return self._cache_checkpoint(req, st.ckpt_pos, st.ckpt_idx, retention)
         h = self.pool.hash_block_size
