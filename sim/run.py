@@ -548,9 +548,11 @@ def _write_files(tmp: Path, sc: Scenario, dep, rows, summary, command, workers) 
     with open(tmp / "requests.csv", "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(REQUEST_COLUMNS)
-        # a RequestTable's rows one at a time, as tuples: no second copy of the run
-        for r in (recs.tuples() if isinstance(recs, RequestTable) else recs):
-            w.writerow([_fmt(v) for v in r])
+        # a RequestTable's rows one at a time, as tuples: no second copy of the run.  An
+        # int or a str is written as is (the csv module writes str(v) of either: what
+        # _fmt makes, without a call per value); anything else goes through _fmt.
+        w.writerows([v if type(v) is int or type(v) is str else _fmt(v) for v in r]
+                    for r in (recs.tuples() if isinstance(recs, RequestTable) else recs))
 
 
 class _CallableModule(types.ModuleType):
