@@ -283,11 +283,12 @@ class BlockPool:
             raise ValueError(f"Cannot get {n} free blocks from the pool")
         if self.events is not None:
             log_evictions(self.events, self, n)   # (the keys of the blocks about to be reused)
-        out: list[Block] = []
+        head = self.head
+        # sized once, filled in place (no append, no regrowth; every slot is written)
+        out: list[Block] = [head] * n
         occ = self.occupied
         kind = self.kind_of_group[group_id] if self.kind_of_group else 0
         km = self.key_map
-        head = self.head
         ev = self.evictions
         i = 0
         while i < n:
@@ -317,7 +318,7 @@ class BlockPool:
                 occ[k] = occ[k] - 1
             b.ref_cnt += 1
             b.kind = kind
-            out.append(b)
+            out[i] = b
             i += 1
         self.num_free_blocks -= n   # (n <= the free count, checked above: no sentinel popped)
         o = occ[kind] + n
