@@ -16,6 +16,12 @@ rules are kept precisely:
 * a block may carry several keys (a partial-prefix key beside its full-block
   key); one key may map to several blocks, and a lookup returns the block that
   was inserted first.
+
+Beside the hash map the pool counts, per KV-cache group and per hash-unit position,
+the keys mapped there (``at_unit``).  A key fingerprints one prefix length, so a
+lookup that walks candidate positions (the Mamba state search, the partial keys of
+full attention) can pass over every position where its group holds no key without
+computing the key or probing the map: the same answer, found with less work.
 """
 from __future__ import annotations
 
@@ -42,14 +48,16 @@ class Block:
     ``key_tokens`` the prefix length that key covers (machine integers: no boxed
     int per key in the compiled build)."""
 
-    __slots__ = ("block_id", "ref_cnt", "key", "key_tokens", "is_null", "kind",
-                 "prev_free", "next_free", "extra")
+    __slots__ = ("block_id", "ref_cnt", "key", "key_tokens", "key_unit", "is_null", "kind",
+                 "prev_free", "next_free", "extra", "extra_units")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_cnt = 0
         self.key: i64 = NO_KEY
         self.key_tokens: i64 = NO_KEY
+        # the hash-unit position ``key`` fingerprints (``BlockPool.at_unit``'s index)
+        self.key_unit: i64 = NO_KEY
         self.is_null = False
         self.kind = 0  # memory-accounting kind of the group that last allocated it
         # free-queue neighbours (meaningful only while the block is in the queue;
@@ -59,6 +67,7 @@ class Block:
         # extra (non-primary) keys: a partial-prefix key beside the primary one (rare;
         # held on the block so the common checks read one field, not a map)
         self.extra: set[int] | None = None
+        self.extra_units: dict[int, int] | None = None   # extra key -> its key_unit
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"Block({self.block_id}, ref={self.ref_cnt}, tokens={self.key_tokens})"
@@ -98,6 +107,9 @@ class BlockPool:
         self.events: KVEventLog | None = None
         # who evicted which key, when (sim/cache/evictions.py: miss attribution); None: off
         self.evictions: EvictionLog | None = None
+        # keys mapped at each hash-unit position u, per group g, at (u << GROUP_BITS) | g
+        # (see the module docstring; grown as longer prefixes are keyed)
+        self.at_unit = vec[i64]()
 
     # -- lookups -------------------------------------------------------------
     def get_cached_block(self, block_hash: int, group_ids: list[int]) -> list[Block] | None:
@@ -120,36 +132,68 @@ class BlockPool:
         return self.key_map.items()
 
     # -- hash map maintenance -------------------------------------------------
-    def insert_key(self, key: int, block: Block, num_tokens: int) -> None:
+    def _count_at(self, key: i64, unit: i64, d: i64) -> None:
+        """``d`` more keys of ``key``'s group mapped at hash-unit position ``unit``."""
+        slot = (unit << GROUP_BITS) | (key & ((1 << GROUP_BITS) - 1))
+        ix = self.at_unit
+        if slot >= len(ix):
+            # (grown to twice the slots needed: amortised, and a run's longest prefix
+            # bounds it)
+            grown = vec[i64]([0] * (2 * slot + 2))
+            for i in range(len(ix)):
+                grown[i] = ix[i]
+            ix = self.at_unit = grown
+        ix[slot] = ix[slot] + d
+
+    def insert_key(self, key: int, block: Block, num_tokens: int, unit: int = -1) -> None:
+        """Map ``key`` to ``block``: its primary key (covering ``num_tokens``) if it has
+        none, else an extra one.  ``unit``: the hash-unit position ``key`` fingerprints
+        (-1: ``num_tokens``'s)."""
         bk = block.key
         if bk == key:
             return
         if not self.key_map.add(key, block.block_id):
             return   # (already mapped to this block)
+        u: i64 = unit if unit >= 0 else num_tokens // self.hash_block_size
+        self._count_at(key, u, 1)
         if bk < 0:
             block.key = key
             block.key_tokens = num_tokens
+            block.key_unit = u
         else:
             if block.extra is None:
                 block.extra = set()
+                block.extra_units = {}
             block.extra.add(key)
+            eu = block.extra_units
+            assert eu is not None
+            eu[key] = u
 
     def _unmap_keys(self, block: Block, out: list[int] | None) -> None:
         """Unmap every key of ``block``; with ``out``, append the keys that were mapped
         to it (primary first)."""
         key = block.key
         extra = block.extra
+        unit = block.key_unit
         block.key = NO_KEY
         block.key_tokens = NO_KEY
+        block.key_unit = NO_KEY
         km = self.key_map
         bid = block.block_id
-        if key >= 0 and km.remove(key, bid) and out is not None:
-            out.append(key)
+        if key >= 0 and km.remove(key, bid):
+            self._count_at(key, unit, -1)
+            if out is not None:
+                out.append(key)
         if extra is not None:
+            units = block.extra_units
+            assert units is not None
             block.extra = None
+            block.extra_units = None
             for k in extra:
-                if km.remove(k, bid) and out is not None:
-                    out.append(k)
+                if km.remove(k, bid):
+                    self._count_at(k, units[k], -1)
+                    if out is not None:
+                        out.append(k)
 
     def remove_keys(self, block: Block) -> list[int]:
         """Unmap every key of ``block``; the keys that were mapped to it."""
@@ -175,15 +219,24 @@ class BlockPool:
         if (key >= 0 and dst.key < 0 and src.extra is None and dst.extra is None
                 and self.key_map.only(key) == src.block_id):
             # the common case (one key, mapped to src alone; dst fresh): the same
-            # end state as remove + insert, in one map operation
+            # end state as remove + insert, in one map operation (the key stays at
+            # its position: ``at_unit`` unchanged)
             self.key_map.repoint(key, dst.block_id)
             dst.key = key
             dst.key_tokens = num_tokens
+            dst.key_unit = src.key_unit
             src.key = NO_KEY
             src.key_tokens = NO_KEY
+            src.key_unit = NO_KEY
             return
+        # each key keeps the position it fingerprints (an extra key's own)
+        units: dict[int, int] = {}
+        if key >= 0:
+            units[key] = src.key_unit
+        if src.extra_units is not None:
+            units.update(src.extra_units)
         for k in self.remove_keys(src):
-            self.insert_key(k, dst, num_tokens)
+            self.insert_key(k, dst, num_tokens, units[k])
 
     # -- caching ---------------------------------------------------------------
     def cache_full_blocks(self, block_hashes: list[int], blocks: list[Block],
@@ -303,8 +356,10 @@ class BlockPool:
             if key >= 0:
                 if b.extra is None and km.remove(key, b.block_id):
                     # the common eviction: one key (mapped to this block)
+                    self._count_at(key, b.key_unit, -1)
                     b.key = NO_KEY
                     b.key_tokens = NO_KEY
+                    b.key_unit = NO_KEY
                     self.evicted_keys += 1
                     if ev is not None and (ev.watch >> (key & 31)) & 1:
                         ev.evicted(key)   # (a watched group's: the log's own test, inlined)

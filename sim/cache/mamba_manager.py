@@ -37,25 +37,36 @@ def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: 
         if hashes.count < fi:
             fi = hashes.count
         fi -= 1
-        # walk the units right to left, run by run: inside one run a key is
-        # unit_end(pre, offset) (PrefixKeys.key without the search)
+        # walk the units right to left, passing over every position where the first
+        # group holds no key (``BlockPool.at_unit``: no key to compute, no probe); a
+        # key inside one run is unit_end(pre, offset) (PrefixKeys.key without the
+        # search), the run located once per run met
         unit = hashes.unit
-        e = (fi + 1) * unit + hashes.lookahead
+        la = hashes.lookahead
+        ix = pool.at_unit
+        nix: i64 = len(ix)
+        pre: i64 = 0
+        b0: i64 = 0
+        nxt: i64 = -1    # last token of the located run (-1: none located yet)
         while fi >= 0:
-            pre, b0, _ = hashes.run_at(e)
-            while fi >= 0 and e > b0:
-                kf = unit_end(pre, e - b0)
-                # cheap membership probe on the first group before the full lookup
-                if km.has((kf << GROUP_BITS) | g0):
-                    got = pool.get_cached_block(kf, group_ids)
-                    if got:
-                        k = fi // sf
-                        for c, b in zip(computed, got):
-                            c.extend([null] * k)
-                            c.append(b)
-                        return computed, (fi + 1) * align
+            slot: i64 = ((fi + 1) << GROUP_BITS) | g0
+            if slot >= nix or ix[slot] <= 0:
                 fi -= 1
-                e -= unit
+                continue
+            e = (fi + 1) * unit + la
+            if e <= b0 or e > nxt:
+                pre, b0, nxt = hashes.run_at(e)
+            kf = unit_end(pre, e - b0)
+            # cheap membership probe on the first group before the full lookup
+            if km.has((kf << GROUP_BITS) | g0):
+                got = pool.get_cached_block(kf, group_ids)
+                if got:
+                    k = fi // sf
+                    for c, b in zip(computed, got):
+                        c.extend([null] * k)
+                        c.append(b)
+                    return computed, (fi + 1) * align
+            fi -= 1
         return computed, 0
     scale = block_size // h
     for i in range(max_length // block_size - 1, -1, -1):

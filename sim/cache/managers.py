@@ -61,8 +61,14 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
         pre: i64 = 0
         b0: i64 = 0
         nxt: i64 = -1    # last token of the located run (-1: none located yet)
+        ix0 = pool.at_unit
+        nix0: i64 = len(ix0)
         j = 0
         while j < nb:
+            # (no key of this group at the block's end: the walk stops there)
+            slot0: i64 = (((j + 1) * scale) << GROUP_BITS) | g0
+            if slot0 >= nix0 or ix0[slot0] <= 0:
+                break
             if e > nxt:
                 pre, b0, nxt = hashes.run_at(e)
             bid = km.first((unit_end(pre, e - b0) << GROUP_BITS) | g0)
@@ -85,28 +91,33 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
         hi: i64 = min(first + sf - 1, max_length // align)
         if hashes.count < hi:
             hi = hashes.count
-        # the partial keys inside the first missing block, right to left (keys
-        # walked run by run, as in find_mamba)
+        # the partial keys inside the first missing block, right to left, passing
+        # over the positions where the first group holds no key (as in find_mamba)
         fi = hi - 1
         unit = hashes.unit
-        e = (fi + 1) * unit + hashes.lookahead
+        la = hashes.lookahead
+        ix = pool.at_unit
+        nix: i64 = len(ix)
+        pre = 0
+        b0 = 0
+        nxt = -1
         while fi >= first:
-            pre, b0, _ = hashes.run_at(e)
-            found = False
-            while fi >= first and e > b0:
-                kf = unit_end(pre, e - b0)
-                if km.has((kf << GROUP_BITS) | g0):
-                    got = pool.get_cached_block(kf, group_ids)
-                    if got:
-                        for c, b in zip(computed, got):
-                            c.append(b)
-                        hit = (fi + 1) * align
-                        found = True
-                        break
+            slot: i64 = ((fi + 1) << GROUP_BITS) | g0
+            if slot >= nix or ix[slot] <= 0:
                 fi -= 1
-                e -= unit
-            if found:
-                break
+                continue
+            e = (fi + 1) * unit + la
+            if e <= b0 or e > nxt:
+                pre, b0, nxt = hashes.run_at(e)
+            kf = unit_end(pre, e - b0)
+            if km.has((kf << GROUP_BITS) | g0):
+                got = pool.get_cached_block(kf, group_ids)
+                if got:
+                    for c, b in zip(computed, got):
+                        c.append(b)
+                    hit = (fi + 1) * align
+                    break
+            fi -= 1
     if drop_eagle and hit > 0:
         hit -= min(align, block_size)
     hit -= hit % align
