@@ -16,7 +16,7 @@ class CacheRequest:
 
     __slots__ = ("request_id", "num_prompt_tokens", "num_tokens", "block_hashes",
                  "num_computed_tokens", "shared_prefix_boundary", "hasher", "report_mode",
-                 "waiting")
+                 "waiting", "replay", "replay_by")
 
     def __init__(self, request_id: str, runs: list[Run] | PrefixKeys, hasher: PrefixHasher,
                  report_mode: str | None = None):
@@ -32,6 +32,10 @@ class CacheRequest:
         self.shared_prefix_boundary = 0
         self.report_mode = report_mode
         self.waiting = True
+        # the prompt's replay boundaries, as the coordinator ``replay_by`` computed them
+        # (``Coordinator.replay``: asked at every caching call of a sparse-retention run)
+        self.replay: tuple[int, ...] = ()
+        self.replay_by: object = None
 
     @property
     def runs(self) -> list[Run]:
