@@ -417,8 +417,9 @@ def latency_fields(rows: list[RequestRecord], sampler: StepSampler | None) -> di
     out.update(_stats("ttft", _col(rows, "ttft_s")))
     out.update(_stats("tpot", [v * 1e-3 for v in _col(rows, "tpot_ms") if v != ""]))
     if sampler is not None and sampler.itl_count:
-        keys = sorted(sampler.itl_hist)
-        counts = [sampler.itl_hist[k] for k in keys]
+        hist = sampler.itl_hist
+        keys = sorted(hist)
+        counts = [hist[k] for k in keys]
         out["mean_itl_ms"] = sampler.itl_sum_ns / sampler.itl_count * 1e-6
         out.update({f"p{q:g}_itl_ms": v * 1e-3 for q, v in
                     zip(PERCENTILES, weighted_percentiles(keys, counts, PERCENTILES))})

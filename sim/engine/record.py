@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Final
 
+from librt.vecs import append, vec
+from mypy_extensions import i64
+
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry
 from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
@@ -17,6 +20,8 @@ from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
 NS: Final = 1e-9   # engine times are integer nanoseconds
 MS_PER_NS: Final = 1e-6
 MEMORY_ROWS: Final = 20_000   # memory.csv holds between half this and this many rows
+ROW_FIELDS: Final = 6         # a memory row: start ns, attention, Mamba, in use, running, waiting
+ITL_DENSE: Final = 1 << 18    # inter-token gaps below this many whole us: counted in a vec
 KEEP_BATCH: Final = 4096      # Recorder: finished rows handed to ``keep`` at a time
 
 
@@ -67,16 +72,70 @@ class StepSampler:
         # no object then; through a callable it is one, boxed, every step)
         self.occupancy = occupancy
         self.kv = sched.kv
-        self.rows: list[tuple[int, int, int, int, int, int]] = []
+        # the memory rows, ROW_FIELDS machine integers each, one after the other (a tuple
+        # of six boxed ints a step was most of what a step cost here); ``rows`` reads them
+        self.row_data = vec[i64]()
         self.stride = 1
         self.countdown = 1
         self.occupied_peak = 0
         self.in_use_peak = 0
         # (each request's last delivery and delivery count are its own fields,
         # ``SimRequest.last_delivery_ns`` / ``deliveries``: no map lookup per item)
-        self.itl_hist: dict[int, int] = {}  # gap in whole us -> count
+        # gap in whole us -> count (``itl_hist``): gaps below ITL_DENSE us in a vec indexed
+        # by the gap (grown as longer gaps come), longer ones in a dict
+        self.itl_dense = vec[i64]()
+        self.itl_sparse: dict[int, int] = {}
         self.itl_sum_ns = 0
         self.itl_count = 0
+
+    @property
+    def rows(self) -> list[tuple[int, int, int, int, int, int]]:
+        """The memory rows kept so far, oldest first: (start ns, attention blocks held,
+        Mamba blocks held, blocks in use, running, waiting)."""
+        d = self.row_data
+        return [(d[i], d[i + 1], d[i + 2], d[i + 3], d[i + 4], d[i + 5])
+                for i in range(0, len(d), ROW_FIELDS)]
+
+    @property
+    def itl_hist(self) -> dict[int, int]:
+        """Inter-token gaps in whole microseconds -> how many (a new dict each read)."""
+        d = self.itl_dense
+        out: dict[int, int] = {}
+        for us in range(len(d)):
+            if d[us]:
+                out[us] = d[us]
+        out.update(self.itl_sparse)
+        return out
+
+    def _itl_add(self, us: i64, n: i64) -> None:
+        """``n`` more gaps of ``us`` whole microseconds."""
+        if us >= ITL_DENSE or us < 0:
+            sp = self.itl_sparse
+            sp[us] = sp.get(us, 0) + n
+            return
+        d = self.itl_dense
+        if us >= len(d):
+            size: i64 = 2 * len(d) if len(d) else 1024
+            while size <= us:
+                size *= 2
+            if size > ITL_DENSE:
+                size = ITL_DENSE
+            grown = vec[i64]([0] * size)
+            for i in range(len(d)):
+                grown[i] = d[i]
+            d = self.itl_dense = grown
+        d[us] = d[us] + n
+
+    def _thin(self) -> None:
+        """Keep rows 0, 2, 4, ... (in place)."""
+        d = self.row_data
+        out = vec[i64](capacity=len(d) // 2 + ROW_FIELDS)
+        i: i64 = 0
+        while i < len(d):
+            for j in range(ROW_FIELDS):
+                out = append(out, d[i + j])
+            i += 2 * ROW_FIELDS
+        self.row_data = out
 
     def step(self, items: list[ScheduledItem], start: int, end: int, k: int) -> None:
         occ = self.occupancy
@@ -91,14 +150,20 @@ class StepSampler:
         self.countdown -= 1
         if self.countdown <= 0:
             sched = self.sched
-            self.rows.append((start, a, m, in_use, len(sched.running), len(sched.waiting)))
+            d = self.row_data
+            d = append(d, start)
+            d = append(d, a)
+            d = append(d, m)
+            d = append(d, in_use)
+            d = append(d, len(sched.running))
+            d = append(d, len(sched.waiting))
+            self.row_data = d
             self.countdown = self.stride
-            if len(self.rows) >= MEMORY_ROWS:
+            if len(d) >= MEMORY_ROWS * ROW_FIELDS:
                 # keep rows 0, 2, 4, ... (MEMORY_ROWS is even: the row just taken goes, and
                 # the next is due one old stride on, where the kept series continues)
-                self.rows = self.rows[::2]
+                self._thin()
                 self.stride *= 2
-        hist = self.itl_hist
         total = 0
         count = 0
         run_gap = -1          # run-length of equal gaps: most requests of a step share one
@@ -124,8 +189,7 @@ class StepSampler:
             g = first_end - last
             if g != run_gap:
                 if run_n:
-                    us = (run_gap + 500) // 1000
-                    hist[us] = hist.get(us, 0) + run_n
+                    self._itl_add((run_gap + 500) // 1000, run_n)
                     total += run_gap * run_n
                     count += run_n
                 run_gap = g
@@ -133,19 +197,16 @@ class StepSampler:
             else:
                 run_n += 1
         if run_n:
-            us = (run_gap + 500) // 1000
-            hist[us] = hist.get(us, 0) + run_n
+            self._itl_add((run_gap + 500) // 1000, run_n)
             total += run_gap * run_n
             count += run_n
         if k > 1:
             n = len(items)      # a jump: every item decodes in each of its k steps
             plain = n * (k - 1 - r)
             if plain:
-                us = (q + 500) // 1000
-                hist[us] = hist.get(us, 0) + plain
+                self._itl_add((q + 500) // 1000, plain)
             if r:
-                us = (q + 1 + 500) // 1000
-                hist[us] = hist.get(us, 0) + n * r
+                self._itl_add((q + 1 + 500) // 1000, n * r)
             total += n * (q * (k - 1) + r)
             count += n * (k - 1)
         self.itl_sum_ns += total
