@@ -123,6 +123,54 @@ class _Column:
         self._put([zero if f else v for v, f in zip(vals, flags)] if n < len(vals)
                   else None, vals, flags)
 
+    def extend_buffer(self, buf: Any, code: str, n: int, blanks: Any) -> None:
+        """Append ``n`` numbers from a buffer of 64-bit values (``code`` "q": integers,
+        "d": doubles; ``sim.engine.record.RowBatch``'s vecs), a blank ("") where
+        ``blanks`` (a buffer of 64-bit 0/1 flags, or None: none) has a 1 (its number is
+        0 there): what ``extend`` makes of the same values as a tuple, without a boxed
+        number per value."""
+        import numpy as np
+
+        got = np.frombuffer(buf, dtype=code, count=n)
+        flags = None
+        if blanks is not None:
+            fl = np.frombuffer(blanks, dtype="q", count=n)
+            if fl.any():
+                flags = fl.astype(np.uint8).tobytes()
+        kind = self.kind
+        if kind == "o" or (kind == "i") != (code == "q"):
+            # (a column that already holds what no array can: the values as given)
+            vals = got.tolist()
+            if flags is not None:
+                vals = ["" if f else v for v, f in zip(vals, flags)]
+            return self._as_list(tuple(vals)) if kind != "o" else self.data.extend(vals)
+        data = self.data
+        if kind == "i" and n:
+            lo, hi = int(got.min()), int(got.max())
+            width = data.typecode
+            for c in INT_CODES[INT_CODES.index(width):]:
+                top = 1 << (8 * array(c).itemsize - 1)
+                if -top <= lo and hi < top:
+                    break
+            if c != width:
+                data = self.data = _widened(data, c)
+            raw = got.astype(c).tobytes() if c != "q" else got.tobytes()
+        else:
+            raw = got.tobytes()
+        n0 = len(data)
+        data.frombytes(raw)
+        if flags is not None:
+            if self.blanks is None:
+                self.blanks = bytearray(n0)
+            self.blanks += flags
+            self.blank += flags.count(1)
+        elif self.blanks is not None:
+            self.blanks += bytes(n)
+
+    def extend_blank(self, n: int) -> None:
+        """Append ``n`` blanks ("")."""
+        self.extend(("",) * n)
+
     def _extend_coded(self, vals: tuple) -> None:
         ids = self.ids
         if not ids.keys() >= set(vals):
@@ -283,6 +331,24 @@ class RequestColumns:
         for col, vals in zip(self.columns.values(), cols):
             col.extend(vals)
         self.n += len(rows)
+
+    def add_batch(self, batch: Any) -> None:
+        """A ``sim.engine.record.RowBatch``'s rows (its columns read as buffers): the
+        same table as ``add`` of the same rows as tuples."""
+        n = batch.n
+        if not n:
+            return
+        self.index.extend_buffer(batch.index, "q", n, None)
+        cols = self.columns
+        for name, kind, vals, blanks in batch.columns():
+            col = cols[name]
+            if kind == "-":
+                col.extend_blank(n)
+            elif kind == "t":
+                col.extend(tuple(vals))
+            else:
+                col.extend_buffer(vals, "q" if kind == "i" else "d", n, blanks)
+        self.n += n
 
     def table(self, slo=None) -> RequestTable:
         """Every request in arrival order (the columns are moved, not copied: this

@@ -257,7 +257,7 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     sampler = StepSampler(sched)
     dep.sampler = sampler
     kept = RequestColumns()          # the finished requests' rows, column by column
-    rec = Recorder(maker, sampler, kept.add)
+    rec = Recorder(maker, sampler, kept.add, kept.add_batch)
     on_finish: Callable[[SimRequest], None] = rec.finish
 
     base_dir = sc.path.parent
@@ -279,7 +279,7 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
         eng.run(traces)     # (the engine's progress guard raises a CapacityError)
     if dep.kv_events is not None:
         dep.kv_events.finish()
-    if not rec.rows and not kept.n and eng.rejected:   # (no request finished)
+    if not rec.pending and not kept.n and eng.rejected:   # (no request finished)
         raise CapacityError(f"every request was rejected ({len(eng.rejected):,}); the first: "
                             f"{why_rejected(sched, eng.rejected[0])}")
     for r in eng.rejected:

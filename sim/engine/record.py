@@ -218,26 +218,114 @@ class StepSampler:
         return r.deliveries
 
 
-class Recorder:
-    """One ``requests.csv`` row per finished request: a plain tuple, the arrival index
-    first, then the columns of ``sim.records.RequestRecord`` in order up to
-    ``output_chunks`` (``slo_ok`` is left to ``sim/run.py``, which knows the SLOs and
-    makes the records once the replay is over), then, with miss attribution on, its
-    classes (``sim/cache/attribution.py``; defaults "" otherwise).
+class RowBatch:
+    """Finished requests' ``requests.csv`` fields column by column, in machine types: a
+    vec of 64-bit integers per integer column, of doubles per float column (a blank
+    "" is a 0 there and a 1 in the column's blank flags), a list per text column.
+    ``RequestColumns.add_batch`` (``sim/request_table.py``) reads the vecs as buffers:
+    no boxed number and no row tuple per request (a tuple of ~28 boxed values, then
+    taken apart again column by column, was ~15 k CPU instructions a request).  The
+    columns are ``sim.records.REQUEST_COLUMNS``' (``columns()``); ``slo_ok`` is blank
+    (``sim/run.py`` fills it), the miss attribution's columns blank for a request
+    without attribution (``attributed`` 0)."""
 
-    With ``keep`` (``sim.request_table.RequestColumns.add``), every ``KEEP_BATCH`` rows
-    are handed over and dropped here: a million tuples of boxed numbers would be most of
-    a long run's memory, their columns a fraction of it.  ``flush()`` hands over the rest
-    (refused requests' rows included); without ``keep`` the rows stay in ``rows`` and
-    ``rejected_rows``."""
+    def __init__(self) -> None:
+        self.n = 0
+        self.index = vec[i64]()
+        self.request_id: list[str] = []
+        self.session: list[str] = []
+        self.arrival_s = vec[float]()
+        self.prompt_tokens = vec[i64]()
+        self.hit_tokens = vec[i64]()
+        self.attention_hit_tokens = vec[i64]()
+        self.lost_tokens = vec[i64]()
+        self.junction = vec[i64]()
+        self.recomputed_tokens = vec[i64]()
+        self.queue_s = vec[float]()
+        self.ttft_s = vec[float]()
+        self.e2e_s = vec[float]()
+        self.output_tokens = vec[i64]()
+        self.preemptions = vec[i64]()
+        self.mamba_states_written = vec[i64]()
+        self.tpot_ms = vec[float]()
+        self.tpot_blank = vec[i64]()
+        self.itl_ms = vec[float]()
+        self.itl_blank = vec[i64]()
+        self.output_chunks = vec[i64]()
+        self.unattributed = vec[i64]()    # 1: no miss attribution (its columns blank)
+        self.any_attributed = False
+        self.compulsory_tokens = vec[i64]()
+        self.capacity_tokens = vec[i64]()
+        self.checkpoint_tokens = vec[i64]()
+        self.speculative_tokens = vec[i64]()
+        self.in_flight_tokens = vec[i64]()
+        self.checkpoint_reason: list[str] = []
+        self.capacity_evicted_by: list[str] = []
+
+    def columns(self) -> list[tuple[str, str, object, object]]:
+        """(column, kind, values, blanks) in ``REQUEST_COLUMNS`` order: kind "i" (a vec
+        of i64) or "d" (of doubles), with their blank flags (a vec of 0/1; None: none
+        blank); "t" (a list of str); "-": every value blank."""
+        un: object = self.unattributed if self.any_attributed else None
+        miss = "i" if self.any_attributed else "-"
+        text = "t" if self.any_attributed else "-"
+        return [("request_id", "t", self.request_id, None), ("session", "t", self.session, None),
+                ("arrival_s", "d", self.arrival_s, None),
+                ("prompt_tokens", "i", self.prompt_tokens, None),
+                ("hit_tokens", "i", self.hit_tokens, None),
+                ("attention_hit_tokens", "i", self.attention_hit_tokens, None),
+                ("lost_tokens", "i", self.lost_tokens, None),
+                ("junction", "i", self.junction, None),
+                ("recomputed_tokens", "i", self.recomputed_tokens, None),
+                ("queue_s", "d", self.queue_s, None), ("ttft_s", "d", self.ttft_s, None),
+                ("e2e_s", "d", self.e2e_s, None),
+                ("output_tokens", "i", self.output_tokens, None),
+                ("preemptions", "i", self.preemptions, None),
+                ("mamba_states_written", "i", self.mamba_states_written, None),
+                ("rejected", "-", None, None),
+                ("tpot_ms", "d", self.tpot_ms, self.tpot_blank),
+                ("itl_ms", "d", self.itl_ms, self.itl_blank),
+                ("output_chunks", "i", self.output_chunks, None),
+                ("slo_ok", "-", None, None),
+                ("compulsory_tokens", miss, self.compulsory_tokens, un),
+                ("capacity_tokens", miss, self.capacity_tokens, un),
+                ("checkpoint_tokens", miss, self.checkpoint_tokens, un),
+                ("speculative_tokens", miss, self.speculative_tokens, un),
+                ("in_flight_tokens", miss, self.in_flight_tokens, un),
+                ("checkpoint_reason", text, self.checkpoint_reason, None),
+                ("capacity_evicted_by", text, self.capacity_evicted_by, None)]
+
+
+class Recorder:
+    """One ``requests.csv`` row per finished request: the arrival index first, then the
+    columns of ``sim.records.RequestRecord`` in order up to ``output_chunks``
+    (``slo_ok`` is left to ``sim/run.py``, which knows the SLOs and makes the records
+    once the replay is over), then, with miss attribution on, its classes
+    (``sim/cache/attribution.py``; defaults "" otherwise).
+
+    With ``keep_batch`` (``sim.request_table.RequestColumns.add_batch``) the rows are
+    kept column by column in a ``RowBatch`` and handed over every ``KEEP_BATCH`` rows;
+    without it each row is a plain tuple in ``rows``, handed to ``keep``
+    (``RequestColumns.add``) as often.  A refused request's row is always a tuple
+    (``rejected_rows``, given to ``keep``).  Either way a million tuples or a million
+    boxed numbers never pile up here; ``flush()`` hands over the rest; without ``keep``
+    the tuples stay in ``rows`` and ``rejected_rows``."""
 
     def __init__(self, maker: RequestMaker, sampler: StepSampler,
-                 keep: Callable[[list[tuple]], None] | None = None):
+                 keep: Callable[[list[tuple]], None] | None = None,
+                 keep_batch: Callable[[RowBatch], None] | None = None):
         self.maker = maker
         self.sampler = sampler
         self.keep = keep
+        self.keep_batch = keep_batch
+        self.batch = RowBatch()
         self.rows: list[tuple] = []
         self.rejected_rows: list[tuple] = []
+
+    @property
+    def pending(self) -> int:
+        """Finished requests recorded and not handed over yet."""
+        return len(self.rows) + self.batch.n
 
     def reject(self, r: SimRequest) -> None:
         """The row of a request refused on arrival: what it asked for, no measurements
@@ -248,6 +336,9 @@ class Recorder:
                                    c.num_prompt_tokens) + ("",) * 11 + (r.rejected, "", "", ""))
 
     def finish(self, r: SimRequest) -> None:
+        if self.keep_batch is not None:
+            self._add(r)
+            return
         session = r.session
         c = r.cache
         ns = NS
@@ -270,8 +361,73 @@ class Recorder:
         if len(self.rows) >= KEEP_BATCH and self.keep is not None:
             self.flush()
 
+    def _add(self, r: SimRequest) -> None:
+        """``finish``'s row, column by column (the same values as its tuple)."""
+        b = self.batch
+        session = r.session
+        c = r.cache
+        ns = NS
+        chunks = self.sampler.deliveries(r)
+        decode_ns = r.finish_ns - r.first_token_ns     # first delivery to last
+        b.index = append(b.index, r.index)
+        b.request_id.append(c.request_id)
+        b.session.append(session or "")
+        b.arrival_s = append(b.arrival_s, r.arrival_ns * ns)
+        b.prompt_tokens = append(b.prompt_tokens, c.num_prompt_tokens)
+        b.hit_tokens = append(b.hit_tokens, r.hit_tokens)
+        b.attention_hit_tokens = append(b.attention_hit_tokens, r.attention_hit_tokens)
+        b.lost_tokens = append(b.lost_tokens, max(r.attention_hit_tokens - r.hit_tokens, 0))
+        b.junction = append(b.junction, r.junction)
+        b.recomputed_tokens = append(b.recomputed_tokens, r.recomputed_tokens)
+        b.queue_s = append(b.queue_s, (r.first_scheduled_ns - r.arrival_ns) * ns)
+        b.ttft_s = append(b.ttft_s, (r.first_token_ns - r.arrival_ns) * ns)
+        b.e2e_s = append(b.e2e_s, (r.finish_ns - r.arrival_ns) * ns)
+        b.output_tokens = append(b.output_tokens, r.num_output)
+        b.preemptions = append(b.preemptions, r.preemptions)
+        b.mamba_states_written = append(b.mamba_states_written, r.mamba_states_written)
+        if r.num_output > 1:
+            b.tpot_ms = append(b.tpot_ms, decode_ns * MS_PER_NS / (r.num_output - 1))
+            b.tpot_blank = append(b.tpot_blank, 0)
+        else:
+            b.tpot_ms = append(b.tpot_ms, 0.0)
+            b.tpot_blank = append(b.tpot_blank, 1)
+        if chunks > 1:
+            b.itl_ms = append(b.itl_ms, decode_ns * MS_PER_NS / (chunks - 1))
+            b.itl_blank = append(b.itl_blank, 0)
+        else:
+            b.itl_ms = append(b.itl_ms, 0.0)
+            b.itl_blank = append(b.itl_blank, 1)
+        b.output_chunks = append(b.output_chunks, chunks)
+        m = r.miss
+        if m is not None:
+            b.any_attributed = True
+            b.unattributed = append(b.unattributed, 0)
+            b.compulsory_tokens = append(b.compulsory_tokens, m.compulsory)
+            b.capacity_tokens = append(b.capacity_tokens, m.capacity)
+            b.checkpoint_tokens = append(b.checkpoint_tokens, m.checkpoint)
+            b.speculative_tokens = append(b.speculative_tokens, m.speculative)
+            b.in_flight_tokens = append(b.in_flight_tokens, m.in_flight)
+            b.checkpoint_reason.append(m.reason)
+            b.capacity_evicted_by.append(m.evicted_by)
+        else:
+            b.unattributed = append(b.unattributed, 1)
+            b.compulsory_tokens = append(b.compulsory_tokens, 0)
+            b.capacity_tokens = append(b.capacity_tokens, 0)
+            b.checkpoint_tokens = append(b.checkpoint_tokens, 0)
+            b.speculative_tokens = append(b.speculative_tokens, 0)
+            b.in_flight_tokens = append(b.in_flight_tokens, 0)
+            b.checkpoint_reason.append("")
+            b.capacity_evicted_by.append("")
+        b.n += 1
+        if b.n >= KEEP_BATCH:
+            self.flush()
+
     def flush(self) -> None:
-        """Hand the rows held so far to ``keep`` (nothing without one)."""
+        """Hand the rows held so far to ``keep`` / ``keep_batch`` (nothing without)."""
+        kb = self.keep_batch
+        if kb is not None and self.batch.n:
+            kb(self.batch)
+            self.batch = RowBatch()
         keep = self.keep
         if keep is None:
             return

@@ -175,3 +175,63 @@ def test_simulate_returns_tables_of_every_request_and_of_the_served_ones():
     assert s["rejected_requests"] > 0 and len(rows) == s["requests"] > 0
     assert list(rows) == [r for r in dep.records if not r.rejected]
     assert sum(rows.column("prompt_tokens")) == s["prompt_tokens"]
+
+
+def test_a_row_batch_has_every_column_in_order():
+    from sim.engine.record import RowBatch
+
+    assert tuple(name for name, *_ in RowBatch().columns()) == REQUEST_COLUMNS
+
+
+@pytest.mark.parametrize("code", ["q", "d"])
+def test_numbers_from_a_buffer_make_the_column_a_tuple_of_them_makes(code):
+    # widening from 1 to 8 bytes, blanks among them, batches of any size
+    from librt.vecs import append, vec
+    from mypy_extensions import i64
+
+    from sim.request_table import _Column
+
+    rng = random.Random(13)
+    edges = [0, 127, -128, 128, 32767, -32768, 2 ** 31, -(2 ** 63), 2 ** 63 - 1]
+    vals = [rng.choice(edges) if code == "q" else rng.choice([0.0, -0.0, 1.5, 1e300, math.inf,
+                                                              -math.inf, 2.0 ** -1074])
+            for _ in range(200)]
+    blank = [rng.random() < 0.2 for _ in vals]
+    want, got = _Column("i" if code == "q" else "d"), _Column("i" if code == "q" else "d")
+    start = 0
+    for size in (1, 7, 60, 132):
+        part = range(start, start + size)
+        want.extend(tuple("" if blank[i] else vals[i] for i in part))
+        buf = vec[i64]() if code == "q" else vec[float]()
+        flags = vec[i64]()
+        for i in part:
+            buf = append(buf, 0 if blank[i] and code == "q" else 0.0 if blank[i] else vals[i])
+            flags = append(flags, int(blank[i]))
+        got.extend_buffer(buf, code, size, flags)
+        start += size
+    assert [(type(v), v) for v in got.values()] == [(type(v), v) for v in want.values()]
+    assert got.data.typecode == want.data.typecode and got.blank == want.blank == sum(blank)
+
+
+@pytest.mark.parametrize("attribution", [True, False])
+def test_a_replay_recorded_column_by_column_equals_one_recorded_as_tuples(attribution):
+    # the recorder's two paths (RowBatch buffers, the tuples of Recorder.finish) give the
+    # same table, refused requests and requests without attribution included
+    from pathlib import Path
+
+    from sim.config.scenario import load_scenario
+    from sim.run import simulate
+
+    mooncake = Path(__file__).resolve().parents[2] / "scenarios" / "mooncake-conversation.yaml"
+    sc = load_scenario(mooncake, {"workload.num_requests": 300, "attribution": attribution,
+                                  "scheduler.max_model_len": 30000})
+
+    def table(batches: bool):
+        def prepare(dep, sched, eng):
+            if not batches:
+                eng.recorder.keep_batch = None
+        dep, _, s = simulate(sc, prepare=prepare)
+        assert s["rejected_requests"] > 0
+        return dep.records
+
+    assert typed(table(True)) == typed(table(False))
