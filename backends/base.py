@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Final, Protocol
 
+from mypy_extensions import i64
+
 from sim.cache.request import CacheRequest
 from sim.config.errors import ConfigError
 
@@ -46,16 +48,16 @@ class StepItem:
         # the token view: the cache model's request (token runs, prompt length, tokens so
         # far, block tables through the cache manager); read-only to a backend
         self.tokens = tokens
-        self.out_stream = out_stream       # stream of the request's output tokens
-        self.num_tokens = num_tokens       # tokens computed this step (drafts included)
-        self.context = context             # tokens already in the KV cache before this step
+        self.out_stream: i64 = out_stream       # stream of the request's output tokens
+        self.num_tokens: i64 = num_tokens       # tokens computed this step (drafts included)
+        self.context: i64 = context             # tokens already in the KV cache before this step
         self.is_prefill = is_prefill       # prompt tokens (a chunk) rather than a decode step
-        self.spec_tokens = spec_tokens     # drafts scheduled for verification (decode)
-        self.new_hit = new_hit             # prefix-cache hit found when first scheduled now
+        self.spec_tokens: i64 = spec_tokens     # drafts scheduled for verification (decode)
+        self.new_hit: i64 = new_hit             # prefix-cache hit found when first scheduled now
         self.padded = padded               # a new request padded to 1 + K with never-accepted
                                            # drafts (vLLM keeps the decode batch uniform)
-        self.accepted = 0                  # drafts accepted this step (0: prefill, padded)
-        self.kept = 0                      # tokens the sequence keeps: a whole prefill chunk;
+        self.accepted: i64 = 0                  # drafts accepted this step (0: prefill, padded)
+        self.kept: i64 = 0                      # tokens the sequence keeps: a whole prefill chunk;
                                            # of a decode step the last sampled token and the
                                            # accepted drafts, cut at the request's max_tokens
         self.finishes = False              # this step samples the request's last token

@@ -194,7 +194,9 @@ class MissAttribution:
         whole and cost nothing here."""
         if not self.applicable:
             return
-        n = req.num_prompt_tokens
+        # (a Python int: the tails below are bit masks of any width, which a machine
+        # integer would cut at 64 bits)
+        n: int = req.num_prompt_tokens
         keys = req.block_hashes
         if self.admissions is not None:
             self.admissions.append(req)

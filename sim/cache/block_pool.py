@@ -52,14 +52,14 @@ class Block:
                  "prev_free", "next_free", "extra", "extra_units")
 
     def __init__(self, block_id: int):
-        self.block_id = block_id
-        self.ref_cnt = 0
+        self.block_id: i64 = block_id
+        self.ref_cnt: i64 = 0
         self.key: i64 = NO_KEY
         self.key_tokens: i64 = NO_KEY
         # the hash-unit position ``key`` fingerprints (``BlockPool.at_unit``'s index)
         self.key_unit: i64 = NO_KEY
         self.is_null = False
-        self.kind = 0  # memory-accounting kind of the group that last allocated it
+        self.kind: i64 = 0  # memory-accounting kind of the group that last allocated it
         # free-queue neighbours (meaningful only while the block is in the queue;
         # the block itself otherwise, so the fields are never None)
         self.prev_free: Block = self

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from mypy_extensions import i64
+
 from sim.cache.block_pool import Block, BlockPool
 from sim.cache.config import CacheConfig
 from sim.cache.coordinator import Coordinator, get_coordinator
@@ -273,12 +275,18 @@ class KVCacheManager:
         if num_new_tokens == 0 and num_new_computed == 0:
             raise ValueError("num_new_tokens must be greater than 0")
         ncb = new_computed if new_computed is not None else self.empty
-        mml = self.max_model_len
-        num_local = req.num_computed_tokens + num_new_computed
-        total = num_local if num_local < mml else mml
+        # (machine integers, the least of two by comparison: min() of an i64 and an int,
+        # or a conditional expression of them, boxes both in the compiled build)
+        mml: i64 = self.max_model_len
+        num_local: i64 = req.num_computed_tokens + num_new_computed
+        total = num_local
+        if mml < total:
+            total = mml
         num_main = total + num_new_tokens
         # no slot past max_model_len (the drafter's lookahead slots stop there too)
-        need_slot = min(num_main + num_lookahead_tokens, mml)
+        need_slot = num_main + num_lookahead_tokens
+        if mml < need_slot:
+            need_slot = mml
         rid = req.request_id
         evl = c.pool.evictions
         if evl is not None:
@@ -289,7 +297,9 @@ class KVCacheManager:
         if full_sequence_must_fit:
             # vLLM's admission gate (scheduler_reserve_full_isl, on by default):
             # the whole sequence so far must fit, not just this chunk.
-            full = min(req.num_tokens, mml)
+            full = req.num_tokens
+            if mml < full:
+                full = mml
             if c.blocks_to_allocate(rid, full, ncb, total, num_local, full,
                                     admission=True, prefill_end=prefill_end) > c.pool.num_free():
                 return False
@@ -304,11 +314,14 @@ class KVCacheManager:
                 m.add_local_computed(rid, ncb, num_local)
         for m in c.managers:
             m.allocate_new(rid, need_slot, num_main)
+        done = total + num_new_tokens
+        if req.num_tokens < done:
+            done = req.num_tokens
         log = self.pool.events
         if log is None:
-            c.cache_blocks(req, min(total + num_new_tokens, req.num_tokens))
+            c.cache_blocks(req, done)
         else:
-            self._cache_blocks_logged(log, req, min(total + num_new_tokens, req.num_tokens))
+            self._cache_blocks_logged(log, req, done)
         return True
 
     def group_blocks(self, req: CacheRequest, kind: str) -> list:

@@ -1,6 +1,8 @@
 """The cache model's view of a request: tokens as runs, prefix keys, progress."""
 from __future__ import annotations
 
+from mypy_extensions import i64
+
 from sim.cache.hashing import PrefixHasher, PrefixKeys, Run
 
 
@@ -26,10 +28,11 @@ class CacheRequest:
         self.hasher = hasher
         self.block_hashes: PrefixKeys = (runs if isinstance(runs, PrefixKeys)
                                          else hasher.keys_of(runs))
-        self.num_prompt_tokens = self.block_hashes.total
-        self.num_tokens = self.num_prompt_tokens
-        self.num_computed_tokens = 0
-        self.shared_prefix_boundary = 0
+        # (machine integers: no tagged-int checks in the compiled scheduler's arithmetic)
+        self.num_prompt_tokens: i64 = self.block_hashes.total
+        self.num_tokens: i64 = self.num_prompt_tokens
+        self.num_computed_tokens: i64 = 0
+        self.shared_prefix_boundary: i64 = 0
         self.report_mode = report_mode
         self.waiting = True
         # the prompt's replay boundaries, as the coordinator ``replay_by`` computed them
@@ -47,7 +50,7 @@ class CacheRequest:
         for s, st, n in runs:
             self.append_run(s, st, n)
 
-    def append_run(self, stream: int, start: int, n: int) -> None:
+    def append_run(self, stream: i64, start: i64, n: i64) -> None:
         """Append one run of tokens (the engine appends one run of output
         tokens per request per step)."""
         self.block_hashes.append_run(stream, start, n)

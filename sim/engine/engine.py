@@ -42,6 +42,7 @@ import math
 from typing import Any, Callable, Final, Generator, Iterable, Iterator, Protocol, cast
 
 import simpy
+from mypy_extensions import i64
 
 from backends.analytical import CostModel
 from backends.base import StepBackend, StepItem, StepPlan
@@ -571,10 +572,11 @@ class Engine:
         fast = sched.fast_decode
         K = sched.num_speculative_tokens
         mml = sched.max_model_len
-        grow = NEVER        # max advance A(k-1) keeping every allocation key
-        fin = NEVER         # max advance A(k) with nobody finishing
-        pos = NEVER         # max advance A(k-1) keeping positions below max_model_len
-        C0 = 0
+        # (machine integers: NEVER < 2**62 fits)
+        grow: i64 = NEVER   # max advance A(k-1) keeping every allocation key
+        fin: i64 = NEVER    # max advance A(k) with nobody finishing
+        pos: i64 = NEVER    # max advance A(k-1) keeping positions below max_model_len
+        C0: i64 = 0
         t = items[0].num_tokens
         for it in items:
             # (every item verifies all K drafts: the acceptance pattern applies unclipped)
@@ -588,8 +590,10 @@ class Engine:
                 pos = mml - 1 - t - comp
             # positions advance in lockstep, so the margin left since the last
             # allocation is its recorded limit minus the progress made
-            g = (r.fast_until - comp if fast and r.fast_n == t and comp <= r.fast_until
-                 else sched.alloc_margin(r.cache, comp, t))
+            if fast and r.fast_n == t and comp <= r.fast_until:
+                g = r.fast_until - comp
+            else:
+                g = sched.alloc_margin(r.cache, comp, t)
             if g < grow:
                 grow = g
             f = r.max_tokens - r.num_output - 1

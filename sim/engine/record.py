@@ -332,7 +332,7 @@ class Recorder:
         (empty fields), and why (the ``rejected`` column)."""
         session = r.session
         c = r.cache
-        self.rejected_rows.append((r.index, c.request_id, session or "", r.arrival_ns * NS,
+        self.rejected_rows.append((r.index, c.request_id, session or "", float(r.arrival_ns) * NS,
                                    c.num_prompt_tokens) + ("",) * 11 + (r.rejected, "", "", ""))
 
     def finish(self, r: SimRequest) -> None:
@@ -344,13 +344,13 @@ class Recorder:
         ns = NS
         chunks = self.sampler.deliveries(r)
         decode_ns = r.finish_ns - r.first_token_ns     # first delivery to last
-        tpot: float | str = decode_ns * MS_PER_NS / (r.num_output - 1) if r.num_output > 1 else ""
-        itl: float | str = decode_ns * MS_PER_NS / (chunks - 1) if chunks > 1 else ""
+        tpot: float | str = float(decode_ns) * MS_PER_NS / float(r.num_output - 1) if r.num_output > 1 else ""
+        itl: float | str = float(decode_ns) * MS_PER_NS / float(chunks - 1) if chunks > 1 else ""
         row: tuple[Any, ...] = (
-            r.index, c.request_id, session or "", r.arrival_ns * ns, c.num_prompt_tokens,
+            r.index, c.request_id, session or "", float(r.arrival_ns) * ns, c.num_prompt_tokens,
             r.hit_tokens, r.attention_hit_tokens, max(r.attention_hit_tokens - r.hit_tokens, 0),
-            r.junction, r.recomputed_tokens, (r.first_scheduled_ns - r.arrival_ns) * ns,
-            (r.first_token_ns - r.arrival_ns) * ns, (r.finish_ns - r.arrival_ns) * ns,
+            r.junction, r.recomputed_tokens, float(r.first_scheduled_ns - r.arrival_ns) * ns,
+            float(r.first_token_ns - r.arrival_ns) * ns, float(r.finish_ns - r.arrival_ns) * ns,
             r.num_output, r.preemptions, r.mamba_states_written, "", tpot, itl, chunks)
         m = r.miss
         if m is not None:
@@ -372,27 +372,27 @@ class Recorder:
         b.index = append(b.index, r.index)
         b.request_id.append(c.request_id)
         b.session.append(session or "")
-        b.arrival_s = append(b.arrival_s, r.arrival_ns * ns)
+        b.arrival_s = append(b.arrival_s, float(r.arrival_ns) * ns)
         b.prompt_tokens = append(b.prompt_tokens, c.num_prompt_tokens)
         b.hit_tokens = append(b.hit_tokens, r.hit_tokens)
         b.attention_hit_tokens = append(b.attention_hit_tokens, r.attention_hit_tokens)
         b.lost_tokens = append(b.lost_tokens, max(r.attention_hit_tokens - r.hit_tokens, 0))
         b.junction = append(b.junction, r.junction)
         b.recomputed_tokens = append(b.recomputed_tokens, r.recomputed_tokens)
-        b.queue_s = append(b.queue_s, (r.first_scheduled_ns - r.arrival_ns) * ns)
-        b.ttft_s = append(b.ttft_s, (r.first_token_ns - r.arrival_ns) * ns)
-        b.e2e_s = append(b.e2e_s, (r.finish_ns - r.arrival_ns) * ns)
+        b.queue_s = append(b.queue_s, float(r.first_scheduled_ns - r.arrival_ns) * ns)
+        b.ttft_s = append(b.ttft_s, float(r.first_token_ns - r.arrival_ns) * ns)
+        b.e2e_s = append(b.e2e_s, float(r.finish_ns - r.arrival_ns) * ns)
         b.output_tokens = append(b.output_tokens, r.num_output)
         b.preemptions = append(b.preemptions, r.preemptions)
         b.mamba_states_written = append(b.mamba_states_written, r.mamba_states_written)
         if r.num_output > 1:
-            b.tpot_ms = append(b.tpot_ms, decode_ns * MS_PER_NS / (r.num_output - 1))
+            b.tpot_ms = append(b.tpot_ms, float(decode_ns) * MS_PER_NS / float(r.num_output - 1))
             b.tpot_blank = append(b.tpot_blank, 0)
         else:
             b.tpot_ms = append(b.tpot_ms, 0.0)
             b.tpot_blank = append(b.tpot_blank, 1)
         if chunks > 1:
-            b.itl_ms = append(b.itl_ms, decode_ns * MS_PER_NS / (chunks - 1))
+            b.itl_ms = append(b.itl_ms, float(decode_ns) * MS_PER_NS / float(chunks - 1))
             b.itl_blank = append(b.itl_blank, 0)
         else:
             b.itl_ms = append(b.itl_ms, 0.0)

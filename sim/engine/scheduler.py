@@ -18,6 +18,8 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any, Final
 
+from mypy_extensions import i64
+
 from backends.base import StepItem
 from sim.cache.attribution import Miss, MissAttribution
 from sim.cache.kv_manager import KVCacheManager
@@ -46,43 +48,45 @@ class SimRequest:
                  "arrival_step", "miss", "last_delivery_ns", "deliveries", "session")
 
     def __init__(self, cache: CacheRequest, max_tokens: int, index: int):
+        # (integer fields are machine integers: no tagged-int checks in the compiled
+        # scheduler's per-step arithmetic)
         self.cache = cache
-        self.max_tokens = max_tokens
-        self.index = index                 # arrival order (tie-break, output order)
+        self.max_tokens: i64 = max_tokens
+        self.index: i64 = index                 # arrival order (tie-break, output order)
         # engine clock (integer ns; one per step in `sim steps`), -1 until it happens
-        self.arrival_ns = -1
-        self.num_output = 0
-        self.hit_tokens = -1               # prefix hit at first admission
-        self.attention_hit_tokens = 0      # full attention alone
-        self.junction = 0
-        self.first_scheduled_ns = -1
-        self.first_token_ns = -1
-        self.finish_ns = -1
-        self.preemptions = 0
-        self.recomputed_tokens = 0
-        self.mamba_states_written = 0
+        self.arrival_ns: i64 = -1
+        self.num_output: i64 = 0
+        self.hit_tokens: i64 = -1               # prefix hit at first admission
+        self.attention_hit_tokens: i64 = 0      # full attention alone
+        self.junction: i64 = 0
+        self.first_scheduled_ns: i64 = -1
+        self.first_token_ns: i64 = -1
+        self.finish_ns: i64 = -1
+        self.preemptions: i64 = 0
+        self.recomputed_tokens: i64 = 0
+        self.mamba_states_written: i64 = 0
         self.chunk_ends: list[int] = []
         self.chunk_end_steps: list[int] = []   # step index of each chunk end
         self.first_prefill_done = False
         self.done_event: Any = None        # the engine's turn record until it finishes
-        self.out_stream = 0                # stream id of this request's output tokens
-        self.fast_n = -1                   # decode fast path: tokens per step at the last allocation
-        self.fast_until = -1               # ... and the computed count up to which it stays valid
+        self.out_stream: i64 = 0                # stream id of this request's output tokens
+        self.fast_n: i64 = -1                   # decode fast path: tokens per step at the last allocation
+        self.fast_until: i64 = -1               # ... and the computed count up to which it stays valid
         self.item: ScheduledItem | None = None   # reused per step (scheduled once per step)
         self.has_drafts = False            # drafter proposed K tokens after its last sampling step
         self.is_prefill_chunk = False      # its last scheduled step left prompt tokens uncomputed
         self.recording = True              # first prefill's chunk ends (stops at a preemption)
-        self.cache_mark = -1               # block index of min(computed, hashed) at the last
+        self.cache_mark: i64 = -1               # block index of min(computed, hashed) at the last
                                            # update-time cache_blocks (later calls before the
                                            # next block completes are no-ops and are skipped)
         self.rejected = ""                 # why it was refused on arrival (a reason token), or ""
-        self.priority = 0                  # scheduler.policy priority: lower goes first
-        self.arrival_step = 0              # scheduler step at arrival (lpm's starvation bound)
+        self.priority: i64 = 0                  # scheduler.policy priority: lower goes first
+        self.arrival_step: i64 = 0              # scheduler step at arrival (lpm's starvation bound)
         self.miss: Miss | None = None      # why its first admission missed (attribution on)
         # the step sampler's (sim/engine/record.py): end of the step that last delivered
         # tokens (-1: none yet) and how many deliveries so far (inter-token latencies)
-        self.last_delivery_ns = -1
-        self.deliveries = 0
+        self.last_delivery_ns: i64 = -1
+        self.deliveries: i64 = 0
         self.session: str | None = None    # the workload record's session (requests.csv)
 
     def __repr__(self) -> str:
@@ -123,10 +127,10 @@ class Scheduler:
                  reject_unservable: bool = False):
         self.cfg = cfg
         # the config's fields as typed attributes of this (compiled) class: read every step
-        self.max_num_batched_tokens: int = cfg.max_num_batched_tokens
-        self.max_num_seqs: int = cfg.max_num_seqs
-        self.long_prefill_token_threshold: int = cfg.long_prefill_token_threshold
-        self.num_speculative_tokens: int = cfg.num_speculative_tokens
+        self.max_num_batched_tokens: i64 = cfg.max_num_batched_tokens
+        self.max_num_seqs: i64 = cfg.max_num_seqs
+        self.long_prefill_token_threshold: i64 = cfg.long_prefill_token_threshold
+        self.num_speculative_tokens: i64 = cfg.num_speculative_tokens
         self.kv = kv
         self.split = kv.split_policy()
         self.aligned = kv.needs_aligned_split
@@ -243,7 +247,11 @@ class Scheduler:
         kv.new_step_starts()
         budget = self.max_num_batched_tokens
         K = self.num_speculative_tokens
-        lpt = self.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+        # (machine integers throughout: a conditional expression of an i64 and a literal
+        # would box its value in the compiled build)
+        lpt: i64 = 0
+        if len(self.running) + len(self.waiting) > 1:
+            lpt = self.long_prefill_token_threshold
         out = self.out
         if out:
             out.clear()
@@ -259,9 +267,12 @@ class Scheduler:
             c = r.cache
             comp = c.num_computed_tokens
             decode = r.num_output > 0 and comp >= c.num_tokens - 1
+            sk: i64 = 0
             if decode:
                 nt = c.num_tokens
-                n = nt + (K if r.has_drafts else 0) - comp
+                n = nt - comp
+                if r.has_drafts:
+                    n += K
                 if 0 < lpt < n:
                     n = lpt
                 if n > budget:
@@ -330,7 +341,7 @@ class Scheduler:
                 # are none: r was the newest)
                 continue
             prefill_scheduled |= r.is_prefill_chunk
-            self._emit(out, r, n, comp, not decode, sk if decode else 0)
+            self._emit(out, r, n, comp, not decode, sk)
             budget -= n
             i += 1
         num_running_scheduled = len(out)   # (vLLM's scheduled_running_reqs: padding reads it)
@@ -393,7 +404,10 @@ class Scheduler:
                     if attr is not None:
                         attr.admit(c, new_local + n)   # (what this step schedules)
                 c.num_computed_tokens += new_local
-                self._emit(out, r, n, c.num_computed_tokens, not padded, K if padded else 0,
+                kp: i64 = 0
+                if padded:
+                    kp = K
+                self._emit(out, r, n, c.num_computed_tokens, not padded, kp,
                            new_local, padded)
                 budget -= n
         # vLLM frees the refs retained for copy-on-write at the end of schedule()
@@ -415,8 +429,8 @@ class Scheduler:
                                     if it.spec_tokens}})
 
     @staticmethod
-    def _emit(out: list, r: SimRequest, n: int, context: int, prefill: bool, spec: int,
-              new_hit: int = 0, padded: bool = False) -> None:
+    def _emit(out: list, r: SimRequest, n: i64, context: i64, prefill: bool, spec: i64,
+              new_hit: i64 = 0, padded: bool = False) -> None:
         """Schedule ``n`` tokens of ``r`` this step (its item object is reused)."""
         it = r.item
         if it is None:
@@ -430,17 +444,17 @@ class Scheduler:
         out.append(it)
         r.is_prefill_chunk = context + n < r.cache.num_tokens
 
-    def alloc_margin(self, c: CacheRequest, comp: int, n: int) -> int:
+    def alloc_margin(self, c: CacheRequest, comp: i64, n: i64) -> i64:
         """Tokens a decoding request can advance before ``allocate_slots`` would
         do anything: every position it reads (computed, scheduled and slot
         ends, prompt+output length, hashed length) stays inside its current
         block of the smallest group block size.  Used by the decode fast path
         and by engine jumps."""
-        b = self.min_block
+        b: i64 = self.min_block
         main = comp + n
         slot = main + self.num_lookahead
         nt = c.num_tokens
-        lh = c.hasher.lookahead
+        lh: i64 = c.hasher.lookahead
         # (the least of six margins, compared one by one: no tuple, no boxing)
         m = -(-slot // b) * b - slot
         x = -(-main // b) * b - main
@@ -534,9 +548,9 @@ class Scheduler:
         K = self.num_speculative_tokens
         drafts = K > 0
         unit = kv.hasher.unit
-        min_block = self.min_block
+        min_block: i64 = self.min_block
         step_time = self.sched_time
-        acc_step = self.step_accepted
+        acc_step: i64 = self.step_accepted
         for it in items:
             r = it.req
             c = r.cache
@@ -562,7 +576,9 @@ class Scheduler:
                         r.chunk_end_steps.append(step_time)
                         r.first_prefill_done = True
                 else:
-                    acc = acc_step if acc_step < spec else spec
+                    acc = spec
+                    if acc_step < spec:
+                        acc = acc_step
                     comp -= spec - acc
                     c.num_computed_tokens = comp
                 new_tokens = 1 + acc
@@ -582,8 +598,10 @@ class Scheduler:
                 # with speculative decoding vLLM caches what accepted drafts completed
                 # right away (update_from_output), not at the next allocation; until
                 # another block of the smallest group completes the call changes nothing
-                hashed = c.block_hashes.count * unit
-                mark = (comp if comp < hashed else hashed) // min_block
+                lim: i64 = c.block_hashes.count * unit   # (hashed tokens)
+                if comp < lim:
+                    lim = comp
+                mark = lim // min_block
                 if mark != r.cache_mark:
                     r.cache_mark = mark
                     kv.cache_blocks(c, comp)
