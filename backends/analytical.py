@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mypy_extensions import i64
+
 from backends.base import StepItem, StepPlan
 
 
@@ -59,8 +61,13 @@ class CostModel:
         them)."""
         if not items:
             return self.overhead_s
-        T = C = TC = TT = NC = 0
-        ck = self.chunk_tokens
+        # (machine integers: the sums of a step's items, no tagged-int checks per item)
+        T: i64 = 0
+        C: i64 = 0
+        TC: i64 = 0
+        TT: i64 = 0
+        NC: i64 = 0
+        ck: i64 = self.chunk_tokens
         for it in items:
             t = it.num_tokens
             c = it.context

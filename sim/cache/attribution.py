@@ -227,7 +227,9 @@ class MissAttribution:
             parent = ROOT
             for limit in (n, n - 1):
                 top = limit // h
-                u = min(top, keys.count)
+                u: int = top            # (ints: ``1 << u`` below is any width)
+                if keys.count < u:
+                    u = int(keys.count)
                 while u <= top:
                     if u > 0 and (u * h) % bs:
                         b = u * h // bs

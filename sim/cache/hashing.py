@@ -160,8 +160,10 @@ class PrefixKeys:
         # run r is unit_end(pre[r], key end - begins[r])
         self.pre = vec[i64]()
         self.cursor: i64 = 0           # run of the last key asked for (walks are local)
-        self.total = 0
-        self.count = 0
+        # tokens and emitted units (machine integers: read at every lookup and caching
+        # call; a shift or a product a caller builds of them stays far below 2**62)
+        self.total: i64 = 0
+        self.count: i64 = 0
         if runs:
             streams = vec[i64]()
             starts = vec[i64]()
@@ -232,7 +234,7 @@ class PrefixKeys:
         self.pre = pre
         self._set_total(total)
 
-    def _set_total(self, total: int) -> None:
+    def _set_total(self, total: i64) -> None:
         """The sequence now has ``total`` tokens: so many units are emitted."""
         self.total = total
         c: i64 = (total - self.lookahead) // self.unit

@@ -603,8 +603,9 @@ class Engine:
         n = len(items)
         T = n * t
         TT = n * t * (t + 1)
-        horizon = min(self.next_arrival,
-                      self.pending_followups[0] if self.pending_followups else NEVER)
+        horizon: i64 = self.next_arrival
+        if self.pending_followups and self.pending_followups[0] < horizon:
+            horizon = self.pending_followups[0]
         total = 0
         k = 0
         s0 = sched.step_index

@@ -164,13 +164,13 @@ class StepSampler:
                 # the next is due one old stride on, where the kept series continues)
                 self._thin()
                 self.stride *= 2
-        total = 0
-        count = 0
-        run_gap = -1          # run-length of equal gaps: most requests of a step share one
-        run_n = 0
-        first_end = end
-        q = 0
-        r = 0
+        total: i64 = 0
+        count: i64 = 0
+        run_gap: i64 = -1     # run-length of equal gaps: most requests of a step share one
+        run_n: i64 = 0
+        first_end: i64 = end
+        q: i64 = 0
+        r: i64 = 0
         if k > 1:
             q = (end - start) // k
             r = (end - start) - q * k

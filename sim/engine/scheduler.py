@@ -376,7 +376,8 @@ class Scheduler:
                     padded = True
                 if 0 < lpt < n:
                     n = lpt
-                n = min(n, budget)
+                if budget < n:
+                    n = budget
                 if self.aligned and not padded:
                     n = self._split(r, n, new_local, lpt)
                     if n == 0:
