@@ -79,23 +79,24 @@ class BlockPool:
     def __init__(self, num_blocks: int, hash_block_size: int, lookahead: int = 0):
         if num_blocks < 2:
             raise ValueError("num_blocks must be at least 2 (one is the null block)")
-        self.num_blocks = num_blocks
-        self.hash_block_size = hash_block_size
-        self.lookahead = lookahead
+        # (machine integers: read at every allocation, caching call and lookup)
+        self.num_blocks: i64 = num_blocks
+        self.hash_block_size: i64 = hash_block_size
+        self.lookahead: i64 = lookahead
         self.blocks = [Block(i) for i in range(num_blocks)]
         # the free queue: head <-> ... <-> tail, front = next of head
         self.head = Block(-1)
         self.tail = Block(-2)
         self.head.next_free = self.tail
         self.tail.prev_free = self.head
-        self.num_free_blocks = 0
+        self.num_free_blocks: i64 = 0
         for b in self.blocks:
             self._push_back(b)
         self.null_block = self._pop_front()
         self.null_block.is_null = True
         # the prefix-cache hash map: pool key -> the block(s) holding it
         self.key_map = KeyMap(2 * num_blocks)   # (a block may hold a partial key too)
-        self.evicted_keys = 0  # keys dropped because their block was reused
+        self.evicted_keys: i64 = 0  # keys dropped because their block was reused
         # Memory accounting: a block is *occupied* from allocation until it is
         # freed without a key or reused; cached (hittable) free blocks count.
         # ``kind_of_group`` maps a group id to an accounting kind (set by the
@@ -145,7 +146,7 @@ class BlockPool:
             ix = self.at_unit = grown
         ix[slot] = ix[slot] + d
 
-    def insert_key(self, key: int, block: Block, num_tokens: int, unit: int = -1) -> None:
+    def insert_key(self, key: i64, block: Block, num_tokens: i64, unit: i64 = -1) -> None:
         """Map ``key`` to ``block``: its primary key (covering ``num_tokens``) if it has
         none, else an extra one.  ``unit``: the hash-unit position ``key`` fingerprints
         (-1: ``num_tokens``'s)."""
@@ -331,7 +332,7 @@ class BlockPool:
     def num_free(self) -> int:
         return self.num_free_blocks
 
-    def get_new_blocks(self, n: int, group_id: int = 0) -> list[Block]:
+    def get_new_blocks(self, n: i64, group_id: i64 = 0) -> list[Block]:
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot get {n} free blocks from the pool")
         if self.events is not None:

@@ -61,7 +61,7 @@ class UnlimitedBlockPool(BlockPool):
         self.num_blocks = UNLIMITED_BLOCKS
         self.num_free_blocks += self.virgin
 
-    def get_new_blocks(self, n: int, group_id: int = 0) -> list[Block]:
+    def get_new_blocks(self, n: i64, group_id: i64 = 0) -> list[Block]:
         free = self.num_free_blocks - self.virgin       # materialised free blocks
         in_use = len(self.blocks) - 1 - free
         cached_free = int(self.occupied[0]) + int(self.occupied[1]) - in_use
@@ -109,9 +109,9 @@ class Coordinator:
                  pool_factory: Callable[[int, int, int], BlockPool] | None = None,
                  admission: Admission | None = None):
         self.specs = specs
-        self.scheduler_block_size = scheduler_block_size
+        self.scheduler_block_size: i64 = scheduler_block_size
         self.hash_block_size = hash_block_size
-        self.reprefillable = max(0, prefill_lookahead - 1)
+        self.reprefillable: i64 = max(0, prefill_lookahead - 1)
         # the eviction seam: the pool class a policy builds (vLLM's LRU queue by default)
         self.pool = (BlockPool(num_blocks, hash_block_size, lookahead) if pool_factory is None
                      else pool_factory(num_blocks, hash_block_size, lookahead))
@@ -184,7 +184,7 @@ class Coordinator:
         """Per-group hit blocks, reconciled hit length, uncached common prefix."""
         raise NotImplementedError
 
-    def num_cacheable_tokens(self, num_computed: int, use_eagle: bool, block_size: int) -> int:
+    def num_cacheable_tokens(self, num_computed: i64, use_eagle: bool, block_size: i64) -> i64:
         raise NotImplementedError
 
     def _find(self, g: SpecGroup, hashes: PrefixKeys, max_length: int,
@@ -226,7 +226,7 @@ class Coordinator:
             req.replay_by = self
         return req.replay
 
-    def cache_blocks(self, req: CacheRequest, num_computed: int) -> None:
+    def cache_blocks(self, req: CacheRequest, num_computed: i64) -> None:
         ret = self.retention
         # only sparse retention reads the replay boundaries
         replay = self.replay(req) if ret is not None else ()
@@ -237,9 +237,9 @@ class Coordinator:
             m.cache_blocks(req, self.num_cacheable_tokens(num_computed, eagle[i], m.block_size),
                            ret, replay)
 
-    def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[list[Block]],
-                           total_computed: int, num_local: int, num_tokens_main: int,
-                           admission: bool = False, prefill_end: int = 0) -> int:
+    def blocks_to_allocate(self, rid: str, num_tokens: i64, new_computed: list[list[Block]],
+                           total_computed: i64, num_local: i64, num_tokens_main: i64,
+                           admission: bool = False, prefill_end: i64 = 0) -> i64:
         """Blocks every group needs; ``new_computed`` is indexed by group id.
 
         ``prefill_end`` matters only under retention 0, where Mamba reserves an
@@ -292,8 +292,9 @@ class UnitaryCoordinator(Coordinator):
             return [0]
         return [self.find_longest_cache_hit(hashes, max_length)[1]]
 
-    def num_cacheable_tokens(self, num_computed: int, use_eagle: bool, block_size: int) -> int:
-        return max(0, num_computed - self.reprefillable)
+    def num_cacheable_tokens(self, num_computed: i64, use_eagle: bool, block_size: i64) -> i64:
+        n = num_computed - self.reprefillable
+        return n if n > 0 else 0
 
 
 class HybridCoordinator(Coordinator):
@@ -394,14 +395,22 @@ class HybridCoordinator(Coordinator):
                 out[ids[k]] = got[k]
         return out, hit_length, longest - hit_length
 
-    def num_cacheable_tokens(self, num_computed: int, use_eagle: bool, block_size: int) -> int:
-        aligned = num_computed if self.partial_hits else \
-            num_computed // self.scheduler_block_size * self.scheduler_block_size
+    def num_cacheable_tokens(self, num_computed: i64, use_eagle: bool, block_size: i64) -> i64:
+        # (statements, not min/max or conditional expressions: those box machine ints)
+        sbs = self.scheduler_block_size
+        aligned = num_computed
+        if not self.partial_hits:
+            aligned = num_computed // sbs * sbs
         if use_eagle and aligned > 0:
-            fin = max(0, num_computed - self.reprefillable)
-            fin_aligned = fin if self.partial_hits else \
-                fin // self.scheduler_block_size * self.scheduler_block_size
-            return min(fin, fin_aligned + block_size)
+            fin = num_computed - self.reprefillable
+            if fin < 0:
+                fin = 0
+            fin_aligned = fin
+            if not self.partial_hits:
+                fin_aligned = fin // sbs * sbs
+            if fin_aligned + block_size < fin:
+                return fin_aligned + block_size
+            return fin
         return aligned
 
 
@@ -426,10 +435,10 @@ class NoPrefixCacheCoordinator(Coordinator):
                        kinds: tuple[str, ...] | None = None) -> list[int]:
         return [0] * len(self.specs)
 
-    def num_cacheable_tokens(self, num_computed: int, use_eagle: bool, block_size: int) -> int:
+    def num_cacheable_tokens(self, num_computed: i64, use_eagle: bool, block_size: i64) -> i64:
         return 0
 
-    def cache_blocks(self, req: CacheRequest, num_computed: int) -> None:
+    def cache_blocks(self, req: CacheRequest, num_computed: i64) -> None:
         return None
 
 
@@ -489,7 +498,7 @@ class IdealCoordinator(NoPrefixCacheCoordinator):
         _, hit, _ = self.find_longest_cache_hit(hashes, max_length)
         return [hit if kinds is None or s.kind in kinds else 0 for s in self.specs]
 
-    def cache_blocks(self, req: CacheRequest, num_computed: int) -> None:
+    def cache_blocks(self, req: CacheRequest, num_computed: i64) -> None:
         keys = req.block_hashes
         n = min(num_computed // self.unit, keys.count)
         rid = req.request_id

@@ -151,7 +151,7 @@ class MambaManager(SingleTypeManager):
              align: int) -> tuple[list[list[Block]], int]:
         return find_mamba(self.pool, hashes, max_length, group_ids, self.block_size, align)
 
-    def num_skipped_tokens(self, num_computed: int) -> int:
+    def num_skipped_tokens(self, num_computed: i64) -> i64:
         return num_computed - 1
 
     def reachable_mask(self, start: int, end: int, retention: int | None,
@@ -194,7 +194,7 @@ class MambaManager(SingleTypeManager):
                 out.insert(k, blk)
         return out
 
-    def remove_skipped_blocks(self, rid: str, processed: int) -> None:
+    def remove_skipped_blocks(self, rid: str, processed: i64) -> None:
         """Free the states below the running one: the skipped range (nulls
         skipped, tail first) and the previous running state, member by member."""
         if not self.align_mode:
@@ -231,8 +231,8 @@ class MambaManager(SingleTypeManager):
         return 2 + self.num_spec_blocks + (self.spec.prefill_checkpoint_blocks
                                            if self.ckpt_blocks else 0)
 
-    def _needs_internal_checkpoint(self, st: ReqState | None, query_start: int,
-                                   query_end: int, checkpoint: int, prefill_end: int) -> bool:
+    def _needs_internal_checkpoint(self, st: ReqState | None, query_start: i64,
+                                   query_end: i64, checkpoint: i64, prefill_end: i64) -> bool:
         """Whether this chunk exports a state from inside itself into a reserved
         block (vLLM's ``MambaManager._needs_internal_checkpoint``): the backend
         can, and the column it would write is not already a live block."""
@@ -253,9 +253,9 @@ class MambaManager(SingleTypeManager):
         return (idx >= n or blocks[idx].is_null
                 or (st is not None and st.allocated and idx >= n - self.num_spec_blocks))
 
-    def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[list[Block]],
-                           total_computed: int, num_local: int, num_tokens_main: int,
-                           admission: bool = False, prefill_end: int = 0) -> int:
+    def blocks_to_allocate(self, rid: str, num_tokens: i64, new_computed: list[list[Block]],
+                           total_computed: i64, num_local: i64, num_tokens_main: i64,
+                           admission: bool = False, prefill_end: i64 = 0) -> i64:
         cts = self.cached_this_step
         if cts:
             for g in self.group_ids:
@@ -302,7 +302,7 @@ class MambaManager(SingleTypeManager):
             new = min(new, cap)
         return new * self.width + self._evictable(new_computed)
 
-    def allocate_new(self, rid: str, num_tokens: int, num_tokens_main: int) -> None:
+    def allocate_new(self, rid: str, num_tokens: i64, num_tokens_main: i64) -> None:
         st = self._state(rid)
         t = st.table
         if t is None:
@@ -400,7 +400,7 @@ class MambaManager(SingleTypeManager):
             self.admission.finished(rid)
         return super()._forget(rid)
 
-    def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,
+    def cache_blocks(self, req: CacheRequest, num_tokens: i64, retention: int | None,
                      replay: tuple[int, ...]) -> None:
         rid = req.request_id
         adm = self.admission
@@ -505,7 +505,7 @@ class MambaManager(SingleTypeManager):
                 written = 1
         return written
 
-    def _cache_partial_tail(self, req: CacheRequest, num_tokens: int,
+    def _cache_partial_tail(self, req: CacheRequest, num_tokens: i64,
                             retention: int | None) -> int:
         """Register the prompt checkpoint (or junction) state inside a block;
         returns the states the first member registered (0 or 1)."""

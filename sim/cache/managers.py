@@ -232,10 +232,11 @@ class SingleTypeManager:
         self.spec = spec
         self.pool = pool
         self.group_ids = list(group_ids)
-        self.group_id = self.group_ids[0]
-        self.width = len(self.group_ids)
-        self.block_size = spec.block_size
-        self.align = scheduler_block_size  # cache-hit alignment; lowered when fine-grained
+        # (machine integers: read at every allocation and caching call)
+        self.group_id: i64 = self.group_ids[0]
+        self.width: i64 = len(self.group_ids)
+        self.block_size: i64 = spec.block_size
+        self.align: i64 = scheduler_block_size  # cache-hit alignment; lowered when fine-grained
         self.use_eagle = False
         self.shared_prefix_checkpoint = False
         # rid -> its bookkeeping here (block tables, cached count, partial hit, ...)
@@ -284,8 +285,10 @@ class SingleTypeManager:
 
     def _new_table(self, st: ReqState) -> list[list[Block]]:
         t: list[list[Block]] = []
-        for _ in range(self.width):
+        k: i64 = 0
+        while k < self.width:   # (a range over an i64 would box each index)
             t.append([])
+            k += 1
         st.table = t
         return t
 
@@ -295,10 +298,10 @@ class SingleTypeManager:
         return st is not None and st.num_cached >= 0
 
     # sizing ------------------------------------------------------------------
-    def num_skipped_tokens(self, num_computed: int) -> int:
+    def num_skipped_tokens(self, num_computed: i64) -> i64:
         return 0
 
-    def _evictable(self, new_computed: list[list[Block]], skip: int = 0) -> int:
+    def _evictable(self, new_computed: list[list[Block]], skip: i64 = 0) -> i64:
         """Hit blocks (over all members) that sit in the free queue."""
         n = 0
         for g in self.group_ids:
@@ -307,9 +310,9 @@ class SingleTypeManager:
                     n += 1
         return n
 
-    def blocks_to_allocate(self, rid: str, num_tokens: int, new_computed: list[list[Block]],
-                           total_computed: int, num_local: int, num_tokens_main: int,
-                           admission: bool = False, prefill_end: int = 0) -> int:
+    def blocks_to_allocate(self, rid: str, num_tokens: i64, new_computed: list[list[Block]],
+                           total_computed: i64, num_local: i64, num_tokens_main: i64,
+                           admission: bool = False, prefill_end: i64 = 0) -> i64:
         """Blocks the pool must hand out for all members (``new_computed`` is
         indexed by group id)."""
         bs = self.block_size
@@ -330,7 +333,8 @@ class SingleTypeManager:
         return new * self.width + self._evictable(new_computed, skip_new)
 
     # allocation --------------------------------------------------------------
-    def add_local_computed(self, rid: str, new_computed: list[list[Block]], num_local: int) -> None:
+    def add_local_computed(self, rid: str, new_computed: list[list[Block]],
+                           num_local: i64) -> None:
         st = self._state(rid)
         t = st.table
         assert not t or not t[0]
@@ -362,7 +366,7 @@ class SingleTypeManager:
         self.has_pending_cow = True
         cow.ref_cnt += 1
 
-    def allocate_new(self, rid: str, num_tokens: int, num_tokens_main: int) -> None:
+    def allocate_new(self, rid: str, num_tokens: i64, num_tokens_main: i64) -> None:
         st = self._state(rid)
         t = st.table
         if t is None:
@@ -416,7 +420,7 @@ class SingleTypeManager:
                 out.append(start + j)
         return out
 
-    def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,
+    def cache_blocks(self, req: CacheRequest, num_tokens: i64, retention: int | None,
                      replay: tuple[int, ...]) -> None:
         """Cache the full blocks ``num_tokens`` completed.  ``replay``: the prompt's
         replay boundaries (read only with sparse retention)."""
@@ -515,7 +519,7 @@ class SingleTypeManager:
             lists.append(freed)
         self.pool.free_blocks_each(lists)
 
-    def remove_skipped_blocks(self, rid: str, processed: int) -> None:
+    def remove_skipped_blocks(self, rid: str, processed: i64) -> None:
         skipped = self.num_skipped_tokens(processed)
         if skipped <= 0:
             return
@@ -538,7 +542,7 @@ class FullAttentionManager(SingleTypeManager):
         return find_full(self.pool, hashes, max_length, group_ids, self.block_size,
                          drop_eagle, align)
 
-    def cache_blocks(self, req: CacheRequest, num_tokens: int, retention: int | None,
+    def cache_blocks(self, req: CacheRequest, num_tokens: i64, retention: int | None,
                      replay: tuple[int, ...]) -> None:
         super().cache_blocks(req, num_tokens, retention, replay)
         h = self.pool.hash_block_size
@@ -580,8 +584,9 @@ class SlidingWindowManager(SingleTypeManager):
         return find_swa(self.pool, hashes, max_length, group_ids, self.block_size,
                         self.spec.window, drop_eagle, align)
 
-    def num_skipped_tokens(self, num_computed: int) -> int:
-        return max(0, num_computed - self.spec.window + 1)
+    def num_skipped_tokens(self, num_computed: i64) -> i64:
+        n = num_computed - self.spec.window + 1
+        return n if n > 0 else 0
 
     def reachable_mask(self, start: int, end: int, retention: int | None,
                        boundaries: list[int]) -> list[bool] | None:

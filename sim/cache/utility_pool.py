@@ -34,7 +34,7 @@ class UtilityBlockPool(BlockPool):
         in_use = self.num_blocks - 1 - self.num_free_blocks
         return int(self.occupied[0]) + int(self.occupied[1]) - in_use
 
-    def get_new_blocks(self, n: int, group_id: int = 0) -> list[Block]:
+    def get_new_blocks(self, n: i64, group_id: i64 = 0) -> list[Block]:
         if n <= self.num_free_blocks:   # (else the pool raises, as vLLM's does)
             short = n - (self.num_free_blocks - self.cached_free())
             if short > 0:
