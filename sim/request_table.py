@@ -411,6 +411,12 @@ class RequestTable(Sequence):
     def __iter__(self) -> Iterator[RequestRecord]:
         return map(RequestRecord._make, zip(*self._columns()))
 
+    def kinds(self) -> list[str]:
+        """Each column's storage kind, in ``REQUEST_COLUMNS`` order: "i" integers (or
+        ""), "d" floats (or ""), "t"/"s" text, "o" values of any type (writers format a
+        column by its kind: ``sim/requests_csv.py``)."""
+        return [c.kind for c in self._cols.values()]
+
     def tuples(self) -> Iterator[tuple]:
         """The rows as plain tuples, in ``REQUEST_COLUMNS`` order (what a writer needs)."""
         return zip(*self._columns())

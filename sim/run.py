@@ -38,6 +38,7 @@ from sim.models.layout import derive_layout
 from sim.cache.policies import PoolShape, get_policy
 from sim.records import (LATENCY_STATS, MEMORY_COLUMNS, MISS_CLASSES, REQUEST_COLUMNS,
                          SUMMARY_FIELDS, RequestRecord)
+from sim import requests_csv
 from sim.request_table import RequestColumns, RequestTable
 from sim.stats import mean, percentiles, weighted_percentiles
 
@@ -547,13 +548,16 @@ def _write_files(tmp: Path, sc: Scenario, dep, rows, summary, command, workers) 
         # drawn meanwhile, from the report's columns of requests.csv as read back
         workers.submit(tmp, lambda: as_written(recs))
     with open(tmp / "requests.csv", "w", newline="") as f:
+        if isinstance(recs, RequestTable):
+            # column by column, a chunk of rows at a time: csv.writer's bytes
+            requests_csv.write(f, list(REQUEST_COLUMNS), recs.tuples(), recs.kinds(), _fmt)
+            return
         w = csv.writer(f, lineterminator="\n")
         w.writerow(REQUEST_COLUMNS)
-        # a RequestTable's rows one at a time, as tuples: no second copy of the run.  An
-        # int or a str is written as is (the csv module writes str(v) of either: what
-        # _fmt makes, without a call per value); anything else goes through _fmt.
+        # an int or a str is written as is (the csv module writes str(v) of either: what
+        # _fmt makes, without a call per value); anything else goes through _fmt
         w.writerows([v if type(v) is int or type(v) is str else _fmt(v) for v in r]
-                    for r in (recs.tuples() if isinstance(recs, RequestTable) else recs))
+                    for r in recs)
 
 
 class _CallableModule(types.ModuleType):
