@@ -157,15 +157,7 @@ class _Column:
             raw = got.astype(c).tobytes() if c != "q" else got.tobytes()
         else:
             raw = got.tobytes()
-        n0 = len(data)
-        data.frombytes(raw)
-        if flags is not None:
-            if self.blanks is None:
-                self.blanks = bytearray(n0)
-            self.blanks += flags
-            self.blank += flags.count(1)
-        elif self.blanks is not None:
-            self.blanks += bytes(n)
+        self._append(data, raw, n, flags)
 
     def extend_blank(self, n: int) -> None:
         """Append ``n`` blanks ("")."""
@@ -187,7 +179,6 @@ class _Column:
         as a call's argument, several times slower.)"""
         data = self.data
         n = len(vals)
-        n0 = len(data)
         if nums is None:
             raw = bytes(n * data.itemsize)
         else:
@@ -198,6 +189,12 @@ class _Column:
                 if wide is None:
                     return                         # beyond 64 bits: kept as given
                 data, raw = wide
+        self._append(data, raw, n, flags)
+
+    def _append(self, data: array, raw: bytes, n: int, flags: bytes | None) -> None:
+        """``n`` packed numbers onto ``data`` (the column's array), with their blank
+        flags (None: none blank)."""
+        n0 = len(data)
         data.frombytes(raw)
         if flags is not None:
             if self.blanks is None:
