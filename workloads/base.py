@@ -75,6 +75,11 @@ def show(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# the largest token count (or priority magnitude) a request may carry: the compiled hot path
+# holds them in 64-bit machine integers (sim/native.py); larger is a bad trace, not a run
+MAX_COUNT = (1 << 62) - 1
+
+
 def is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 

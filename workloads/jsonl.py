@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import IO, Any, ClassVar
 
 from sim.config.loader import decode_line
-from workloads.base import (Fields, Segment, TraceRequest, WorkloadError, is_int, is_number,
-                            segment_name, show)
+from workloads.base import (MAX_COUNT, Fields, Segment, TraceRequest, WorkloadError, is_int,
+                            is_number, segment_name, show)
 from workloads.traces import _suffix, _trace_fields, check_file, resolve
 
 WHERE = "workload"
@@ -62,6 +62,8 @@ def parse_segments(value: Any) -> list[Segment]:
             raise ValueError(f"segments[{i}] offset must be an integer >= 0, got {show(off)}")
         if not is_int(length) or length < 1:
             raise ValueError(f"segments[{i}] length must be an integer >= 1, got {show(length)}")
+        if length > MAX_COUNT:
+            raise ValueError(f"segments[{i}] length must be below 2**62, got {length}")
         segs.append((name, int(off), int(length)))
     return segs
 
@@ -141,9 +143,13 @@ def parse_line(rec: Any, seen: set[str], last_arrival: float | None, time_scale:
     out = rec.get("output_tokens")
     if not is_int(out) or out < 1:
         raise ValueError(f"output_tokens must be an integer >= 1, got {show(out)}")
+    if out > MAX_COUNT:
+        raise ValueError(f"output_tokens must be below 2**62, got {out}")
     priority = rec.get("priority", 0)
     if not is_int(priority):
         raise ValueError(f"priority must be an integer (lower is served first), got {show(priority)}")
+    if abs(priority) > MAX_COUNT:
+        raise ValueError(f"priority must lie within +-2**62, got {priority}")
     return TraceRequest(rid, arrival, segs, int(out), session=session, after=after,
                         think_s=float(think) * time_scale, priority=int(priority))
 

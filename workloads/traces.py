@@ -15,7 +15,8 @@ from typing import Any, ClassVar, NoReturn
 import orjson
 
 from sim.config.loader import decode_line
-from workloads.base import Fields, TraceRequest, WorkloadError, is_int, is_number, show
+from workloads.base import (MAX_COUNT, Fields, TraceRequest, WorkloadError, is_int, is_number,
+                            show)
 from workloads.hash_ids import hash_id_segments
 
 WHERE = "workload"
@@ -123,8 +124,8 @@ class MooncakeConfig:
                 tt = type(ts)
                 if not ((tt is int or (tt is float and math.isfinite(ts))) and ts >= 0
                         and (prev_ts is None or ts >= prev_ts)
-                        and type(n_in) is int and n_in >= 1
-                        and type(n_out) is int and n_out >= 1):
+                        and type(n_in) is int and 1 <= n_in <= MAX_COUNT
+                        and type(n_out) is int and 1 <= n_out <= MAX_COUNT):
                     self._bad(rec, f"{spath}:{lineno}", prev_ts)
                 rid = request_id(index)
                 segs = hash_id_segments(ids, n_in, block, rid)
@@ -151,6 +152,8 @@ class MooncakeConfig:
             v = rec[key]
             if not is_int(v) or v < 1:
                 raise WorkloadError(f"{where}: {key} must be an integer >= 1, got {show(v)}")
+            if v > MAX_COUNT:
+                raise WorkloadError(f"{where}: {key} must be below 2**62, got {v}")
         # (what is left: hash_ids is not a list of integers in range)
         raise WorkloadError(f"{where}: hash_ids must be a list of integers in [0, 2**53), "
                             f"got {show(rec['hash_ids'])}")
@@ -267,4 +270,6 @@ def _count(text: str, column: str, where: str) -> int:
         raise WorkloadError(f"{where}: {column} must be an integer >= 1, got {text!r}") from None
     if value < 1:
         raise WorkloadError(f"{where}: {column} must be an integer >= 1, got {value}")
+    if value > MAX_COUNT:
+        raise WorkloadError(f"{where}: {column} must be below 2**62, got {value}")
     return value

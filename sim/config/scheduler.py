@@ -40,6 +40,12 @@ class SchedulerConfig:
         if not isinstance(self.policy, str) or self.policy not in QUEUE_POLICIES:
             raise ConfigError(prefix + "policy", f"unknown policy {self.policy!r} "
                               f"(choices: {', '.join(sorted(QUEUE_POLICIES))})")
+        # (the compiled scheduler holds these in 64-bit machine integers)
+        for name in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
+                     "num_speculative_tokens", "max_model_len"):
+            v = getattr(self, name)
+            if isinstance(v, int) and not isinstance(v, bool) and v > (1 << 62) - 1:
+                raise ConfigError(prefix + name, f"must be below 2**62, got {v}")
         for name, lo, none_ok in (("lpm_max_wait_steps", 1, True), ("lpm_max_queue", 1, False)):
             v = getattr(self, name)
             if v is None and none_ok:

@@ -155,6 +155,9 @@ SETS = {
     "mfu-1e-3": ("backend.mfu=1e-3", ("backend.mfu", "0.001")),
     "gpu-count-float": ("gpu.count=0.5", ("gpu.count", "integer")),
     "unknown-field": ("cache.nope=1", ("cache.nope", "unknown key")),
+    # (the compiled scheduler holds these in 64-bit machine integers)
+    "budget-2**66": ("scheduler.max_num_batched_tokens=73786976294838206464",
+                     ("scheduler.max_num_batched_tokens", "below 2**62")),
 }
 
 
@@ -181,6 +184,9 @@ TRACES = {
     "mc-non-utf8": (MOONCAKE, "t.jsonl", MC_OK + b'{"timestamp": 1, "x\xff": 1}\n', ("t.jsonl:2", "UTF-8")),
     "mc-nan-timestamp": (MOONCAKE, "t.jsonl", MC_OK.replace(b'"timestamp": 0', b'"timestamp": NaN'),
                          ("t.jsonl:1",)),
+    "mc-output-2**64": (MOONCAKE, "t.jsonl", MC_OK.replace(b'"output_length": 4',
+                                                           b'"output_length": 18000000000000000000'),
+                        ("t.jsonl:1", "output_length", "below 2**62")),
     # Azure CSV
     "az-empty": (AZURE, "t.csv", b"", ("t.csv:1", "empty")),
     "az-header-only": (AZURE, "t.csv", AZ_HEAD, ("t.csv", "no requests")),
@@ -188,6 +194,8 @@ TRACES = {
     "az-wrong-type": (AZURE, "t.csv", AZ_HEAD + AZ_OK.replace(b",100,", b",abc,"),
                       ("t.csv:2", "ContextTokens")),
     "az-negative": (AZURE, "t.csv", AZ_HEAD + AZ_OK.replace(b",5\n", b",-5\n"), ("t.csv:2", "GeneratedTokens")),
+    "az-huge": (AZURE, "t.csv", AZ_HEAD + AZ_OK.replace(b",5\n", b",9223372036854775808\n"),
+                ("t.csv:2", "GeneratedTokens", "below 2**62")),
     "az-non-utf8": (AZURE, "t.csv", AZ_HEAD + AZ_OK + b"2023-11-16 18:15:47,1\xfe0,5\n", ("t.csv:3", "UTF-8")),
     "az-missing-column": (AZURE, "t.csv", b"TIMESTAMP,ContextTokens\n", ("t.csv:1", "GeneratedTokens")),
     # our JSONL (ShareGPT-style prompts as segments)
@@ -199,6 +207,9 @@ TRACES = {
                          ("t.jsonl:1", "arrival_s")),
     "jl-negative": (JSONL, "t.jsonl", JL_OK.replace(b'"arrival_s": 0', b'"arrival_s": -1'),
                     ("t.jsonl:1", "arrival_s")),
+    "jl-output-2**63": (JSONL, "t.jsonl", JL_OK.replace(b'"output_tokens": 3',
+                                                         b'"output_tokens": 9223372036854775808'),
+                        ("t.jsonl:1", "output_tokens", "below 2**62")),
     "jl-non-utf8": (JSONL, "t.jsonl", JL_OK + b'{"id": "\xfe"}\n', ("t.jsonl:2", "UTF-8")),
     "jl-duplicate-key": (JSONL, "t.jsonl", JL_OK.replace(b'"id": "a"', b'"id": "a", "id": "b"'),
                          ("t.jsonl:1", "duplicate key 'id'")),
