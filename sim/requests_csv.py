@@ -25,10 +25,6 @@ from typing import IO, Any, Callable, Iterable
 _SPECIAL = re.compile('[,"\r\n\x00]')
 
 
-def _float_text(v: Any) -> str:
-    return f"{v:.6f}" if type(v) is float else str(v)
-
-
 def column_text(values: Iterable[Any], kind: str, fmt: Callable[[Any], str]) -> list[str]:
     """One column's fields as ``csv.writer`` writes ``fmt(v)`` of each value (``fmt``:
     ``sim.run._fmt``: a float as ``.6f``, anything else as ``str``).  ``kind``: the
@@ -36,11 +32,9 @@ def column_text(values: Iterable[Any], kind: str, fmt: Callable[[Any], str]) -> 
     floats (or ""), text ("t", "s"), or "o" (values of any type)."""
     if kind == "i":
         return list(map(str, values))             # (an int's str; "" stays "")
-    if kind == "d":
-        return list(map(_float_text, values))     # (a float's .6f; "" stays "")
     if kind in ("t", "s"):
         return list(values)
-    return list(map(fmt, values))
+    return list(map(fmt, values))                 # (a float's .6f; "" stays "")
 
 
 def write(f: IO[str], header: list[str], rows: Iterable[tuple], kinds: list[str],

@@ -548,16 +548,11 @@ def _write_files(tmp: Path, sc: Scenario, dep, rows, summary, command, workers) 
         # drawn meanwhile, from the report's columns of requests.csv as read back
         workers.submit(tmp, lambda: as_written(recs))
     with open(tmp / "requests.csv", "w", newline="") as f:
-        if isinstance(recs, RequestTable):
-            # column by column, a chunk of rows at a time: csv.writer's bytes
-            requests_csv.write(f, list(REQUEST_COLUMNS), recs.tuples(), recs.kinds(), _fmt)
-            return
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(REQUEST_COLUMNS)
-        # an int or a str is written as is (the csv module writes str(v) of either: what
-        # _fmt makes, without a call per value); anything else goes through _fmt
-        w.writerows([v if type(v) is int or type(v) is str else _fmt(v) for v in r]
-                    for r in recs)
+        # column by column, a chunk of rows at a time: csv.writer's bytes (a list of
+        # records has no storage kinds: every column formatted value by value)
+        table = isinstance(recs, RequestTable)
+        requests_csv.write(f, list(REQUEST_COLUMNS), recs.tuples() if table else recs,
+                           recs.kinds() if table else ["o"] * len(REQUEST_COLUMNS), _fmt)
 
 
 class _CallableModule(types.ModuleType):

@@ -16,6 +16,7 @@ entry per block (one run never mixes the two spellings of a stream).
 from __future__ import annotations
 
 from sim.config.errors import InputError
+from sim.cache.config import NO_LENGTH_LIMIT
 
 import difflib
 import math
@@ -77,7 +78,7 @@ def show(value: Any, limit: int = 60) -> str:
 
 # the largest token count (or priority magnitude) a request may carry: the compiled hot path
 # holds them in 64-bit machine integers (sim/native.py); larger is a bad trace, not a run
-MAX_COUNT = (1 << 62) - 1
+MAX_COUNT = NO_LENGTH_LIMIT
 
 
 def is_int(value: Any) -> bool:

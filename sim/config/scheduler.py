@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.cache.config import NO_LENGTH_LIMIT
 from sim.config.errors import ConfigError
 
 
@@ -44,7 +45,7 @@ class SchedulerConfig:
         for name in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
                      "num_speculative_tokens", "max_model_len"):
             v = getattr(self, name)
-            if isinstance(v, int) and not isinstance(v, bool) and v > (1 << 62) - 1:
+            if isinstance(v, int) and not isinstance(v, bool) and v > NO_LENGTH_LIMIT:
                 raise ConfigError(prefix + name, f"must be below 2**62, got {v}")
         for name, lo, none_ok in (("lpm_max_wait_steps", 1, True), ("lpm_max_queue", 1, False)):
             v = getattr(self, name)
