@@ -36,15 +36,16 @@ def hash_id_segments(ids: object, n_in: int, block: int,
     segs: list[Any] = [None] * k
     i = 0
     for h in ids:
-        if type(h) is not int:
+        seg_id: Any = h    # (the id object itself: h is narrowed to int below, and a
+        if type(h) is not int:        # narrowed int put in a tuple is boxed anew)
             return None
         v: int = h
         if v < 0 or v >= LIMIT:
             return None
         if i < full:
-            segs[i] = (h, zero, size)
+            segs[i] = (seg_id, zero, size)
         elif i == full and part:
-            segs[i] = (h, zero, part)
+            segs[i] = (seg_id, zero, part)
         i += 1
     covered = block * full if i >= full else block * i
     if i > full and part:

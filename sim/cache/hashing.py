@@ -321,7 +321,7 @@ class PrefixKeys:
         if i < 0 or i >= self.count:
             raise IndexError("list index out of range")
         e: i64 = (i + 1) * self.unit + self.lookahead
-        pre, b0, _ = self.run_at(e)
+        pre, b0, _end = self.run_at(e)
         return unit_end(pre, e - b0)
 
     def keys_at(self, units: list[int]) -> list[int]:

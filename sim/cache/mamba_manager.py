@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: list[int],
                block_size: int, align: int) -> tuple[list[list[Block]], int]:
     h = pool.hash_block_size
-    computed: list[list[Block]] = [[] for _ in group_ids]
+    computed: list[list[Block]] = [[] for _g in group_ids]
     null = pool.null_block
     km = pool.key_map
     g0 = group_ids[0]

@@ -43,7 +43,7 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
     h = pool.hash_block_size
     fine = align < block_size and block_size % align == 0
     scale = block_size // h
-    computed: list[list[Block]] = [[] for _ in group_ids]
+    computed: list[list[Block]] = [[] for _g in group_ids]
     n_view = hashes.count // scale
     km = pool.key_map
     g0 = group_ids[0]
@@ -140,7 +140,7 @@ def find_swa(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: li
     need = swa_contiguous_blocks(window, block_size, drop_eagle)
     max_blocks = max_length // block_size
     null = pool.null_block
-    computed: list[list[Block]] = [[null] * max_blocks for _ in group_ids]
+    computed: list[list[Block]] = [[null] * max_blocks for _g in group_ids]
     run = 0
     found = False
     for i in range(max_blocks - 1, -1, -1):
@@ -247,7 +247,7 @@ class SingleTypeManager:
         self._last_rid: str | None = None
         self._last_st: ReqState | None = None
         self._no_boundaries: list[int] = []   # (no sparse retention: never written)
-        self.pending_cow: list[list[tuple[Block, Block]]] = [[] for _ in self.group_ids]
+        self.pending_cow: list[list[tuple[Block, Block]]] = [[] for _g in self.group_ids]
         self.has_pending_cow = False
 
     def find(self, hashes: PrefixKeys, max_length: int, group_ids: list[int], drop_eagle: bool,
@@ -398,7 +398,7 @@ class SingleTypeManager:
     def take_pending_cow(self) -> list[list[tuple[Block, Block]]]:
         """This step's copy-on-write pairs, one list per member."""
         out = self.pending_cow
-        self.pending_cow = [[] for _ in self.group_ids]
+        self.pending_cow = [[] for _g in self.group_ids]
         self.has_pending_cow = False
         return out
 
