@@ -22,10 +22,11 @@ import operator
 import struct
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate, compress, repeat
+from itertools import accumulate, compress, islice, repeat
 from typing import Any
 
 from sim.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS, RequestRecord
+from sim.requests_csv import FLOAT_SPEC, fmt
 
 INT_CODES = ("b", "h", "i", "q")        # 1, 2, 4, 8 bytes: a column takes the narrowest
 WIDTH = 1 + len(REQUEST_COLUMNS)   # a recorder tuple: arrival index, then every column
@@ -251,6 +252,43 @@ class _Column:
         bl: Any = self.blanks
         return map(_pick, got, bl if pos is None else map(bl.__getitem__, pos))
 
+    def texts(self, lo: int, hi: int, pos: Sequence[int] | None, state: list) -> list[str]:
+        """Rows ``lo`` to ``hi`` (of ``pos``'s rows, in a view) as requests.csv writes
+        them: ``requests_csv.fmt`` of each value ``values`` gives, a column at a time
+        (``str`` of the integers, ``format`` of the floats, "" at the blanks, request ids
+        sliced from their bytes decoded once) with no Python call per value.  ``state``:
+        an empty list on the first call, the same list on the next chunks (what a
+        column keeps between them)."""
+        kind = self.kind
+        data = self.data
+        n = hi - lo
+        if kind in ("i", "d") and not (self.blank and self.blank == len(data)):
+            vals = data[lo:hi] if pos is None else list(map(data.__getitem__, pos[lo:hi]))
+            out = (list(map(str, vals)) if kind == "i"
+                   else list(map(format, vals, repeat(FLOAT_SPEC, n))))
+            bl = self.blanks
+            if self.blank and bl is not None:
+                flags = bl[lo:hi] if pos is None else bytes(map(bl.__getitem__, pos[lo:hi]))
+                for i in compress(range(n), flags):
+                    out[i] = ""
+            return out
+        if kind == "t":
+            codes = data.data
+            ids = codes[lo:hi] if pos is None else map(codes.__getitem__, pos[lo:hi])
+            return list(map(self.words.__getitem__, ids))
+        if kind == "s":
+            if not state:     # (the bytes decoded once: ASCII, a byte a character)
+                state.append(data.decode("ascii") if data.isascii() else None)
+            whole = state[0]
+            rows = range(lo, hi) if pos is None else pos[lo:hi]
+            if whole is None:
+                return list(map(self.at, rows))
+            return list(map(whole.__getitem__, map(slice, map(self.starts.__getitem__, rows),
+                                                   map(self.ends.__getitem__, rows))))
+        if not state:         # any other column: its values in order, formatted one by one
+            state.append(iter(self.values(pos)))
+        return list(map(fmt, islice(state[0], n)))
+
     def at(self, i: int) -> Any:
         kind = self.kind
         if kind == "t":
@@ -417,6 +455,15 @@ class RequestTable(Sequence):
     def tuples(self) -> Iterator[tuple]:
         """The rows as plain tuples, in ``REQUEST_COLUMNS`` order (what a writer needs)."""
         return zip(*self._columns())
+
+    def text_chunks(self, chunk: int) -> Iterator[list[list[str]]]:
+        """The rows ``chunk`` at a time, each chunk its columns' fields as requests.csv
+        writes them (``_Column.texts``; ``sim/requests_csv.py`` joins them)."""
+        cols = list(self._cols.values())
+        states: list[list] = [[] for _ in cols]
+        for lo in range(0, self._n, chunk):
+            hi = min(lo + chunk, self._n)
+            yield [c.texts(lo, hi, self._pos, st) for c, st in zip(cols, states)]
 
     def column(self, name: str) -> Sequence[Any]:
         """One field of every request, in order, without building records: read-only

@@ -18,7 +18,7 @@ import sys
 import time
 import types
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, repeat
 from pathlib import Path
 from typing import Callable
 
@@ -472,10 +472,7 @@ def run_header(sc: Scenario, dep) -> dict:
     }
 
 
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.6f}"
-    return str(v)
+_fmt = requests_csv.fmt     # (a float with six decimals, anything else str)
 
 
 def write_memory_csv(path: Path, sampler: StepSampler) -> None:
@@ -484,10 +481,18 @@ def write_memory_csv(path: Path, sampler: StepSampler) -> None:
     cached (held, free, evictable), and the requests running and waiting, at the start
     of each engine step (evenly thinned past ``MEMORY_ROWS`` rows)."""
     with open(path, "w", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(MEMORY_COLUMNS)
-        for t, a, m, in_use, running, waiting in sampler.rows:
-            w.writerow((f"{t * 1e-9:.6f}", a, m, in_use, a + m - in_use, running, waiting))
+        csv.writer(f, lineterminator="\n").writerow(MEMORY_COLUMNS)
+        rows = sampler.rows
+        if not rows:
+            return
+        # a column at a time, as csv.writer writes each row: the time in seconds with
+        # six decimals, every count an int's str (at most MEMORY_ROWS rows: one string)
+        t, a, m, in_use, running, waiting = zip(*rows)
+        cached = map(operator.sub, map(operator.add, a, m), in_use)
+        secs = map(format, map((1e-9).__mul__, t), repeat(requests_csv.FLOAT_SPEC))
+        f.write("\n".join(map(",".join, zip(secs, *(map(str, c) for c in (
+            a, m, in_use, cached, running, waiting))))))
+        f.write("\n")
 
 
 def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = True,
@@ -550,9 +555,11 @@ def _write_files(tmp: Path, sc: Scenario, dep, rows, summary, command, workers) 
     with open(tmp / "requests.csv", "w", newline="") as f:
         # column by column, a chunk of rows at a time: csv.writer's bytes (a list of
         # records has no storage kinds: every column formatted value by value)
-        table = isinstance(recs, RequestTable)
-        requests_csv.write(f, list(REQUEST_COLUMNS), recs.tuples() if table else recs,
-                           recs.kinds() if table else ["o"] * len(REQUEST_COLUMNS), _fmt)
+        if isinstance(recs, RequestTable):
+            requests_csv.write_table(f, list(REQUEST_COLUMNS), recs)
+        else:
+            requests_csv.write_rows(f, list(REQUEST_COLUMNS), recs,
+                                    ["o"] * len(REQUEST_COLUMNS))
 
 
 class _CallableModule(types.ModuleType):

@@ -12,6 +12,7 @@ import random
 import pytest
 
 from sim import requests_csv
+from sim.records import REQUEST_COLUMNS
 from sim.run import _fmt
 
 TEXTS = ["r1", "", "a,b", 'say "hi"', "two\nlines", "cr\rhere", "é-\U0001f600", " lead", "x"]
@@ -44,28 +45,100 @@ def reference(rows) -> str:
 def test_the_bytes_are_csv_writers(chunk, seed):
     rows, kinds = rows_and_kinds(300, seed)
     buf = io.StringIO()
-    requests_csv.write(buf, ["a", "b", "c", "d", "e", "f"], rows, kinds, _fmt, chunk)
+    requests_csv.write_rows(buf, ["a", "b", "c", "d", "e", "f"], rows, kinds, chunk)
     assert buf.getvalue() == reference(rows)
 
 
 def test_plain_rows_take_the_joined_path_and_match():
     rows = [(f"r{i}", "s", i, i * 0.5, 1.0, "") for i in range(50)]
     buf = io.StringIO()
-    requests_csv.write(buf, ["a", "b", "c", "d", "e", "f"], rows,
-                       ["s", "t", "i", "d", "d", "o"], _fmt)
+    requests_csv.write_rows(buf, ["a", "b", "c", "d", "e", "f"], rows,
+                            ["s", "t", "i", "d", "d", "o"])
     assert buf.getvalue() == reference(rows)
     assert '"' not in buf.getvalue()
 
 
 def test_no_rows_is_the_header_alone():
     buf = io.StringIO()
-    requests_csv.write(buf, ["a", "b"], [], ["i", "d"], _fmt)
+    requests_csv.write_rows(buf, ["a", "b"], [], ["i", "d"])
     assert buf.getvalue() == "a,b\n"
 
 
 def test_a_nul_character_is_written_as_csv_writer_writes_it():
     rows = [("ok", 1, 0.5, "", "", ""), ("nul\x00inside", 2, 1.0, "", "", "")]
     buf = io.StringIO()
-    requests_csv.write(buf, ["a", "b", "c", "d", "e", "f"], rows,
-                       ["s", "i", "d", "d", "d", "o"], _fmt)
+    requests_csv.write_rows(buf, ["a", "b", "c", "d", "e", "f"], rows,
+                            ["s", "i", "d", "d", "d", "o"])
     assert buf.getvalue() == reference(rows)
+
+
+# ----------------------------------------------------- a RequestTable, from its arrays
+
+
+def _table_rows(seed: int, n: int = 260, odd: bool = False):
+    """Recorder tuples of served and refused requests (tests/metrics/test_request_table
+    builds the same kinds of rows), with request ids that need quoting or are not ASCII,
+    and (``odd``) values no array holds (a bool, 2**70, a text in a number column)."""
+    from tests.metrics.test_request_table import refused_row, served_row
+
+    rng = random.Random(seed)
+    rows = [served_row(i, rng) if i % 9 else refused_row(i) for i in range(n)]
+    for i in rng.sample(range(n), 12):
+        rid = rng.choice(["q,1", 'q"2', "é-id", "\U0001f600", "line\nbreak", "nul\x00"])
+        rows[i] = rows[i][:1] + (rid + str(i),) + rows[i][2:]
+    if odd:
+        hit, ttft = 1 + REQUEST_COLUMNS.index("hit_tokens"), 1 + REQUEST_COLUMNS.index("ttft_s")
+        rows[5] = rows[5][:hit] + (True,) + rows[5][hit + 1:]
+        rows[8] = rows[8][:hit] + (2 ** 70,) + rows[8][hit + 1:]
+        rows[10] = rows[10][:ttft] + ("n/a",) + rows[10][ttft + 1:]
+    rng.shuffle(rows)
+    return rows
+
+
+def _table_reference(table) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(REQUEST_COLUMNS)
+    for r in table:
+        w.writerow([_fmt(v) for v in r])
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1000])
+@pytest.mark.parametrize("odd", [False, True])
+@pytest.mark.parametrize("batch", [5, 1000])
+def test_a_table_is_written_from_its_arrays_as_csv_writer_writes_its_records(chunk, odd,
+                                                                              batch):
+    from tests.metrics.test_request_table import build
+
+    table = build(_table_rows(batch + chunk, odd=odd), batch)
+    kinds = table.kinds()
+    assert {"i", "d", "t", "s", "o"} <= set(kinds)         # (every storage kind met)
+    as_given = {n for n, k in zip(REQUEST_COLUMNS, kinds) if k == "o"}
+    assert ({"hit_tokens", "ttft_s"} <= as_given) == odd    # (numbers no array holds)
+    for view in (table, table.served()):
+        buf = io.StringIO()
+        requests_csv.write_table(buf, list(REQUEST_COLUMNS), view, chunk)
+        assert buf.getvalue() == _table_reference(view)
+    assert len(table.served()) < len(table)
+
+
+def test_a_table_of_ascii_ids_blanks_and_empty_columns_takes_the_joined_path():
+    from tests.metrics.test_request_table import build, served_row
+
+    rng = random.Random(4)
+    rows = [served_row(i, rng, attributed=False) for i in range(120)]
+    table = build(rows, 50)
+    text = io.StringIO()
+    requests_csv.write_table(text, list(REQUEST_COLUMNS), table, 33)
+    assert text.getvalue() == _table_reference(table)
+    assert '"' not in text.getvalue()
+    assert ",," in text.getvalue()                          # (blanks are empty fields)
+
+
+def test_an_empty_table_is_the_header_alone():
+    from tests.metrics.test_request_table import build
+
+    buf = io.StringIO()
+    requests_csv.write_table(buf, list(REQUEST_COLUMNS), build([], 10), 8)
+    assert buf.getvalue() == ",".join(REQUEST_COLUMNS) + "\n"
