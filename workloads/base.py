@@ -11,12 +11,15 @@ A stream is named by a string, or -- block-hash traces (Mooncake) -- by a
 non-negative integer ``h``, the trace's hash id, which stands for the stream
 ``f"mc/{h}"`` (``segment_name``).  Hash ids are the bulk of a Mooncake
 trace's segments: keeping them integers spares a string and a dictionary
-entry per block (one run never mixes the two spellings of a stream).
+entry per block (one run never mixes the two spellings of a stream).  Such a
+trace's prompt is a ``sim.cache.prompt.HashIdPrompt``: its id list, read as the
+segments it stands for (iteration, indexing, ``==`` with a list), not a tuple per id.
 """
 from __future__ import annotations
 
 from sim.config.errors import InputError
 from sim.cache.config import NO_LENGTH_LIMIT
+from sim.cache.prompt import HashIdPrompt, Segment
 
 import difflib
 import math
@@ -26,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-Segment = tuple["str | int", int, int]
 
 
 def segment_name(name: str | int) -> str:
@@ -40,7 +42,8 @@ class TraceRequest:
 
     request_id: str
     arrival_s: float                 # absolute arrival time; for a follow-up turn: a lower bound only
-    segments: list[Segment]          # prompt = concatenation of (stream name, offset, length)
+    # prompt = concatenation of (stream name, offset, length); a block-hash trace's: its ids
+    segments: list[Segment] | HashIdPrompt
     output_tokens: int               # tokens to generate (>= 1)
     session: str | None = None
     after: str | None = None         # request_id of the previous turn: this request arrives

@@ -4,6 +4,7 @@ list of integer token ids is also accepted."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Final
 
 from librt.vecs import append, vec
@@ -14,6 +15,80 @@ from sim.cache.hashing import LITERAL, PrefixHasher, PrefixKeys, Run
 HASH_ID_BASE: Final = -2   # stream id of hash id h: HASH_ID_BASE - h (see StreamRegistry.runs_of)
 
 _SEG = re.compile(r"^([A-Za-z_][A-Za-z0-9_.\-]*)(?:@(\d+))?:(\d+)$")
+
+Segment = tuple["str | int", int, int]   # (stream name, or a hash id; offset; length)
+
+
+class HashIdPrompt:
+    """A block-hash trace record's prompt (Mooncake: ``hash_ids``, ``input_length``) as
+    its segments, kept compact: the record's list of ids, not a tuple per id.
+
+    It reads as the list of segments it stands for (iteration, ``len``, indexing,
+    slices, ``==`` with a list): ``(h, 0, block)`` for each id ``h`` used (the stream
+    ``mc/<h>``, named by its integer), the last one cut to the prompt's length, then
+    ``(tail_name, 0, tail)`` when the ids cover fewer tokens than the prompt.  The
+    engine builds the prompt's keys straight from the ids (``StreamRegistry.keys_of``):
+    a tuple per id, built and dropped per request, was ~4 k CPU instructions of a
+    Mooncake request's ~270 k.  ``ids`` must hold ints ``>= 0`` (the reader checks:
+    ``workloads.hash_ids``)."""
+
+    def __init__(self, ids: list[int], n_in: int, block: int, tail_name: str) -> None:
+        full = n_in // block
+        part = n_in - full * block
+        k = full + 1 if part else full          # segments of the ids
+        if k > len(ids):
+            k = len(ids)
+        covered = block * k
+        if k == full + 1:                       # (the last id's segment is cut)
+            covered = covered - block + part
+        self.ids = ids
+        self.used = k
+        self.block = block
+        self.last = block if k <= full else part   # the length of the last id's segment
+        self.tail_name = tail_name
+        self.tail = n_in - covered               # tokens past the ids (0: none)
+
+    def __len__(self) -> int:
+        return self.used + (1 if self.tail > 0 else 0)
+
+    def segment(self, i: int) -> Segment:
+        """Segment ``i`` (``0 <= i < len``)."""
+        if i < self.used:
+            return (self.ids[i], 0, self.last if i == self.used - 1 else self.block)
+        return (self.tail_name, 0, self.tail)
+
+    def as_list(self) -> list[Segment]:
+        """The segments as a list of tuples."""
+        return [self.segment(i) for i in range(len(self))]
+
+    def __getitem__(self, i: int | slice) -> Segment | list[Segment]:
+        if isinstance(i, slice):
+            return self.as_list()[i]
+        n = len(self)
+        if i < 0:
+            i += n
+        if i < 0 or i >= n:
+            raise IndexError("segment index out of range")
+        return self.segment(i)
+
+    def __iter__(self) -> Iterator[Segment]:
+        return iter(self.as_list())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, HashIdPrompt):
+            return self.as_list() == other.as_list()
+        if isinstance(other, list):
+            return self.as_list() == other
+        return False
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    # (equal to a list: unhashable as one)
+    __hash__ = None   # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"HashIdPrompt({self.as_list()!r})"
 
 
 class StreamRegistry:
@@ -28,7 +103,7 @@ class StreamRegistry:
             sid = self.ids[name] = len(self.ids) + 1
         return sid
 
-    def runs_of(self, segments: list[tuple[str | int, int, int]]) -> list[Run]:
+    def runs_of(self, segments: list[Segment] | HashIdPrompt) -> list[Run]:
         """The runs of a prompt given as ``(stream name, offset, length)`` segments.
 
         An integer name ``h >= 0`` (a block-hash trace's hash id, the stream
@@ -43,20 +118,34 @@ class StreamRegistry:
         return out
 
 
-    def keys_of(self, segments: list[tuple[str | int, int, int]],
+    def keys_of(self, segments: list[Segment] | HashIdPrompt,
                 hasher: PrefixHasher) -> PrefixKeys:
         """``hasher.keys_of(self.runs_of(segments))`` without the intermediate
-        run tuples (the engine builds every request's keys this way)."""
+        run tuples (the engine builds every request's keys this way); a
+        ``HashIdPrompt`` is read from its ids."""
         cap = len(segments)
         streams = vec[i64](capacity=cap)
         starts = vec[i64](capacity=cap)
         lengths = vec[i64](capacity=cap)
-        for name, off, n in segments:
-            # (a name is registered even for an empty segment, as runs_of does)
-            streams = append(streams, self.id(name) if isinstance(name, str)
-                             else HASH_ID_BASE - name)
-            starts = append(starts, off)
-            lengths = append(lengths, n)
+        if isinstance(segments, HashIdPrompt):
+            ids = segments.ids
+            used = segments.used
+            block = segments.block
+            for i in range(used):
+                streams = append(streams, HASH_ID_BASE - ids[i])
+                starts = append(starts, 0)
+                lengths = append(lengths, block if i < used - 1 else segments.last)
+            if segments.tail > 0:
+                streams = append(streams, self.id(segments.tail_name))
+                starts = append(starts, 0)
+                lengths = append(lengths, segments.tail)
+        else:
+            for name, off, n in segments:
+                # (a name is registered even for an empty segment, as runs_of does)
+                streams = append(streams, self.id(name) if isinstance(name, str)
+                                 else HASH_ID_BASE - name)
+                starts = append(starts, off)
+                lengths = append(lengths, n)
         keys = hasher.keys_of([])
         keys.extend_columns(streams, starts, lengths)
         return keys
