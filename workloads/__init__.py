@@ -9,6 +9,7 @@ with ``after``, may come right after its session's earlier turn; its
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from itertools import chain
 from pathlib import Path
 from typing import Any, Union
 
@@ -92,14 +93,19 @@ def build_workload(cfg: Mapping[str, Any], seed: int, base_dir: Path | str | Non
 
 
 def _nonempty(reqs: Iterator[TraceRequest], message: str) -> Iterator[TraceRequest]:
-    """The requests of ``reqs``; a workload that yields none is a ``WorkloadError``
-    (a run of no requests has no TTFT, no hit rate: nothing to report)."""
-    n = 0
-    for r in reqs:
-        n += 1
-        yield r
-    if n == 0:
+    """The requests of ``reqs``, lazily; a workload that yields none is a
+    ``WorkloadError`` (a run of no requests has no TTFT, no hit rate: nothing to
+    report).  Only the first request passes through a generator here: the rest come
+    straight from ``reqs`` (``chain``), with no frame of ours per request."""
+    it = iter(reqs)
+
+    def first() -> Iterator[TraceRequest]:
+        for r in it:
+            yield r
+            return
         raise WorkloadError(message)
+
+    return chain(first(), it)
 
 
 def describe(cfg: Mapping[str, Any] | WorkloadConfig) -> str:

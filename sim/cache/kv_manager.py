@@ -211,10 +211,10 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ lookup --
     def get_computed_blocks(self, req: CacheRequest, max_hit: int | None = None) -> Lookup:
-        if max_hit is None:
-            max_hit = req.num_tokens - 1
+        # (a plain int, not the optional argument: an i64 stored there is boxed)
+        limit: int = req.num_tokens - 1 if max_hit is None else max_hit
         c = self.coordinator
-        blocks, hit, uncached = c.find_longest_cache_hit(req.block_hashes, max_hit)
+        blocks, hit, uncached = c.find_longest_cache_hit(req.block_hashes, limit)
         events = None
         log = self.pool.events
         if log is not None:    # KV events on: the request's report mode, else the default
@@ -226,7 +226,7 @@ class KVCacheManager:
             events = self._emit_cached_block_events(req, blocks)
         junction = hit + uncached if uncached else 0
         return Lookup(blocks, hit, junction, events,
-                      c.full_alone if max_hit == req.num_tokens - 1 else -1)
+                      c.full_alone if limit == req.num_tokens - 1 else -1)
 
     def _emit_cached_block_events(self, req: CacheRequest, blocks: list[list[Block]],
                                   log: KVEventLog | None = None) -> list[dict] | None:
