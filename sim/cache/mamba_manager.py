@@ -24,10 +24,24 @@ if TYPE_CHECKING:
     from sim.cache.request import CacheRequest
 
 
+def _hit_lists(null: Block, k: i64, got: list[Block]) -> list[list[Block]]:
+    """Each member's hit list: ``k`` null blocks, then its state block."""
+    out: list[list[Block]] = []
+    for b in got:
+        c = [null] * k
+        c.append(b)
+        out.append(c)
+    return out
+
+
 def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: list[int],
-               block_size: int, align: int) -> tuple[list[list[Block]], int]:
+               block_size: int, align: int,
+               miss: list[list[Block]]) -> tuple[list[list[Block]], int]:
+    """The longest prefix (at most ``max_length`` tokens) at whose end every member
+    ``group_ids`` holds a state, and each member's hit list; ``miss`` (an empty list
+    per member, never written: the caller's) is the answer when there is none, as it
+    is at most lookups (no list built for them)."""
     h = pool.hash_block_size
-    computed: list[list[Block]] = [[] for _g in group_ids]
     null = pool.null_block
     km = pool.key_map
     g0 = group_ids[0]
@@ -61,13 +75,9 @@ def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: 
             if km.has((kf << GROUP_BITS) | g0):
                 got = pool.get_cached_block(kf, group_ids)
                 if got:
-                    k = fi // sf
-                    for c, b in zip(computed, got):
-                        c.extend([null] * k)
-                        c.append(b)
-                    return computed, (fi + 1) * align
+                    return _hit_lists(null, fi // sf, got), (fi + 1) * align
             fi -= 1
-        return computed, 0
+        return miss, 0
     scale = block_size // h
     for i in range(max_length // block_size - 1, -1, -1):
         idx = (i + 1) * scale - 1
@@ -80,11 +90,8 @@ def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: 
         if got:
             if block_size != align and (i + 1) * block_size % align != 0:
                 continue
-            for c, b in zip(computed, got):
-                c.extend([null] * i)
-                c.append(b)
-            return computed, (i + 1) * block_size
-    return computed, 0
+            return _hit_lists(null, i, got), (i + 1) * block_size
+    return miss, 0
 
 
 # ---------------------------------------------------------------- managers --
@@ -121,6 +128,10 @@ class MambaManager(SingleTypeManager):
         self.drop_eagle_checkpoint = False
         self.cached_this_step: set[int] = set()   # keys of every member
         self._null_runs: list[list[Block]] = []   # (``_null_run``)
+        # a lookup's answer when no state is found: an empty list per member, shared
+        # by every such lookup (nothing writes a hit list: the hit is 0 then, and a
+        # zero hit's lists are only read; ``find_mamba``)
+        self._miss: list[list[Block]] = []
         # (per request: the running state's fields of ``ReqState``)
         # internal prefill checkpoints: this group reserves a block per chunk
         self.ckpt_blocks = spec.prefill_checkpoint_blocks > 0 and spec.mamba_mode == "align"
@@ -149,7 +160,10 @@ class MambaManager(SingleTypeManager):
 
     def find(self, hashes: PrefixKeys, max_length: int, group_ids: list[int], drop_eagle: bool,
              align: int) -> tuple[list[list[Block]], int]:
-        return find_mamba(self.pool, hashes, max_length, group_ids, self.block_size, align)
+        if len(self._miss) != len(group_ids):   # (the group ids asked about: always the same)
+            self._miss = [[] for _g in group_ids]
+        return find_mamba(self.pool, hashes, max_length, group_ids, self.block_size, align,
+                          self._miss)
 
     def num_skipped_tokens(self, num_computed: i64) -> i64:
         return num_computed - 1
