@@ -452,10 +452,6 @@ class RequestTable(Sequence):
         column by its kind: ``sim/requests_csv.py``)."""
         return [c.kind for c in self._cols.values()]
 
-    def tuples(self) -> Iterator[tuple]:
-        """The rows as plain tuples, in ``REQUEST_COLUMNS`` order (what a writer needs)."""
-        return zip(*self._columns())
-
     def text_chunks(self, chunk: int) -> Iterator[list[list[str]]]:
         """The rows ``chunk`` at a time, each chunk its columns' fields as requests.csv
         writes them (``_Column.texts``; ``sim/requests_csv.py`` joins them)."""

@@ -84,7 +84,7 @@ def test_the_served_view_drops_refused_requests_and_computes_slo_ok():
     assert typed([view[-1], view[0]]) == typed([want_served[-1], want_served[0]])
     assert list(view.column("slo_ok")) == [r.slo_ok for r in want_served]
     assert {r.slo_ok for r in want_served} == {0, 1}      # (the SLO splits them)
-    assert list(view.tuples()) == [tuple(r) for r in want_served]
+    assert [tuple(r) for r in view] == [tuple(r) for r in want_served]
     assert view.served() is view
 
 
