@@ -26,7 +26,7 @@ from itertools import accumulate, compress, islice, repeat
 from typing import Any
 
 from sim.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS, RequestRecord
-from sim.requests_csv import FLOAT_SPEC, fmt
+from sim.requests_csv import FLOAT_SPEC, INT_SPEC, any_text
 
 INT_CODES = ("b", "h", "i", "q")        # 1, 2, 4, 8 bytes: a column takes the narrowest
 WIDTH = 1 + len(REQUEST_COLUMNS)   # a recorder tuple: arrival index, then every column
@@ -255,7 +255,7 @@ class _Column:
     def texts(self, lo: int, hi: int, pos: Sequence[int] | None, state: list) -> list[str]:
         """Rows ``lo`` to ``hi`` (of ``pos``'s rows, in a view) as requests.csv writes
         them: ``requests_csv.fmt`` of each value ``values`` gives, a column at a time
-        (``str`` of the integers, ``format`` of the floats, "" at the blanks, request ids
+        (``format`` of the numbers, "" at the blanks, request ids
         sliced from their bytes decoded once) with no Python call per value.  ``state``:
         an empty list on the first call, the same list on the next chunks (what a
         column keeps between them)."""
@@ -264,8 +264,7 @@ class _Column:
         n = hi - lo
         if kind in ("i", "d") and not (self.blank and self.blank == len(data)):
             vals = data[lo:hi] if pos is None else list(map(data.__getitem__, pos[lo:hi]))
-            out = (list(map(str, vals)) if kind == "i"
-                   else list(map(format, vals, repeat(FLOAT_SPEC, n))))
+            out = list(map(format, vals, repeat(INT_SPEC if kind == "i" else FLOAT_SPEC, n)))
             bl = self.blanks
             if self.blank and bl is not None:
                 flags = bl[lo:hi] if pos is None else bytes(map(bl.__getitem__, pos[lo:hi]))
@@ -287,7 +286,7 @@ class _Column:
                                                    map(self.ends.__getitem__, rows))))
         if not state:         # any other column: its values in order, formatted one by one
             state.append(iter(self.values(pos)))
-        return list(map(fmt, islice(state[0], n)))
+        return any_text(list(islice(state[0], n)))
 
     def at(self, i: int) -> Any:
         kind = self.kind

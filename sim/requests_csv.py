@@ -5,9 +5,9 @@ The csv module looks at every character of every field for one that needs quotin
 the rows were formatted value by value through a Python call.  Here each column becomes
 its text in one pass (``fmt``: a float ``format(v, ".6f")``, anything else ``str``),
 and the rows are joined by commas.  A ``RequestTable`` (``sim/request_table.py``) gives
-its columns' text straight from their arrays (``RequestTable.text_chunks``: integers by
-a C-level ``str`` map, floats by ``format``, request ids sliced from their bytes
-decoded once), with no row tuple and no Python call per value; rows given as tuples
+its columns' text straight from their arrays (``RequestTable.text_chunks``: numbers by a
+C-level ``format`` map, request ids sliced from their bytes decoded once), with no row
+tuple and no Python call per value; rows given as tuples
 (``write_rows``) are turned into columns first.
 
 Exact: a field is written verbatim by ``csv.writer`` (QUOTE_MINIMAL, ``,`` and ``"``,
@@ -20,12 +20,16 @@ from __future__ import annotations
 import csv
 import io
 import re
-from itertools import islice
+from itertools import islice, repeat
 from typing import IO, Any, Iterable
 
 FLOAT_SPEC = ".6f"    # every float of requests.csv (and memory.csv's time_s)
+# an integer's text: format(v, "") is str(v) for an int (and for "" and a bool), with no
+# argument tuple built per call (``map(str, ...)`` calls the type: one tuple a value)
+INT_SPEC = ""
 CHUNK = 1 << 15       # rows formatted at a time (a million-request run's text is never whole)
 
+_PLAIN = {str, int, bool}     # types whose fmt is format(v, ""): str(v)
 # characters that make csv.writer quote (or refuse) a field: a superset, checked per column
 _SPECIAL = re.compile('[,"\r\n\x00]')
 
@@ -38,15 +42,23 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
+def any_text(values: list[Any]) -> list[str]:
+    """``fmt`` of each value: by a C-level ``format`` map when every value is a str, an
+    int or a bool (``format(v, "")`` is ``str(v)`` for those), else value by value."""
+    if set(map(type, values)) <= _PLAIN:
+        return list(map(format, values, repeat(INT_SPEC)))
+    return list(map(fmt, values))
+
+
 def column_text(values: Iterable[Any], kind: str) -> list[str]:
     """One column's fields, ``fmt`` of each value.  ``kind``: the column's storage kind
     (``sim.request_table._Column``): "i" integers (or ""), "d" floats (or ""), text
     ("t", "s"), or "o" (values of any type)."""
     if kind == "i":
-        return list(map(str, values))             # (an int's str; "" stays "")
+        return list(map(format, values, repeat(INT_SPEC)))   # (an int's str; "" stays "")
     if kind in ("t", "s"):
         return list(values)
-    return list(map(fmt, values))                 # (a float's .6f; "" stays "")
+    return any_text(list(values))                 # (a float's .6f; "" stays "")
 
 
 def is_text(kind: str) -> bool:

@@ -490,8 +490,9 @@ def write_memory_csv(path: Path, sampler: StepSampler) -> None:
         t, a, m, in_use, running, waiting = zip(*rows)
         cached = map(operator.sub, map(operator.add, a, m), in_use)
         secs = map(format, map((1e-9).__mul__, t), repeat(requests_csv.FLOAT_SPEC))
-        f.write("\n".join(map(",".join, zip(secs, *(map(str, c) for c in (
-            a, m, in_use, cached, running, waiting))))))
+        f.write("\n".join(map(",".join, zip(secs, *(
+            map(format, c, repeat(requests_csv.INT_SPEC))
+            for c in (a, m, in_use, cached, running, waiting))))))
         f.write("\n")
 
 

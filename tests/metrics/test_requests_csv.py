@@ -142,3 +142,21 @@ def test_an_empty_table_is_the_header_alone():
     buf = io.StringIO()
     requests_csv.write_table(buf, list(REQUEST_COLUMNS), build([], 10), 8)
     assert buf.getvalue() == ",".join(REQUEST_COLUMNS) + "\n"
+
+
+def test_any_text_is_fmt_of_each_value_whatever_their_types():
+    import enum
+
+    import numpy as np
+
+    class Flag(enum.IntEnum):
+        ON = 1
+
+    class Count(int):
+        def __str__(self):
+            return f"count {int(self)}"
+
+    mixes = [["a", "", "b,c"], [0, -3, 2 ** 70, True, "", "x"], [1.5, "", 2],
+             [np.float64(0.25), 3], [Flag.ON, 1], [Count(4), "y"], [None, 1], []]
+    for values in mixes:
+        assert requests_csv.any_text(values) == [_fmt(v) for v in values]
