@@ -352,7 +352,9 @@ class Scheduler:
             while budget > 0 and self.waiting:
                 if len(self.running) >= self.max_num_seqs:
                     break
-                r = self.waiting.peek_request()
+                # (``peek_request`` by the protocol's ``[0]``, the same request: for
+                # the default queue a deque's C indexing, not a Python-level call)
+                r = self.waiting[0]
                 c = r.cache
                 lookup = None
                 new_local = 0
