@@ -37,10 +37,6 @@ UNIQUE = ("request_id",)      # text of one value a request: its bytes, one afte
 _encode = operator.methodcaller("encode", "utf-8", "surrogatepass")   # (any str, exactly)
 
 
-def _pick(v: Any, blank: int) -> Any:
-    return "" if blank else v
-
-
 def _widened(data: array, code: str) -> array:
     """An integer array as a wider one (the same values)."""
     import numpy as np
@@ -250,7 +246,10 @@ class _Column:
         if not self.blank:
             return got
         bl: Any = self.blanks
-        return map(_pick, got, bl if pos is None else map(bl.__getitem__, pos))
+        out = list(got)          # ("" written at the blanks: no Python call a value)
+        for i in compress(range(len(out)), bl if pos is None else map(bl.__getitem__, pos)):
+            out[i] = ""
+        return out
 
     def texts(self, lo: int, hi: int, pos: Sequence[int] | None, state: list) -> list[str]:
         """Rows ``lo`` to ``hi`` (of ``pos``'s rows, in a view) as requests.csv writes
