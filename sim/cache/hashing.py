@@ -164,6 +164,9 @@ class PrefixKeys:
         # call; a shift or a product a caller builds of them stays far below 2**62)
         self.total: i64 = 0
         self.count: i64 = 0
+        # the total at which ``count`` next grows: appending tokens below it leaves the
+        # count as it is, with no division (``append_run``, every decode step)
+        self.count_end: i64 = 0
         if runs:
             streams = vec[i64]()
             starts = vec[i64]()
@@ -237,10 +240,12 @@ class PrefixKeys:
     def _set_total(self, total: i64) -> None:
         """The sequence now has ``total`` tokens: so many units are emitted."""
         self.total = total
-        c: i64 = (total - self.lookahead) // self.unit
+        unit: i64 = self.unit
+        c: i64 = (total - self.lookahead) // unit
         if c < 0:
             c = 0
         self.count = c
+        self.count_end = (c + 1) * unit + self.lookahead
 
     @property
     def runs(self) -> list[Run]:
@@ -261,13 +266,13 @@ class PrefixKeys:
         if last >= 0:
             b = self.begins[last]
             if self.streams[last] == stream and self.starts[last] + (total - b) == start:
-                # the last run grows (``_set_total`` inlined: once per request per step)
+                # the last run grows (once per request per step): the count only moves
+                # once the total reaches ``count_end``
                 total += n
-                self.total = total
-                c: i64 = (total - self.lookahead) // self.unit
-                if c < 0:
-                    c = 0
-                self.count = c
+                if n >= 0 and total < self.count_end:
+                    self.total = total
+                else:
+                    self._set_total(total)
                 return
             p = unit_end(self.pre[last], total - b)
         self.pre = append(self.pre, unit_pre(p, stream, start))

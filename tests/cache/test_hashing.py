@@ -207,3 +207,29 @@ def test_a_hash_id_prompt_reads_as_its_segments_and_keys_as_them():
     assert HashIdPrompt([1], 8, 16, "t") != [(1, 0, 16)]
     with pytest.raises(TypeError):
         hash(HashIdPrompt([1], 8, 16, "t"))
+
+
+def test_count_follows_the_total_through_appends():
+    """PrefixKeys.count (units emitted) after any mix of appends (continuing the last
+    run, a new run, zero tokens onto the last run) is max((total - lookahead) // unit, 0),
+    as keys built from the same runs at once give; append_run recomputes it only at
+    ``count_end``."""
+    rng = random.Random(31)
+    for _ in range(200):
+        unit, la = rng.choice([1, 4, 16, 64]), rng.choice([0, 1, 3, 70])
+        keys = PrefixHasher(unit, la).keys_of([])
+        pos: dict[int, int] = {}
+        for _ in range(rng.randint(1, 40)):
+            stream = rng.choice([1, 1, 1, 2, 3])
+            n = rng.choice([0, 1, 1, 2, 4, 5, 63, 64, 65, 200])
+            start = pos.get(stream, 0) if rng.random() < 0.9 else rng.randint(0, 500)
+            runs = keys.runs
+            if n == 0 and not (runs and runs[-1][0] == stream
+                               and runs[-1][1] + runs[-1][2] == start):
+                n = 1      # (an engine never appends an empty run of its own)
+            keys.append_run(stream, start, n)
+            pos[stream] = start + n
+            assert keys.count == max((keys.total - la) // unit, 0)
+            fresh = PrefixHasher(unit, la).keys_of(keys.runs)
+            assert (fresh.total, fresh.count) == (keys.total, keys.count)
+        assert keys.keys() == fresh.keys()
