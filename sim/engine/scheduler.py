@@ -44,7 +44,8 @@ class SimRequest:
                  "finish_ns", "preemptions", "recomputed_tokens", "mamba_states_written",
                  "chunk_ends", "chunk_end_steps", "first_prefill_done", "done_event",
                  "out_stream", "fast_n", "fast_until", "item", "has_drafts",
-                 "is_prefill_chunk", "recording", "cache_mark", "rejected", "priority",
+                 "is_prefill_chunk", "recording", "cache_mark", "cache_mark_end", "rejected",
+                 "priority",
                  "arrival_step", "miss", "last_delivery_ns", "deliveries", "session")
 
     def __init__(self, cache: CacheRequest, max_tokens: int, index: int):
@@ -76,9 +77,11 @@ class SimRequest:
         self.has_drafts = False            # drafter proposed K tokens after its last sampling step
         self.is_prefill_chunk = False      # its last scheduled step left prompt tokens uncomputed
         self.recording = True              # first prefill's chunk ends (stops at a preemption)
-        self.cache_mark: i64 = -1               # block index of min(computed, hashed) at the last
-                                           # update-time cache_blocks (later calls before the
-                                           # next block completes are no-ops and are skipped)
+        # the block of min(computed, hashed) at the last update-time cache_blocks, as its
+        # token range [cache_mark, cache_mark_end) (later calls before the next block
+        # completes are no-ops and are skipped; a comparison, not a division, a step)
+        self.cache_mark: i64 = -1
+        self.cache_mark_end: i64 = -1
         self.rejected = ""                 # why it was refused on arrival (a reason token), or ""
         self.priority: i64 = 0                  # scheduler.policy priority: lower goes first
         self.arrival_step: i64 = 0              # scheduler step at arrival (lpm's starvation bound)
@@ -492,6 +495,7 @@ class Scheduler:
         self.kv.free(r.cache)
         r.fast_n = -1
         r.cache_mark = -1
+        r.cache_mark_end = -1
         r.has_drafts = False
         r.recording = False   # the first prefill's chunk list ends at the first preemption
         r.recomputed_tokens += r.cache.num_computed_tokens
@@ -604,9 +608,10 @@ class Scheduler:
                 lim: i64 = c.block_hashes.count * unit   # (hashed tokens)
                 if comp < lim:
                     lim = comp
-                mark = lim // min_block
-                if mark != r.cache_mark:
+                if lim < r.cache_mark or lim >= r.cache_mark_end:
+                    mark: i64 = lim // min_block * min_block
                     r.cache_mark = mark
+                    r.cache_mark_end = mark + min_block
                     kv.cache_blocks(c, comp)
             if r.num_output >= r.max_tokens:
                 r.finish_ns = now
