@@ -355,9 +355,9 @@ class Scheduler:
             while budget > 0 and self.waiting:
                 if len(self.running) >= self.max_num_seqs:
                     break
-                # (``peek_request`` by the protocol's ``[0]``, the same request: for
-                # the default queue a deque's C indexing, not a Python-level call)
-                r = self.waiting[0]
+                # (through the policy's peek_request, not ``[0]``: ``sim explain`` watches
+                # this call to read the pool as the admission lookup sees it)
+                r = self.waiting.peek_request()
                 c = r.cache
                 lookup = None
                 new_local = 0
