@@ -26,7 +26,7 @@ from itertools import accumulate, compress, islice, repeat
 from typing import Any
 
 from sim.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS, RequestRecord
-from sim.requests_csv import FLOAT_SPEC, INT_SPEC, any_text
+from sim.requests_csv import INT_SPEC, any_text, float_texts
 
 INT_CODES = ("b", "h", "i", "q")        # 1, 2, 4, 8 bytes: a column takes the narrowest
 WIDTH = 1 + len(REQUEST_COLUMNS)   # a recorder tuple: arrival index, then every column
@@ -263,7 +263,8 @@ class _Column:
         n = hi - lo
         if kind in ("i", "d") and not (self.blank and self.blank == len(data)):
             vals = data[lo:hi] if pos is None else list(map(data.__getitem__, pos[lo:hi]))
-            out = list(map(format, vals, repeat(INT_SPEC if kind == "i" else FLOAT_SPEC, n)))
+            out = (list(map(format, vals, repeat(INT_SPEC, n))) if kind == "i"
+                   else float_texts(vals))
             bl = self.blanks
             if self.blank and bl is not None:
                 flags = bl[lo:hi] if pos is None else bytes(map(bl.__getitem__, pos[lo:hi]))

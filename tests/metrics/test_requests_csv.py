@@ -160,3 +160,16 @@ def test_any_text_is_fmt_of_each_value_whatever_their_types():
              [np.float64(0.25), 3], [Flag.ON, 1], [Count(4), "y"], [None, 1], []]
     for values in mixes:
         assert requests_csv.any_text(values) == [_fmt(v) for v in values]
+
+
+def test_float_texts_is_format_of_each_double():
+    import struct
+
+    rng = random.Random(8)
+    values = [rng.random() * 10 ** rng.randint(-9, 14) for _ in range(3000)]
+    values += [math.inf, -math.inf, math.nan, -math.nan, -0.0, 0.0, 1e308, -1e-308, 5e-324,
+               2.5e-7, 5e-7, 1.5e-6, 1234567.8900005, 0.1 + 0.2]
+    values += [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0]
+               for _ in range(3000)]       # any bit pattern: subnormals, NaN payloads
+    assert requests_csv.float_texts(values) == [format(v, ".6f") for v in values]
+    assert requests_csv.float_texts([]) == []
