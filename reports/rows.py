@@ -36,6 +36,7 @@ def as_written(recs) -> list[list]:
     in requests.csv order: a ``sim.request_table.RequestTable`` or a list of records), as
     ``read`` would read them from the requests.csv ``sim run`` writes from ``recs``:
     column by column (``rows_of`` makes them rows)."""
+    from sim.requests_csv import FLOAT_SPEC
     from sim.run import _col, _fmt
 
     def text(v, kind: int):     # (what requests.csv holds, read back)
@@ -51,7 +52,7 @@ def as_written(recs) -> list[list]:
         elif k == 1:
             out.append([v if type(v) is int else text(v, k) for v in vals])
         else:
-            out.append([float(f"{v:.6f}") if type(v) is float else text(v, k)
+            out.append([float(format(v, FLOAT_SPEC)) if type(v) is float else text(v, k)
                         for v in vals])
     return out
 

@@ -26,7 +26,7 @@ from itertools import accumulate, compress, islice, repeat
 from typing import Any
 
 from sim.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS, RequestRecord
-from sim.requests_csv import INT_SPEC, any_text, float_texts
+from sim.requests_csv import any_text, float_texts, int_texts
 
 INT_CODES = ("b", "h", "i", "q")        # 1, 2, 4, 8 bytes: a column takes the narrowest
 WIDTH = 1 + len(REQUEST_COLUMNS)   # a recorder tuple: arrival index, then every column
@@ -35,6 +35,14 @@ PAD = tuple(("",) * k for k in range(WIDTH + 1))   # the "" a short tuple is mis
 CODED = ("session", "rejected", "checkpoint_reason")
 UNIQUE = ("request_id",)      # text of one value a request: its bytes, one after the other
 _encode = operator.methodcaller("encode", "utf-8", "surrogatepass")   # (any str, exactly)
+
+
+def _blanked(out: list, flags: Iterable[int]) -> list:
+    """``out`` with "" at every position ``flags`` marks (one C-level pass over the
+    flags: no Python call a value)."""
+    for i in compress(range(len(out)), flags):
+        out[i] = ""
+    return out
 
 
 def _widened(data: array, code: str) -> array:
@@ -246,10 +254,7 @@ class _Column:
         if not self.blank:
             return got
         bl: Any = self.blanks
-        out = list(got)          # ("" written at the blanks: no Python call a value)
-        for i in compress(range(len(out)), bl if pos is None else map(bl.__getitem__, pos)):
-            out[i] = ""
-        return out
+        return _blanked(list(got), bl if pos is None else map(bl.__getitem__, pos))
 
     def texts(self, lo: int, hi: int, pos: Sequence[int] | None, state: list) -> list[str]:
         """Rows ``lo`` to ``hi`` (of ``pos``'s rows, in a view) as requests.csv writes
@@ -263,14 +268,11 @@ class _Column:
         n = hi - lo
         if kind in ("i", "d") and not (self.blank and self.blank == len(data)):
             vals = data[lo:hi] if pos is None else list(map(data.__getitem__, pos[lo:hi]))
-            out = (list(map(format, vals, repeat(INT_SPEC, n))) if kind == "i"
-                   else float_texts(vals))
+            out = int_texts(vals) if kind == "i" else float_texts(vals)
             bl = self.blanks
-            if self.blank and bl is not None:
-                flags = bl[lo:hi] if pos is None else bytes(map(bl.__getitem__, pos[lo:hi]))
-                for i in compress(range(n), flags):
-                    out[i] = ""
-            return out
+            if not (self.blank and bl is not None):
+                return out
+            return _blanked(out, bl[lo:hi] if pos is None else map(bl.__getitem__, pos[lo:hi]))
         if kind == "t":
             codes = data.data
             ids = codes[lo:hi] if pos is None else map(codes.__getitem__, pos[lo:hi])

@@ -44,6 +44,12 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
+def int_texts(values: Iterable[Any]) -> list[str]:
+    """``str`` of each int (and of a str or a bool: "" stays ""), by a C-level
+    ``format(v, INT_SPEC)`` map."""
+    return list(map(format, values, repeat(INT_SPEC)))
+
+
 def float_texts(values: Sequence[float]) -> list[str]:
     """``format(v, FLOAT_SPEC)`` of each float, by one %-formatting of them all
     (``"%.6f" % v`` is the same text for every double, infinities, NaNs and -0.0
@@ -57,7 +63,7 @@ def any_text(values: list[Any]) -> list[str]:
     """``fmt`` of each value: by a C-level ``format`` map when every value is a str, an
     int or a bool (``format(v, "")`` is ``str(v)`` for those), else value by value."""
     if set(map(type, values)) <= _PLAIN:
-        return list(map(format, values, repeat(INT_SPEC)))
+        return int_texts(values)
     return list(map(fmt, values))
 
 
@@ -66,7 +72,7 @@ def column_text(values: Iterable[Any], kind: str) -> list[str]:
     (``sim.request_table._Column``): "i" integers (or ""), "d" floats (or ""), text
     ("t", "s"), or "o" (values of any type)."""
     if kind == "i":
-        return list(map(format, values, repeat(INT_SPEC)))   # (an int's str; "" stays "")
+        return int_texts(values)                  # (an int's str; "" stays "")
     if kind in ("t", "s"):
         return list(values)
     return any_text(list(values))                 # (a float's .6f; "" stays "")

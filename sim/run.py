@@ -18,7 +18,7 @@ import sys
 import time
 import types
 from dataclasses import dataclass, field
-from itertools import compress, repeat
+from itertools import compress
 from pathlib import Path
 from typing import Callable
 
@@ -489,10 +489,9 @@ def write_memory_csv(path: Path, sampler: StepSampler) -> None:
         # six decimals, every count an int's str (at most MEMORY_ROWS rows: one string)
         t, a, m, in_use, running, waiting = zip(*rows)
         cached = map(operator.sub, map(operator.add, a, m), in_use)
-        secs = map(format, map((1e-9).__mul__, t), repeat(requests_csv.FLOAT_SPEC))
-        f.write("\n".join(map(",".join, zip(secs, *(
-            map(format, c, repeat(requests_csv.INT_SPEC))
-            for c in (a, m, in_use, cached, running, waiting))))))
+        secs = requests_csv.float_texts(list(map((1e-9).__mul__, t)))
+        f.write("\n".join(map(",".join, zip(secs, *map(requests_csv.int_texts, (
+            a, m, in_use, cached, running, waiting))))))
         f.write("\n")
 
 

@@ -31,12 +31,12 @@ line order, as ``bench/marconi_reference.py`` replays Mooncake).
 """
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim import requests_csv
 from sim.marconi.costs import CostModel
 from sim.marconi.replay import Result, replay
 from sim.records import REQUEST_COLUMNS, RequestRecord
@@ -108,10 +108,6 @@ def run_reference(sc, variant: str, alpha: float | None = None) -> ReferenceRun:
     return ReferenceRun(records, summary, res)
 
 
-def _cell(v: Any) -> str:
-    return f"{v:.6f}" if isinstance(v, float) else str(v)
-
-
 def report_text(run: ReferenceRun) -> str:
     s = run.summary
     alpha = "-"
@@ -150,10 +146,9 @@ def write_reference(folder: Path, run: ReferenceRun) -> Path:
 
     with atomic_folder(folder, kind="run") as tmp:
         with open(tmp / "requests.csv", "w", newline="") as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(REQUEST_COLUMNS)
-            for r in run.records:
-                w.writerow([_cell(v) for v in r])
+            # (sim run's writer: csv.writer's bytes of each value's requests.csv text)
+            requests_csv.write_rows(f, list(REQUEST_COLUMNS), run.records,
+                                    ["o"] * len(REQUEST_COLUMNS))
         with open(tmp / "summary.json", "w") as f:
             json.dump(run.summary, f, indent=1, allow_nan=False)
             f.write("\n")
