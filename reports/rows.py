@@ -36,6 +36,10 @@ def as_written(recs) -> list[list]:
     in requests.csv order: a ``sim.request_table.RequestTable`` or a list of records), as
     ``read`` would read them from the requests.csv ``sim run`` writes from ``recs``:
     column by column (``rows_of`` makes them rows)."""
+    from sim.request_table import RequestTable
+
+    if isinstance(recs, RequestTable):
+        return _table_as_written(recs.served())
     from sim.requests_csv import FLOAT_SPEC
     from sim.run import _col, _fmt
 
@@ -54,6 +58,30 @@ def as_written(recs) -> list[list]:
         else:
             out.append([float(format(v, FLOAT_SPEC)) if type(v) is float else text(v, k)
                         for v in vals])
+    return out
+
+
+def _table_as_written(table) -> list[list]:
+    """``as_written`` of a table's served requests: an integer column as its values
+    (``int(str(v))`` is ``v``; blanks are ""), any other its requests.csv text
+    (``RequestTable.column_texts``) read back as ``read_request_records`` reads it, by
+    one C-level conversion a column where it has no blank (the report is drawn from
+    these while requests.csv is written: this is on the report's critical path)."""
+    from sim.records import REQUEST_COLUMNS
+
+    stored = dict(zip(REQUEST_COLUMNS, table.kinds()))
+    out = []
+    for c, k in zip(REPORT_COLUMNS, _KINDS):
+        if k == 1 and stored[c] == "i":     # (integers, "" at blanks: read back the same)
+            out.append(list(table.column(c)))
+            continue
+        texts = table.column_texts(c)
+        if k == 0:
+            out.append(texts)
+        elif "" in texts:
+            out.append([_conv(v, k) for v in texts])
+        else:
+            out.append(list(map(int if k == 1 else float, texts)))
     return out
 
 

@@ -462,6 +462,11 @@ class RequestTable(Sequence):
             hi = min(lo + chunk, self._n)
             yield [c.texts(lo, hi, self._pos, st) for c, st in zip(cols, states)]
 
+    def column_texts(self, name: str) -> list[str]:
+        """One field of every request as requests.csv writes it (``_Column.texts``: no
+        Python call a value)."""
+        return self._cols[name].texts(0, self._n, self._pos, [])
+
     def column(self, name: str) -> Sequence[Any]:
         """One field of every request, in order, without building records: read-only
         (the column's own array when it can be, else a new list)."""

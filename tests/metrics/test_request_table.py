@@ -235,3 +235,32 @@ def test_a_replay_recorded_column_by_column_equals_one_recorded_as_tuples(attrib
         return dep.records
 
     assert typed(table(True)) == typed(table(False))
+
+
+@pytest.mark.parametrize("attributed", [True, False])
+def test_the_reports_columns_of_a_table_are_what_its_requests_csv_reads_back(attributed,
+                                                                             tmp_path):
+    """``reports.rows.as_written`` of a table (one text conversion a column) gives the
+    report's columns of the served requests exactly as reading the requests.csv written
+    from the same table does: refused requests left out, blanks "", odd ids, values and
+    types; and as the record-by-record path gives them from the table's records."""
+    from reports.rows import REPORT_COLUMNS, as_written
+    from sim import requests_csv
+    from sim.records import read_request_records
+
+    rng = random.Random(11)
+    ids = ["a,b\n", 'q"x', "é-\U0001f600"]
+    served = [served_row(i, rng, attributed) for i in range(200) if i % 9]
+    served = [(r[0], ids[k]) + r[2:] if k < len(ids) else r for k, r in enumerate(served)]
+    rows = served + [refused_row(i) for i in range(0, 200, 9)]
+    rng.shuffle(rows)
+    table = build(rows, 16)
+    path = tmp_path / "requests.csv"
+    with open(path, "w", newline="") as f:
+        requests_csv.write_table(f, list(REQUEST_COLUMNS), table)
+    back = [r for r in read_request_records(path) if not r.rejected]
+    want = [[(type(v), v) for v in (getattr(r, c) for r in back)] for c in REPORT_COLUMNS]
+    got = as_written(table)
+    assert [[(type(v), v) for v in col] for col in got] == want
+    assert as_written(list(table)) == got
+    assert len(got[0]) == len(served) and set(ids) <= set(got[0])
