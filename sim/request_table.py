@@ -26,7 +26,8 @@ from itertools import accumulate, compress, islice, repeat
 from typing import Any
 
 from sim.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS, RequestRecord
-from sim.requests_csv import any_text, float_texts, int_texts
+from sim.requests_csv import (FLOAT_FIELD, INT_FIELD, TEXT_FIELD, any_text, float_texts,
+                              int_texts)
 
 INT_CODES = ("b", "h", "i", "q")        # 1, 2, 4, 8 bytes: a column takes the narrowest
 WIDTH = 1 + len(REQUEST_COLUMNS)   # a recorder tuple: arrival index, then every column
@@ -290,6 +291,18 @@ class _Column:
             state.append(iter(self.values(pos)))
         return any_text(list(islice(state[0], n)))
 
+    def fields(self, lo: int, hi: int, pos: Sequence[int] | None,
+               state: list) -> tuple[str, Sequence[Any]]:
+        """Rows ``lo`` to ``hi`` as ``requests_csv`` formats a row: a number column with no
+        blank as its %-format (``INT_FIELD``, ``FLOAT_FIELD``) and its numbers, any other
+        as ``TEXT_FIELD`` and ``texts``."""
+        kind = self.kind
+        if kind in ("i", "d") and not self.blank:
+            data = self.data
+            vals = data[lo:hi] if pos is None else list(map(data.__getitem__, pos[lo:hi]))
+            return (INT_FIELD if kind == "i" else FLOAT_FIELD), vals
+        return TEXT_FIELD, self.texts(lo, hi, pos, state)
+
     def at(self, i: int) -> Any:
         kind = self.kind
         if kind == "t":
@@ -453,14 +466,14 @@ class RequestTable(Sequence):
         column by its kind: ``sim/requests_csv.py``)."""
         return [c.kind for c in self._cols.values()]
 
-    def text_chunks(self, chunk: int) -> Iterator[list[list[str]]]:
-        """The rows ``chunk`` at a time, each chunk its columns' fields as requests.csv
-        writes them (``_Column.texts``; ``sim/requests_csv.py`` joins them)."""
+    def field_chunks(self, chunk: int) -> Iterator[list[tuple[str, Sequence[Any]]]]:
+        """The rows ``chunk`` at a time, each chunk its columns' %-formats and values
+        (``_Column.fields``; ``sim/requests_csv.py`` formats them)."""
         cols = list(self._cols.values())
         states: list[list] = [[] for _ in cols]
         for lo in range(0, self._n, chunk):
             hi = min(lo + chunk, self._n)
-            yield [c.texts(lo, hi, self._pos, st) for c, st in zip(cols, states)]
+            yield [c.fields(lo, hi, self._pos, st) for c, st in zip(cols, states)]
 
     def column_texts(self, name: str) -> list[str]:
         """One field of every request as requests.csv writes it (``_Column.texts``: no

@@ -5,9 +5,11 @@ The csv module looks at every character of every field for one that needs quotin
 the rows were formatted value by value through a Python call.  Here each column becomes
 its text in one pass (``fmt``: a float ``format(v, ".6f")``, anything else ``str``),
 and the rows are joined by commas.  A ``RequestTable`` (``sim/request_table.py``) gives
-its columns' text straight from their arrays (``RequestTable.text_chunks``: numbers by a
-C-level ``format`` map, request ids sliced from their bytes decoded once), with no row
-tuple and no Python call per value; rows given as tuples
+its columns straight from their arrays (``RequestTable.field_chunks``: a number column
+without blanks as its numbers, any other as its text, request ids sliced from their
+bytes decoded once), and a chunk of rows is one %-formatting of a row's format repeated
+(``"%d,%s,%.6f,...\n"``): every field written straight into the text, with no string a
+field, no row tuple and no Python call per value; rows given as tuples
 (``write_rows``) are turned into columns first.
 
 Exact: a field is written verbatim by ``csv.writer`` (QUOTE_MINIMAL, ``,`` and ``"``,
@@ -29,6 +31,11 @@ FLOAT_SPEC = ".6f"    # every float of requests.csv (and memory.csv's time_s)
 INT_SPEC = ""
 CHUNK = 1 << 15       # rows formatted at a time (a million-request run's text is never whole)
 
+# a field's %-format in a row's format (``write_table``): an int's is its str, a float's
+# its .6f, a text's the text itself
+INT_FIELD = "%d"
+FLOAT_FIELD = "%" + FLOAT_SPEC
+TEXT_FIELD = "%s"
 _PLAIN = {str, int, bool}     # types whose fmt is format(v, ""): str(v)
 _SEP = "\x00"                # (in no number's text)
 _FLOAT_FIELD = "%" + FLOAT_SPEC + _SEP
@@ -89,9 +96,8 @@ def write_table(f: IO[str], header: list[str], table: Any, chunk: int = CHUNK) -
     order) as ``csv.writer(f, lineterminator="\n")`` writes ``header`` and
     ``[fmt(v) for v in row]`` of each row."""
     csv.writer(f, lineterminator="\n").writerow(header)
-    text = list(map(is_text, table.kinds()))
-    for cols in table.text_chunks(chunk):
-        _write_block(f, cols, text)
+    for fields in table.field_chunks(chunk):
+        _write_fields(f, fields)
 
 
 def write_rows(f: IO[str], header: list[str], rows: Iterable[tuple], kinds: list[str],
@@ -107,6 +113,30 @@ def write_rows(f: IO[str], header: list[str], rows: Iterable[tuple], kinds: list
             return
         _write_block(f, [column_text(vals, kind) for vals, kind in zip(zip(*block), kinds)],
                      text)
+
+
+_TEXTS = {INT_FIELD: int_texts, FLOAT_FIELD: float_texts}
+
+
+def _write_fields(f: IO[str], fields: list[tuple[str, Sequence[Any]]]) -> None:
+    """The rows of ``fields`` (each column's %-format and values, all of one length:
+    ``INT_FIELD`` ints, ``FLOAT_FIELD`` floats, ``TEXT_FIELD`` its fields as text) by
+    one %-formatting of the chunk: the values interleaved into one tuple by slice
+    assignment, every field written straight into the text (no string a field, no row
+    tuple, no join).  A chunk with a field to quote goes through ``_write_block``."""
+    if not fields or not len(fields[0][1]):
+        return
+    for spec, vals in fields:
+        if spec == TEXT_FIELD and _SPECIAL.search("".join(vals)):
+            _write_block(f, [vals if s == TEXT_FIELD else _TEXTS[s](vals) for s, vals in fields],
+                         [s == TEXT_FIELD for s, _ in fields])
+            return
+    m = len(fields)
+    n = len(fields[0][1])
+    flat: list[Any] = [None] * (n * m)
+    for j, (_, vals) in enumerate(fields):
+        flat[j::m] = vals
+    f.write((",".join([s for s, _ in fields]) + "\n") * n % tuple(flat))
 
 
 def _write_block(f: IO[str], columns: list[list[str]], text: list[bool]) -> None:
