@@ -97,7 +97,7 @@ def write_table(f: IO[str], header: list[str], table: Any, chunk: int = CHUNK) -
     ``[fmt(v) for v in row]`` of each row."""
     csv.writer(f, lineterminator="\n").writerow(header)
     for fields in table.field_chunks(chunk):
-        _write_fields(f, fields)
+        write_fields(f, fields)
 
 
 def write_rows(f: IO[str], header: list[str], rows: Iterable[tuple], kinds: list[str],
@@ -118,7 +118,7 @@ def write_rows(f: IO[str], header: list[str], rows: Iterable[tuple], kinds: list
 _TEXTS = {INT_FIELD: int_texts, FLOAT_FIELD: float_texts}
 
 
-def _write_fields(f: IO[str], fields: list[tuple[str, Sequence[Any]]]) -> None:
+def write_fields(f: IO[str], fields: list[tuple[str, Sequence[Any]]]) -> None:
     """The rows of ``fields`` (each column's %-format and values, all of one length:
     ``INT_FIELD`` ints, ``FLOAT_FIELD`` floats, ``TEXT_FIELD`` its fields as text) by
     one %-formatting of the chunk: the values interleaved into one tuple by slice

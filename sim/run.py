@@ -485,14 +485,14 @@ def write_memory_csv(path: Path, sampler: StepSampler) -> None:
         rows = sampler.rows
         if not rows:
             return
-        # a column at a time, as csv.writer writes each row: the time in seconds with
-        # six decimals, every count an int's str (at most MEMORY_ROWS rows: one string)
+        # as csv.writer writes each row: the time in seconds with six decimals, every
+        # count an int's str (at most MEMORY_ROWS rows: one %-formatting)
         t, a, m, in_use, running, waiting = zip(*rows)
-        cached = map(operator.sub, map(operator.add, a, m), in_use)
-        secs = requests_csv.float_texts(list(map((1e-9).__mul__, t)))
-        f.write("\n".join(map(",".join, zip(secs, *map(requests_csv.int_texts, (
-            a, m, in_use, cached, running, waiting))))))
-        f.write("\n")
+        cached = list(map(operator.sub, map(operator.add, a, m), in_use))
+        secs = list(map((1e-9).__mul__, t))
+        counts = (a, m, in_use, cached, running, waiting)
+        requests_csv.write_fields(f, [(requests_csv.FLOAT_FIELD, secs)]
+                                  + [(requests_csv.INT_FIELD, c) for c in counts])
 
 
 def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = True,
