@@ -22,6 +22,32 @@ def test_percentiles_are_numpys_linear():
     assert np.isnan(percentile([], 50))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_percentiles_equal_np_percentile_bit_for_bit_on_any_values(seed):
+    """Computed from the sorted values (not through np.percentile): the same doubles for
+    any size, any spread, ties, integers, lists of q and single q, both ends; NaN for
+    every q when a value is NaN, as numpy answers."""
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        n = int(rng.choice([1, 2, 3, rng.integers(1, 50), rng.integers(1, 5000),
+                            rng.integers(1, 60000)]))
+        kind = int(rng.integers(0, 4))
+        v = (rng.exponential(size=n) if kind == 0 else rng.lognormal(0, 3, size=n)
+             if kind == 1 else rng.integers(0, 40, size=n) * 0.125 if kind == 2
+             else rng.normal(size=n) * 1e6)
+        qs = [0, 100, 50, 90, 99, 99.9, 25, 1, 33.3, float(rng.uniform(0, 100))]
+        want = [float(x) for x in np.percentile(v, qs)]
+        assert percentiles(v, qs) == want
+        assert percentiles(list(v), qs) == want
+        assert [percentile(v, q) for q in qs[:3]] == want[:3]
+        ints = rng.integers(0, 9, size=n)
+        assert percentiles(list(map(int, ints)), qs) == [float(x) for x in
+                                                        np.percentile(ints, qs)]
+    v = [3.0, float("nan"), 1.0]
+    assert all(np.isnan(x) for x in percentiles(v, [0, 50, 100]))
+    assert all(np.isnan(x) for x in np.percentile(v, [0, 50, 100]))
+
+
 def test_weighted_percentiles_equal_the_repeated_values():
     rng = np.random.default_rng(1)
     for _ in range(200):
