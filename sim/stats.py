@@ -47,8 +47,15 @@ def _linear(v: np.ndarray, n: int, q: float) -> float:
         lo = math.floor(vi) if vi >= 0 else 0
         a, b = float(v[lo]), float(v[lo + 1 if vi >= 0 else 0])
         gamma = vi - lo
+    return _lerp(a, b, gamma)
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    """numpy's interpolation between neighbours ``a`` and ``b`` at ``t``: from ``b``
+    back when ``t`` is at least one half, else from ``a`` (so that the result matches
+    ``np.percentile`` bit for bit)."""
     d = b - a
-    return b - d * (1 - gamma) if gamma >= 0.5 else a + d * gamma
+    return b - d * (1 - t) if t >= 0.5 else a + d * t
 
 
 def mean(values: Sequence[float] | np.ndarray) -> float:
@@ -81,7 +88,5 @@ def weighted_percentiles(values: Sequence[float] | np.ndarray,
         hi = min(lo + 1, n - 1)
         a = float(v[int(np.searchsorted(ends, lo, side="right"))])
         b = float(v[int(np.searchsorted(ends, hi, side="right"))])
-        t = pos - lo
-        # numpy's lerp, both branches, so that the result matches np.percentile bit for bit
-        out.append(a + (b - a) * t if t < 0.5 else b - (b - a) * (1 - t))
+        out.append(_lerp(a, b, pos - lo))
     return out
