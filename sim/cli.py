@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 
@@ -114,16 +115,20 @@ def steps(files: list[Path] = typer.Argument(..., help="Step case files (YAML or
                    compact)
 
 
-def _progress(enabled: bool, what: str = "requests", total: int | None = None,
-              delay_s: float = 2.0):
+def _progress(enabled: bool, what: str = "requests",
+              total: int | Callable[[], int | None] | None = None, delay_s: float = 2.0):
     """A progress bar on stderr (done / total, elapsed, ETA; a counter where the total is
     unknown), shown after ``delay_s`` and only when stderr is a terminal and ``enabled``
-    (not ``--quiet``).  Returns ``(update(done), stop())``; ``update`` is cheap enough to
-    call per request (it redraws at most ~10 times a second)."""
+    (not ``--quiet``).  ``total`` may be a function, asked only when there is a bar (a
+    trace's total is a pass over its file).  Returns ``(update(done), stop())``;
+    ``update`` is cheap enough to call per request (it redraws at most ~10 times a
+    second)."""
     import time
 
     if not enabled or not sys.stderr.isatty():
         return (lambda done: None), (lambda: None)
+    if callable(total):
+        total = total()
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
                                TextColumn, TimeElapsedColumn, TimeRemainingColumn)
@@ -251,7 +256,8 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
 
     workers = None if no_report else ReportWorkers.start()
     try:
-        update, stop = _progress(not quiet, "requests", _expected_requests(sc), delay_s=1.0)
+        update, stop = _progress(not quiet, "requests", lambda: _expected_requests(sc),
+                                 delay_s=1.0)
         try:
             dep, rows, summary = simulate(sc, progress=update)
         except WorkloadError as e:

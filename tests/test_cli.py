@@ -145,3 +145,35 @@ def test_validate_against_vllm_agrees_or_skips():
     res = runner.invoke(app, ["validate", "--against-vllm", str(ROOT / "cases" / "seed-d3-eagle.yaml")])
     assert res.exit_code == 0, res.output
     assert "agree with vLLM" in res.output or res.output.startswith("skipped:")
+
+
+def test_the_progress_bar_asks_for_its_total_only_when_it_is_shown(monkeypatch):
+    """A trace's total is a pass over its file: asked for once when a bar can be shown
+    (stderr a terminal, not --quiet), never otherwise; the bar counts to it."""
+    import io
+    import sys
+
+    from sim import cli
+
+    asked = []
+
+    def total():
+        asked.append(1)
+        return 40
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    for enabled, tty in ((False, True), (True, False)):
+        monkeypatch.setattr(sys, "stderr", Tty() if tty else io.StringIO())
+        update, stop = cli._progress(enabled, "requests", total, delay_s=0.0)
+        update(5)
+        stop()
+        assert not asked
+    err = Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    update, stop = cli._progress(True, "requests", total, delay_s=0.0)
+    update(5)
+    stop()
+    assert asked == [1]
