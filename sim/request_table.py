@@ -268,7 +268,7 @@ class _Column:
         data = self.data
         n = hi - lo
         if kind in ("i", "d") and not (self.blank and self.blank == len(data)):
-            vals = data[lo:hi] if pos is None else list(map(data.__getitem__, pos[lo:hi]))
+            vals = self._numbers(lo, hi, pos)
             out = int_texts(vals) if kind == "i" else float_texts(vals)
             bl = self.blanks
             if not (self.blank and bl is not None):
@@ -298,10 +298,14 @@ class _Column:
         as ``TEXT_FIELD`` and ``texts``."""
         kind = self.kind
         if kind in ("i", "d") and not self.blank:
-            data = self.data
-            vals = data[lo:hi] if pos is None else list(map(data.__getitem__, pos[lo:hi]))
-            return (INT_FIELD if kind == "i" else FLOAT_FIELD), vals
+            return (INT_FIELD if kind == "i" else FLOAT_FIELD), self._numbers(lo, hi, pos)
         return TEXT_FIELD, self.texts(lo, hi, pos, state)
+
+    def _numbers(self, lo: int, hi: int, pos: Sequence[int] | None) -> Sequence[Any]:
+        """A number column's values of rows ``lo`` to ``hi`` (of ``pos``'s rows, in a
+        view), blanks as their stored 0: a slice of the array, or the picked values."""
+        data = self.data
+        return data[lo:hi] if pos is None else list(map(data.__getitem__, pos[lo:hi]))
 
     def at(self, i: int) -> Any:
         kind = self.kind

@@ -38,7 +38,7 @@ FLOAT_FIELD = "%" + FLOAT_SPEC
 TEXT_FIELD = "%s"
 _PLAIN = {str, int, bool}     # types whose fmt is format(v, ""): str(v)
 _SEP = "\x00"                # (in no number's text)
-_FLOAT_FIELD = "%" + FLOAT_SPEC + _SEP
+_FLOAT_FIELD = FLOAT_FIELD + _SEP
 # characters that make csv.writer quote (or refuse) a field: a superset, checked per column
 _SPECIAL = re.compile('[,"\r\n\x00]')
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+
 def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
     """The ``q``-th percentile (0..100) of ``values``; NaN when there are none."""
     return percentiles(values, [q])[0]
@@ -24,9 +25,12 @@ def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
 
 def percentiles(values: Sequence[float] | np.ndarray, qs: Sequence[float]) -> list[float]:
     """Several percentiles of the same values in one pass (NaN for each when there are
-    none, or when one is NaN, as numpy answers)."""
+    none, or when one is NaN, as numpy answers; a ``q`` outside 0..100 is numpy's
+    ``ValueError``)."""
     if len(values) == 0:
         return [math.nan] * len(qs)
+    if not all(0 <= q <= 100 for q in qs):
+        raise ValueError("Percentiles must be in the range [0, 100]")
     v = np.sort(np.asarray(values, dtype=float))     # (NaN sorts last)
     n = len(v)
     if math.isnan(v[-1]):
@@ -35,19 +39,16 @@ def percentiles(values: Sequence[float] | np.ndarray, qs: Sequence[float]) -> li
 
 
 def _linear(v: np.ndarray, n: int, q: float) -> float:
-    """numpy's "linear" percentile ``q`` of the ``n`` sorted values ``v``: the virtual
-    index ``(n - 1) * q / 100`` between its floor and the next position (both the last
-    one at or past the end, where numpy also counts the gap from index -1), and
-    numpy's lerp, whose branch depends on the gap."""
+    """numpy's "linear" percentile ``q`` (0..100) of the ``n`` sorted values ``v``: the
+    virtual index ``(n - 1) * q / 100`` between its floor and the next position (both
+    the last one at or past the end, where numpy also counts the gap from index -1),
+    and numpy's lerp, whose branch depends on the gap."""
     vi = (n - 1) * (q / 100)
     if vi >= n - 1:
         a = b = float(v[-1])
-        gamma = vi + 1.0
-    else:
-        lo = math.floor(vi) if vi >= 0 else 0
-        a, b = float(v[lo]), float(v[lo + 1 if vi >= 0 else 0])
-        gamma = vi - lo
-    return _lerp(a, b, gamma)
+        return _lerp(a, b, vi + 1.0)
+    lo = math.floor(vi)
+    return _lerp(float(v[lo]), float(v[lo + 1]), vi - lo)
 
 
 def _lerp(a: float, b: float, t: float) -> float:

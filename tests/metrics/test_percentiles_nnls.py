@@ -43,6 +43,11 @@ def test_percentiles_equal_np_percentile_bit_for_bit_on_any_values(seed):
         ints = rng.integers(0, 9, size=n)
         assert percentiles(list(map(int, ints)), qs) == [float(x) for x in
                                                         np.percentile(ints, qs)]
+    for bad in (-1, 100.5):                     # (numpy refuses these too)
+        with pytest.raises(ValueError):
+            np.percentile([1.0, 2.0], bad)
+        with pytest.raises(ValueError):
+            percentiles([1.0, 2.0], [50, bad])
     v = [3.0, float("nan"), 1.0]
     assert all(np.isnan(x) for x in percentiles(v, [0, 50, 100]))
     assert all(np.isnan(x) for x in np.percentile(v, [0, 50, 100]))
