@@ -514,3 +514,22 @@ if __name__ == "__main__":
 
 from sim import cli_tools  # noqa: E402,F401  (registers its commands on ``app``)
 from sim import cli_marconi  # noqa: E402,F401  (registers ``sim marconi``)
+
+
+def _paragraph_help(typer_app: typer.Typer) -> None:
+    """Each command's help is its docstring with every paragraph on one line: typer's
+    help keeps a docstring's line breaks inside a paragraph, so ``sim run --help``
+    broke sentences wherever the source lines ended, then again at the terminal's
+    width.  (No docstring of a command holds a list or other layout to keep.)"""
+    import inspect
+
+    for info in typer_app.registered_commands:
+        if info.help is None and info.callback is not None:
+            doc = inspect.getdoc(info.callback) or ""
+            info.help = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _paragraph_help(group.typer_instance)
+
+
+_paragraph_help(app)

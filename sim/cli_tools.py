@@ -329,11 +329,13 @@ def explain(target: Path = typer.Argument(..., help="A run folder (sim run's out
             hash_unit: int = typer.Option(None, "--hash-unit", min=1, help="The hash unit the "
                                           "what-if tries (default: the block if finer, else "
                                           "half the block).")) -> None:
-    """Why a request reused what it reused: each KV-cache group's reach, the group that capped
-    the hit, the nearest Mamba state and why none was closer (align grid, retention, never
-    computed, evicted by which request, when), the junction, the EAGLE drop and lookahead, and
-    the hit with the junction flag, the retention interval or the hash unit changed
-    (re-simulated up to this request's lookup)."""
+    """Why a request reused what it reused, and what a changed setting would reuse.
+
+    Each KV-cache group's reach, the group that capped the hit, the nearest Mamba state and
+    why none was closer (align grid, retention, never computed, evicted by which request,
+    when), the junction, the EAGLE drop and lookahead, and the hit with the junction flag,
+    the retention interval or the hash unit changed (re-simulated up to this request's
+    lookup)."""
     from sim.explain import explain as run_explain, text
 
     if request_id is not None and request is not None and request_id != request:

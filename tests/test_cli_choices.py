@@ -134,3 +134,25 @@ def test_old_name_limit_is_an_alias_and_both_names_are_an_error():
     # an old name set to null counts as absent
     assert len(list(build_workload({"kind": "mooncake", "path": MOONCAKE, "limit": None,
                                     "num_requests": 3}, 0, ROOT))) == 3
+
+
+@pytest.mark.parametrize("command", [["run"], ["sweep"], ["explain"], ["steps"], ["verify"],
+                                     ["events", "check"], ["marconi"]])
+def test_help_prints_each_docstring_paragraph_as_one_paragraph(capsys, monkeypatch, command):
+    # on a terminal wide enough for any paragraph, each one is a single line: the help does
+    # not break sentences where the docstring's source lines end
+    import inspect
+
+    from sim.cli import app
+
+    monkeypatch.setenv("COLUMNS", "1000")
+    assert sim(*command, "--help") == 0
+    lines = [ln.strip() for ln in capsys.readouterr().out.splitlines()]
+    infos = {i.callback.__name__: i for g in [app] + [x.typer_instance for x in app.registered_groups]
+             for i in g.registered_commands}
+    doc = inspect.getdoc(infos["events_check" if command == ["events", "check"] else command[0]]
+                         .callback)
+    paragraphs = [" ".join(p.split()) for p in doc.split("\n\n")]
+    assert len(paragraphs) >= 1
+    for p in paragraphs:
+        assert p in lines, (command, p)
