@@ -33,6 +33,8 @@ SUMMARY_KEYS = ("scenario", "model", "policy", "block_size", "hash_block_size", 
                 "wall_s", "sim_requests_per_s")
 STRING_KEYS = {"scenario", "model", "policy"}
 TRUE, FALSE = "true", "false"
+# the flag a sweep of several boolean axes is compared off vs on by, when it is one of them
+JUNCTION_FLAG = "cache.enable_mamba_shared_prefix_checkpoint"
 # the requests.csv columns the report reads
 REQUEST_FIELDS = ("prompt_tokens", "lost_tokens", "ttft_s", "mamba_states_written")
 # short names for long axis fields in figure labels (the key and report.md give the full one)
@@ -125,6 +127,21 @@ class Sweep:
     axes: list[str]
     boolean_axes: list[str] = field(default_factory=list)
     name: str = "sweep"
+
+    @property
+    def flag_axis(self) -> str | None:
+        """The boolean axis the report compares off vs on: the only one, or among several
+        the junction checkpoint flag (the comparison this project exists for; the other
+        boolean axes then group the pairs like any other axis); None otherwise."""
+        if len(self.boolean_axes) == 1:
+            return self.boolean_axes[0]
+        from sim.cache.config import canonical_key
+
+        for a in self.boolean_axes:
+            section, _, key = a.partition(".")
+            if f"{section}.{canonical_key(key)}" == JUNCTION_FLAG:
+                return a
+        return None
 
     @property
     def plotted(self) -> list[Point]:
@@ -349,10 +366,10 @@ class FlagPair:
 
 
 def flag_pairs(sweep: Sweep) -> tuple[str, list[FlagPair]] | None:
-    """With exactly one boolean axis: its off/on points per combination of the others."""
-    if len(sweep.boolean_axes) != 1:
+    """The flag axis's (``Sweep.flag_axis``) off/on points per combination of the others."""
+    flag = sweep.flag_axis
+    if flag is None:
         return None
-    flag = sweep.boolean_axes[0]
     others = [a for a in sweep.axes if a != flag]
     groups: dict[tuple, FlagPair] = {}
     for p in sweep.points:

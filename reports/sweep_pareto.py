@@ -215,7 +215,7 @@ def figure_pareto(sweep: Sweep, folder: Path) -> style.Saved:
         style.empty(bx, "no successful points")
         return style.save(fig, folder, "pareto", caption)
 
-    flag = sweep.boolean_axes[0] if len(sweep.boolean_axes) == 1 else None
+    flag = sweep.flag_axis
     shapes = {FALSE: "o", TRUE: "^"}
     for p in ordered:
         on = p.id in front

@@ -15,8 +15,8 @@ into ``sweep_dir``:
   points written with miss attribution: ``reports/miss_figure.py``);
 * ``report.md`` and ``report.html`` (the same blocks; images inline as data URIs);
 * ``report_points.csv``, ``report_pareto.csv``, ``report_ttft_quantiles.csv``,
-  ``report_lost_reuse.csv`` and, when the sweep has exactly one boolean axis,
-  ``report_flag_delta.csv``: every number the report shows.
+  ``report_lost_reuse.csv`` and, when the report compares a flag off vs on
+  (``Sweep.flag_axis``), ``report_flag_delta.csv``: every number the report shows.
 
 The same folder gives byte-identical outputs: points are sorted by id, numbers are
 formatted with fixed precision and matplotlib writes no dates, versions or random ids.

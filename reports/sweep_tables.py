@@ -14,6 +14,7 @@ from pathlib import Path
 from reports.render import Table
 from reports.style import finite
 from reports.sweep_data import (
+    JUNCTION_FLAG,
     Sweep,
     axis_name,
     by_memory,
@@ -274,7 +275,8 @@ def build_blocks(sweep: Sweep, folder: Path, captions: dict[str, str]):
                       "mamba_state_delta_rel_pct"], dcsv))
     elif len(sweep.boolean_axes) > 1:
         B.append(("p", f"No flag off/on section: {len(sweep.boolean_axes)} boolean axes "
-                       f"({', '.join(sweep.boolean_axes)}); it needs exactly one."))
+                       f"({', '.join(sweep.boolean_axes)}); it needs exactly one, or the "
+                       f"junction flag ({JUNCTION_FLAG}) among them."))
 
     # TTFT
     B.append(("h2", "Time to first token"))

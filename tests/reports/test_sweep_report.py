@@ -319,6 +319,27 @@ def test_boolean_axis_detection_and_pairs(tmp_path):
         ("1", "p0", "p2", True), ("2", "p1", "p3", True), ("3", "p4", "p5", False)]
 
 
+@pytest.mark.parametrize("name", ["cache.enable_mamba_shared_prefix_checkpoint",
+                                  "cache.enable_mamba_fine_grained_prefix_cache"])
+def test_several_boolean_axes_compare_the_junction_flag(tmp_path, name):
+    # the junction flag (by either of its names) among several boolean axes is the one
+    # compared off vs on; the other boolean axis groups the pairs like any other axis
+    pts = [("p0", "false", "false", "ok", 1, 0.5), ("p1", "false", "true", "ok", 1, 0.4),
+           ("p2", "true", "false", "ok", 1, 0.5), ("p3", "true", "true", "ok", 2, 0.6)]
+    folder = _synthetic(tmp_path / "s", points=pts, axes=(name, "cache.other"))
+    s = load_sweep(folder)
+    assert s.boolean_axes == [name, "cache.other"] and s.flag_axis == name
+    flag, pairs = flag_pairs(s)
+    assert flag == name
+    assert [(g.others["cache.other"], g.off.id, g.on.id) for g in pairs] == [
+        ("false", "p0", "p2"), ("true", "p1", "p3")]
+    # ... and the report has the section (not the "no flag off/on section" note)
+    write_sweep_report(folder)
+    md = (folder / "report.md").read_text()
+    assert f"## Flag off vs on: {name}" in md and "No flag off/on section" not in md
+    assert (folder / "report_flag_delta.csv").is_file()
+
+
 def test_no_successful_points(tmp_path):
     folder = _synthetic(tmp_path / "none", points=[("p0", "false", 1, "failed", None, None)])
     written = write_sweep_report(folder)
