@@ -105,7 +105,7 @@ def _serve(conns, parents) -> None:
     others (they die with it).
 
     No cyclic garbage collection in the workers: each lives for one import and a few
-    figures, so the collector's passes over matplotlib's heap (about 2.5 % of a
+    figures, so the collector's passes over matplotlib's heap (about 1.6 % of a
     worker's instructions) would only free memory a moment before the process ends."""
     gc.disable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the main process handles Ctrl-C
