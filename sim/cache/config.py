@@ -209,8 +209,12 @@ class CacheConfig:
             h = self.hash_block_size if self.hash_block_size is not None else math.gcd(*sizes)
             bad = [b for b in sizes if b % h]
             if bad:
+                distinct = sorted(set(sizes))
+                not_h = (f"; not {', '.join(map(str, sorted(set(bad))))}"
+                         if len(distinct) > 1 else "")
                 raise ConfigError("hash_block_size",
-                                  f"{h} must divide every group block size, got {sizes}")
+                                  f"{h} must divide every group block size (here "
+                                  f"{', '.join(map(str, distinct))} tokens{not_h})")
         object.__setattr__(self, "hash_block_size", h)
         r = self.prefix_cache_retention_interval
         if r is not None:

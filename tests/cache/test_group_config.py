@@ -25,6 +25,18 @@ def test_two_full_groups_of_different_sizes():
     assert [s.block_size for s in cfg.group_specs()] == [32, 16]
 
 
+def test_a_hash_unit_that_does_not_divide_names_the_block_sizes():
+    # each distinct size once, and which ones the unit does not divide
+    with pytest.raises(ConfigError, match=r"16 must divide every group block size "
+                                          r"\(here 8, 32 tokens; not 8\)$"):
+        CacheConfig.from_mapping({"groups": ["full@32", "swa:64@8", "mamba"], "block_size": 16,
+                                  "mamba_block_size": 32, "hash_block_size": 16})
+    with pytest.raises(ConfigError, match=r"12 must divide every group block size "
+                                          r"\(here 32 tokens\)$"):
+        CacheConfig.from_mapping({"groups": ["full", "mamba"], "block_size": 32,
+                                  "mamba_block_size": 32, "hash_block_size": 12})
+
+
 @pytest.mark.parametrize("entry", ["mamba@16", "full@0", "full@x", "swa:8@", "full@-4"])
 def test_bad_group_entries_are_refused(entry):
     with pytest.raises(ConfigError, match="groups"):
