@@ -28,6 +28,7 @@ from sim.config.errors import InputError
 import csv
 import itertools
 import json
+import logging
 import os
 import shutil
 import sys
@@ -259,7 +260,10 @@ def _execute(sweep: Sweep, tmp: Path, executor: str, workers: int, address: str 
 
         started = False
         if not ray.is_initialized():
-            kw = {"address": address} if address else {"num_cpus": workers}
+            # a local instance's start-up lines (INFO, a token-authentication WARNING)
+            # say nothing about the sweep; joining a cluster keeps Ray's warnings
+            kw = ({"address": address} if address
+                  else {"num_cpus": workers, "logging_level": logging.ERROR})
             ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
                      runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
                          [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}},
