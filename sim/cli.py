@@ -303,8 +303,11 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
                                       "start a local Ray)."),
           workers: int = typer.Option(os.cpu_count() or 1, "--workers",
                                       help="Parallel points (local pool size / local Ray CPUs)."),
-          quiet: bool = typer.Option(False, "--quiet", "-q"),
-          no_report: bool = typer.Option(False, "--no-report"),
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary "
+                                     "lines (points ok, searches, failures, capacity answers)."),
+          no_report: bool = typer.Option(False, "--no-report", help="Skip the sweep report "
+                                         "(report.md/.html, figures, report_*.csv); points.csv "
+                                         "and each point's run folder are written."),
           search: str = typer.Option(None, "--search", metavar="rate", help="Find each point's "
                                      "max sustainable arrival rate under the scenario's SLOs "
                                      "(the sweep file's search: settings, else the defaults)."),
@@ -368,7 +371,7 @@ def compare(scenario: Path = typer.Argument(..., help="Scenario YAML."),
                                      "enable_mamba_shared_prefix_checkpoint or cache.FIELD."),
             out: Path = typer.Option(None, "--out", help="Folder (default runs/<name>-<flag>/)."),
             sets: list[str] = typer.Option([], "--set", help="Override a field (repeatable)."),
-            quiet: bool = typer.Option(False, "--quiet", "-q")) -> None:
+            quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line.")) -> None:
     """Run a scenario with a boolean field off and on (same seed) and pair the requests."""
     from sim.config.errors import ConfigError
     from sim.compare import compare as run_compare

@@ -103,7 +103,8 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
               grid: Grid = typer.Option(Grid.quick, "--grid", help="The (new tokens, cached "
                                         "tokens) grid to time: quick (36 points, up to 512 x "
                                         "1,024) or full (35, up to 2,048 x 8,192)."),
-              repeats: int = typer.Option(3, "--repeats"),
+              repeats: int = typer.Option(3, "--repeats", help="Timed runs per grid point, "
+                                          "after one warm-up run; the median is kept."),
               out: Path = typer.Option(None, "--out", help="Profile YAML (default profiles/<device>-<model>.yaml)."),
               compare_ttft: bool = typer.Option(False, "--compare", help="With --scenario: also run "
                                                 "it on torch and on the fitted analytical backend "
@@ -269,13 +270,32 @@ def check(paths: list[Path] = typer.Argument(None, help="Case files and scenario
 @app.command()
 def model(name: str = typer.Argument(None, help="Catalogue name (see --list)."),
           list_: bool = typer.Option(False, "--list", help="List the catalogue."),
-          tp: int = typer.Option(1, "--tensor-parallel-size", "--tp"),
-          num_speculative_tokens: int = typer.Option(0, "--num-speculative-tokens"),
-          mamba_cache_dtype: str = typer.Option("auto", "--mamba-cache-dtype"),
-          mamba_ssm_cache_dtype: str = typer.Option("auto", "--mamba-ssm-cache-dtype"),
-          kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype"),
-          kernel_block_size: int = typer.Option(16, "--kernel-block-size"),
-          block_size: int = typer.Option(None, "--block-size"),
+          tp: int = typer.Option(1, "--tensor-parallel-size", "--tp", help="vLLM's "
+                                 "--tensor-parallel-size: ranks the heads are split over (sizes "
+                                 "are per GPU)."),
+          num_speculative_tokens: int = typer.Option(0, "--num-speculative-tokens",
+                                                     help="Draft tokens a step (0: no "
+                                                     "speculative decoding; the drafter's "
+                                                     "layers join the pool)."),
+          mamba_cache_dtype: str = typer.Option("auto", "--mamba-cache-dtype", help="vLLM's "
+                                                "--mamba-cache-dtype: the conv state's dtype, "
+                                                "and the SSM state's when that is auto and the "
+                                                "model sets none (auto: the model's dtype; "
+                                                "float32, bfloat16, float16)."),
+          mamba_ssm_cache_dtype: str = typer.Option("auto", "--mamba-ssm-cache-dtype",
+                                                    help="vLLM's --mamba-ssm-cache-dtype: the "
+                                                    "SSM state's dtype (auto: the model's rule, "
+                                                    "e.g. NemotronH's float32, else the conv "
+                                                    "state's)."),
+          kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="vLLM's "
+                                             "--kv-cache-dtype: auto (the model's dtype), "
+                                             "bfloat16, float16, float32 or fp8."),
+          kernel_block_size: int = typer.Option(16, "--kernel-block-size", help="The attention "
+                                                "kernel's block grid (16; 64 for FlashInfer on "
+                                                "some GPUs): the block size is a multiple."),
+          block_size: int = typer.Option(None, "--block-size", help="vLLM's --block-size "
+                                         "(default: derived so a Mamba state fits a block, as "
+                                         "vLLM derives it)."),
           gdn_prefill_backend: str = typer.Option(
               "flashinfer", "--gdn-prefill-backend",
               help="GDN models: flashinfer (vLLM's pick on Hopper; 64-token checkpoint grid) "

@@ -156,3 +156,21 @@ def test_help_prints_each_docstring_paragraph_as_one_paragraph(capsys, monkeypat
     assert len(paragraphs) >= 1
     for p in paragraphs:
         assert p in lines, (command, p)
+
+
+def test_every_option_and_argument_of_every_command_has_help():
+    import typer
+
+    from sim.cli import app
+
+    missing = []
+
+    def walk(cmd, path):
+        for p in getattr(cmd, "params", []):
+            if p.name != "help" and not getattr(p, "help", None):
+                missing.append(f"{' '.join(path)} {p.opts[0] if p.opts else p.name}")
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, path + [name])
+
+    walk(typer.main.get_command(app), ["sim"])
+    assert missing == []
