@@ -105,6 +105,37 @@ def compare_markdown(folder: Path, flag: str) -> str:
     return "\n".join(lines)
 
 
+def is_compare_folder(folder: Path) -> bool:
+    """Whether ``folder`` is what ``sim compare`` writes (its tables and the two runs)."""
+    folder = Path(folder)
+    return all((folder / f).is_file() for f in ("summary_deltas.csv", "paired.csv",
+                                                "off/run.json", "on/run.json"))
+
+
+def stored_flag(folder: Path) -> str:
+    """The flag a compare folder compares: the one scenario field that is false in
+    ``off/run.json`` and true in ``on/run.json`` (dotted, as ``compare.md`` names it)."""
+    from sim.config.errors import InputError
+
+    folder = Path(folder)
+    off = _read_json(folder / "off" / "run.json").get("scenario")
+    on = _read_json(folder / "on" / "run.json").get("scenario")
+    found: list[str] = []
+
+    def walk(a, b, path: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in a.keys() & b.keys():
+                walk(a[k], b[k], f"{path}.{k}" if path else str(k))
+        elif a is False and b is True:
+            found.append(path)
+
+    walk(off, on, "")
+    if len(found) != 1:
+        raise InputError(f"{folder}: not a compare folder of one flag (fields false in off/ and "
+                         f"true in on/: {', '.join(sorted(found)) or 'none'})")
+    return found[0]
+
+
 def write_compare_report(folder: Path, flag: str) -> Path:
     """(Re)write ``compare.md`` in the compare folder; returns its path."""
     path = Path(folder) / "compare.md"

@@ -404,7 +404,10 @@ def report(folder: Path = typer.Argument(..., help="A run folder (requests.csv, 
                                          "or a sweep folder (points.csv)."),
            target: float = typer.Option(None, "--target", min=0.0, max=1.0, metavar="RATE",
                                         help=TARGET_HELP)) -> None:
-    """Regenerate a run's or a sweep's report from stored results, without rerunning."""
+    """Regenerate a run's, a sweep's or a comparison's report from stored results, without
+    rerunning."""
+    from reports.compare_report import is_compare_folder
+
     if (folder / "points.csv").is_file():
         from reports.sweep_report import write_sweep_report
 
@@ -416,9 +419,18 @@ def report(folder: Path = typer.Argument(..., help="A run folder (requests.csv, 
 
         write_report(folder)
         typer.echo(f"run report: {folder}/report.md")
+    elif is_compare_folder(folder):
+        from reports.compare_report import stored_flag, write_compare_report
+        from reports.run_report import write_report
+
+        flag = stored_flag(folder)
+        for side in ("off", "on"):
+            write_report(folder / side)
+        write_compare_report(folder, flag)
+        typer.echo(f"compare report: {folder}/compare.md ({flag}; and off/, on/ report.md)")
     else:
-        fail(f"{folder}: neither a sweep folder (points.csv) nor a run folder "
-             f"(summary.json + run.json)")
+        fail(f"{folder}: neither a sweep folder (points.csv), a run folder (summary.json + "
+             f"run.json) nor a compare folder (off/, on/, paired.csv, summary_deltas.csv)")
 
 
 # verify · calibrate · validate · check · model · events: sim/cli_tools.py (registered on

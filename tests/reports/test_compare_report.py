@@ -50,3 +50,46 @@ def test_value_and_delta_units():
     assert value_text("preemptions", 12345) == "12,345"
     assert delta_text("lost_token_rate", -0.1137) == "-11.37 pp"
     assert value_text("ttft_p99_s", float("nan")) == "n/a"
+
+
+def _scenarios(tmp_path, off: dict, on: dict):
+    for side, cache in (("off", off), ("on", on)):
+        (tmp_path / side).mkdir(parents=True)
+        (tmp_path / side / "run.json").write_text(json.dumps(
+            {**RUN, "scenario": {"name": "toy", "cache": cache, "seed": 1}}))
+    return tmp_path
+
+
+def test_the_stored_flag_is_the_one_field_off_then_on(tmp_path):
+    import pytest
+
+    from reports.compare_report import stored_flag
+    from sim.config.errors import InputError
+
+    base = {"policy": "vllm", "hash_block_size": 64, "disable_lookahead_block_hashes": True}
+    one = _scenarios(tmp_path / "one", {**base, "enable_mamba_shared_prefix_checkpoint": False},
+                     {**base, "enable_mamba_shared_prefix_checkpoint": True})
+    assert stored_flag(one) == "cache.enable_mamba_shared_prefix_checkpoint"
+    two = _scenarios(tmp_path / "two", {**base, "a": False, "b": False},
+                     {**base, "a": True, "b": True})
+    with pytest.raises(InputError, match=r"not a compare folder of one flag .*cache\.a, cache\.b"):
+        stored_flag(two)
+    with pytest.raises(InputError, match="none"):
+        stored_flag(_scenarios(tmp_path / "none", base, base))
+
+
+def test_sim_report_rewrites_a_compare_folder(tmp_path):
+    from pathlib import Path
+
+    from tests.sim_cli import run_sim
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "cmp"
+    assert run_sim("compare", "scenarios/athena-tiny.yaml", "--flag",
+                   "enable_mamba_shared_prefix_checkpoint", "--out", str(out), "-q", cwd=root) == 0
+    before = {p: (out / p).read_bytes() for p in ("compare.md", "off/report.md", "on/report.md",
+                                                  "on/hit_hist.png")}
+    for p in before:
+        (out / p).unlink()
+    assert run_sim("report", str(out), cwd=root) == 0
+    assert {p: (out / p).read_bytes() for p in before} == before
