@@ -25,6 +25,16 @@ ALIASES = {
 _CASE_FIELDS = {"enable_mamba_shared_prefix_checkpoint": "shared_prefix_checkpoint"}
 
 
+def _nearest_units(g: int, h: int) -> str:
+    """The hash units nearest ``h`` that divide every block (the divisors of their gcd
+    ``g``), for an error message."""
+    divisors = [d for d in range(1, g + 1) if g % d == 0]
+    below = [d for d in divisors if d < h]
+    above = [d for d in divisors if d > h]
+    near = ([below[-1]] if below else []) + ([above[0]] if above else [])
+    return "the nearest that do: " + " and ".join(map(str, near))
+
+
 def canonical_key(key: str) -> str:
     """The one name of an input key (old names from ``ALIASES``)."""
     return ALIASES.get(key, key)
@@ -214,7 +224,8 @@ class CacheConfig:
                          if len(distinct) > 1 else "")
                 raise ConfigError("hash_block_size",
                                   f"{h} must divide every group block size (here "
-                                  f"{', '.join(map(str, distinct))} tokens{not_h})")
+                                  f"{', '.join(map(str, distinct))} tokens{not_h}; "
+                                  f"{_nearest_units(math.gcd(*sizes), h)})")
         object.__setattr__(self, "hash_block_size", h)
         r = self.prefix_cache_retention_interval
         if r is not None:

@@ -26,13 +26,16 @@ def test_two_full_groups_of_different_sizes():
 
 
 def test_a_hash_unit_that_does_not_divide_names_the_block_sizes():
-    # each distinct size once, and which ones the unit does not divide
+    # each distinct size once, which ones the unit does not divide, and the nearest units
+    # that divide them all
     with pytest.raises(ConfigError, match=r"16 must divide every group block size "
-                                          r"\(here 8, 32 tokens; not 8\)$"):
+                                          r"\(here 8, 32 tokens; not 8; the nearest that do: "
+                                          r"8\)$"):
         CacheConfig.from_mapping({"groups": ["full@32", "swa:64@8", "mamba"], "block_size": 16,
                                   "mamba_block_size": 32, "hash_block_size": 16})
     with pytest.raises(ConfigError, match=r"12 must divide every group block size "
-                                          r"\(here 32 tokens\)$"):
+                                          r"\(here 32 tokens; the nearest that do: 8 and "
+                                          r"16\)$"):
         CacheConfig.from_mapping({"groups": ["full", "mamba"], "block_size": 32,
                                   "mamba_block_size": 32, "hash_block_size": 12})
 
