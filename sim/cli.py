@@ -264,6 +264,11 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
             stop()
             fail(f"{scenario}: {e}" if str(e).startswith("workload") else
                  f"{scenario}: workload: {e}")
+        except ConfigError as e:        # (what only the built layout can check)
+            stop()
+            from sim.config.scenario import where
+
+            fail(f"{where(scenario, e.field_name, over)}{e}")
         except ValueError as e:
             stop()
             fail(f"{scenario}: {e}")

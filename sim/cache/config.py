@@ -32,7 +32,7 @@ def _nearest_units(g: int, h: int) -> str:
     below = [d for d in divisors if d < h]
     above = [d for d in divisors if d > h]
     near = ([below[-1]] if below else []) + ([above[0]] if above else [])
-    return "the nearest that do: " + " and ".join(map(str, near))
+    return " or ".join(map(str, near))
 
 
 def canonical_key(key: str) -> str:
@@ -224,8 +224,8 @@ class CacheConfig:
                          if len(distinct) > 1 else "")
                 raise ConfigError("hash_block_size",
                                   f"{h} must divide every group block size (here "
-                                  f"{', '.join(map(str, distinct))} tokens{not_h}; "
-                                  f"{_nearest_units(math.gcd(*sizes), h)})")
+                                  f"{', '.join(map(str, distinct))} tokens{not_h}); use one "
+                                  f"that does, e.g. {_nearest_units(math.gcd(*sizes), h)}")
         object.__setattr__(self, "hash_block_size", h)
         r = self.prefix_cache_retention_interval
         if r is not None:

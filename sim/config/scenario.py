@@ -72,15 +72,30 @@ def load_scenario(path: str | Path, overrides: dict | None = None,
             from None
 
 
+def where(path, field_name: str, overrides: dict | None = None, label: str = "--set") -> str:
+    """The ``file:line: `` / ``file: --set `` prefix of a field's error found after loading
+    (building the deployment checks what only the whole layout can), as ``load_scenario``
+    prefixes one found while loading."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    return _where(path, text, field_name, overrides, label)
+
+
 def _where(path, text: str, field_name: str, overrides: dict | None, label: str) -> str:
     """``file:line: `` for a field written in the file, ``file: --set `` for one set on
     the command line (or inside a section set there; ``label`` names where)."""
     field_name = _canonical_path(field_name)
-    for dotted in overrides or {}:
-        dotted = _canonical_path(str(dotted))
+    set_here = f"{path}: {label} " if label else f"{path}: "
+    sets = [_canonical_path(str(d)) for d in overrides or {}]
+    for dotted in sets:
         if field_name == dotted or field_name.startswith(dotted + "."):
-            return f"{path}: {label} " if label else f"{path}: "
+            return set_here
     lines = {_canonical_path(k): v for k, v in field_lines(text).items()}
+    # a section the file does not have, created by a field set under it (--set nosuch.x=1)
+    if field_name not in lines and any(d.startswith(field_name + ".") for d in sets):
+        return set_here
     parts = field_name.split(".")
     while parts:
         line = lines.get(".".join(parts))

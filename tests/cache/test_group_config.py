@@ -29,13 +29,13 @@ def test_a_hash_unit_that_does_not_divide_names_the_block_sizes():
     # each distinct size once, which ones the unit does not divide, and the nearest units
     # that divide them all
     with pytest.raises(ConfigError, match=r"16 must divide every group block size "
-                                          r"\(here 8, 32 tokens; not 8; the nearest that do: "
-                                          r"8\)$"):
+                                          r"\(here 8, 32 tokens; not 8\); use one that does, "
+                                          r"e\.g\. 8$"):
         CacheConfig.from_mapping({"groups": ["full@32", "swa:64@8", "mamba"], "block_size": 16,
                                   "mamba_block_size": 32, "hash_block_size": 16})
     with pytest.raises(ConfigError, match=r"12 must divide every group block size "
-                                          r"\(here 32 tokens; the nearest that do: 8 and "
-                                          r"16\)$"):
+                                          r"\(here 32 tokens\); use one that does, e\.g\. 8 "
+                                          r"or 16$"):
         CacheConfig.from_mapping({"groups": ["full", "mamba"], "block_size": 32,
                                   "mamba_block_size": 32, "hash_block_size": 12})
 

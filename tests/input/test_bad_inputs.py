@@ -116,6 +116,10 @@ SCENARIO_FILES = {
     "max-model-len-inf": (_edit("max_num_seqs: 64", "max_num_seqs: 64\n  max_model_len: .inf"),
                           ("s.yaml:", "scheduler.max_model_len", "inf")),
     "unknown-model": (_edit("model: nemotron-3-super-120b", "model: gpt-9"), ("s.yaml:3", "model", "gpt-9")),
+    # checked only once the layout is built, and still named by its line
+    "unit-divides-no-block": (_edit("max_num_seqs: 64\n", "max_num_seqs: 64\ncache:\n"
+                                    "  hash_block_size: 100\n"),
+                              ("s.yaml:13: cache.hash_block_size", "e.g. 16 or 263")),
     "profile-nan": (_edit("kind: analytical", "kind: analytical\n  profile: p.yaml"),
                     ("p.yaml", "backend.profile", "mfu")),
 }
@@ -155,6 +159,10 @@ SETS = {
     "mfu-1e-3": ("backend.mfu=1e-3", ("backend.mfu", "0.001")),
     "gpu-count-float": ("gpu.count=0.5", ("gpu.count", "integer")),
     "unknown-field": ("cache.nope=1", ("cache.nope", "unknown key")),
+    "unknown-section": ("nosuch.field=1", ("--set nosuch: unknown key", "workload")),
+    "unit-divides-no-block": ("cache.hash_block_size=100",
+                              ("--set cache.hash_block_size", "(here 4208 tokens)",
+                               "e.g. 16 or 263")),
     # (the compiled scheduler holds these in 64-bit machine integers)
     "budget-2**66": ("scheduler.max_num_batched_tokens=73786976294838206464",
                      ("scheduler.max_num_batched_tokens", "below 2**62")),
