@@ -23,6 +23,19 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def scenario_error(scenario: Path, e: Exception, overrides: dict | None) -> str:
+    """The one line of a scenario's input error: a ``ConfigError`` found once the layout
+    is built (no file in it yet) gets ``load_scenario``'s ``file:line:`` / ``file: --set``
+    prefix; a ``ScenarioError`` already names its file."""
+    from sim.config.errors import ConfigError
+
+    if isinstance(e, ConfigError):
+        from sim.config.scenario import where
+
+        return f"{where(scenario, e.field_name, overrides)}{e}"
+    return str(e)
+
+
 #: the command line of this invocation (``main`` sets it), recorded in run.json
 COMMAND: list[str] | None = None
 
@@ -266,9 +279,7 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
                  f"{scenario}: workload: {e}")
         except ConfigError as e:        # (what only the built layout can check)
             stop()
-            from sim.config.scenario import where
-
-            fail(f"{where(scenario, e.field_name, over)}{e}")
+            fail(scenario_error(scenario, e, over))
         except ValueError as e:
             stop()
             fail(f"{scenario}: {e}")
@@ -393,7 +404,7 @@ def compare(scenario: Path = typer.Argument(..., help="Scenario YAML."),
     except OutputPathError:
         raise
     except (ScenarioError, ConfigError) as e:
-        fail(str(e))
+        fail(scenario_error(scenario, e, over))
     except ValueError as e:
         fail(f"{scenario}: {e}")
     if not quiet:

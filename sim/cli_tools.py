@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from sim.cli import (COMMAND, DType, Device, Grid, Plant, _expected_requests, _parse_sets,
-                     _progress, app, fail, require_torch)
+                     _progress, app, fail, require_torch, scenario_error)
 
 
 @app.command()
@@ -53,7 +53,7 @@ def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with th
         dep, rows, summary = simulate(sc, plant=plant, progress=update)
     except (ScenarioError, ConfigError) as e:
         stop()
-        fail(str(e))
+        fail(scenario_error(scenario, e, over))
     stop()
     from backends.torch_backend.backend import TOLERANCE
 

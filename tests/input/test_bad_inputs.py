@@ -421,6 +421,15 @@ def test_compare_flag_must_be_a_boolean_field(sim_inproc, tmp_path, flag, must):
              ["compare", "s.yaml", "--flag", flag, "--out", "out", "-q"], must)
 
 
+def test_compare_names_the_file_of_an_error_found_when_the_layout_is_built(sim_inproc,
+                                                                         tmp_path):
+    # (the two runs build the layout: the hash unit is checked there, not at load)
+    _run_bad(sim_inproc, tmp_path, {"s.yaml": BASE},
+             ["compare", "s.yaml", "--flag", "enable_mamba_shared_prefix_checkpoint", "--set",
+              "cache.hash_block_size=100", "--out", "out", "-q"],
+             ("s.yaml: --set cache.hash_block_size", "e.g. 16 or 263"))
+
+
 def test_the_base_scenario_itself_runs(sim_inproc, tmp_path):
     """Control: the corpus's base inputs are good, so each failure above is its edit's."""
     (tmp_path / "s.yaml").write_text(BASE)
