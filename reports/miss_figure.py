@@ -151,4 +151,4 @@ def sweep_bars(points: list[tuple[str, dict]], folder: Path, title: str,
         ax.set_title(title, fontsize=10, loc="left")
         return style.save(fig, folder, stem,
                           "Why did each sweep point miss? Per point, its prompt tokens split "
-                          "into hit and the miss classes (shares add up to 1).", svg=False)
+                          "into hit and the miss classes (shares add up to 1).")

@@ -155,3 +155,18 @@ def test_lost_reuse_bins_are_round(tmp_path):
     assert width == 200 and edges[0] == 0 and edges[-1] > 2496
     assert int(counts[0].sum()) == 39 and len(labels) == len(edges) - 1
 
+
+
+def test_miss_classes_is_written_as_png_and_svg_like_every_sweep_figure(tmp_path):
+    # the report says "figures also as SVG": the per-point miss bars included
+    from reports.miss_figure import sweep_bars
+
+    s = {"prompt_tokens": 1000, "hit_tokens": 400, "miss_in_flight_tokens": 0,
+         "miss_capacity_tokens": 100, "miss_checkpoint_tokens": 200,
+         "miss_speculative_tokens": 0, "miss_compulsory_tokens": 300}
+    saved = sweep_bars([("p000", s), ("p001", dict(s, hit_tokens=500,
+                                                   miss_checkpoint_tokens=100))],
+                       tmp_path, "t: why points missed")
+    assert [f.name for f in saved.files] == ["miss_classes.png", "miss_classes.svg"]
+    text = _svg_text(tmp_path, "miss_classes")
+    assert "p000" in text and "p001" in text and "checkpoint" in text
