@@ -52,6 +52,19 @@ def test_run_latency_table_is_summary_json(tmp_path):
     assert "| TTFT mean |" not in md
 
 
+def test_the_slo_line_names_the_objectives_run_json_records(tmp_path):
+    import json
+
+    folder = write_run(tmp_path / "r", [Req(ttft=t) for t in TTFTS], **NEW_FIELDS, **RATES,
+                       slo_attainment=0.875, request_goodput=1.25)
+    h = json.loads((folder / "run.json").read_text())
+    h["scenario"] = {"name": "toy", "slo": {"ttft_ms": 500, "tpot_ms": None, "e2e_ms": 12000.5}}
+    (folder / "run.json").write_text(json.dumps(h))
+    run_report.write_report(folder)
+    sec = _section((folder / "report.md").read_text(), "Latency")
+    assert "**SLOs (TTFT ≤ 500 ms, E2E ≤ 12,000.5 ms):** met by 87.5% of requests" in sec
+
+
 def test_run_without_slos_says_so(tmp_path):
     sec = _section(_run_md(tmp_path, **NEW_FIELDS, **RATES, slo_attainment=None,
                            request_goodput=None), "Latency")
