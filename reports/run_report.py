@@ -151,22 +151,23 @@ def _ms(v: float) -> str:
 SLO_NAMES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"))
 
 
-def _objectives(slo) -> str:
-    """`` (TTFT <= 500 ms, E2E <= 10,000 ms)`` from a run.json's ``scenario.slo``; "" when
-    it records none (a folder written before run.json held its scenario)."""
+def _objectives(scenario) -> str:
+    """`` (TTFT <= 500 ms, E2E <= 10,000 ms)`` from the ``slo`` section of run.json's
+    ``scenario``; "" when it records none (a folder written before run.json held its
+    scenario)."""
+    slo = scenario.get("slo") if isinstance(scenario, dict) else None
     if not isinstance(slo, dict):
         return ""
-    got = [f"{name} ≤ {slo[k]:,g} ms" for k, name in SLO_NAMES
-           if isinstance(slo.get(k), (int, float)) and not isinstance(slo.get(k), bool)]
+    got = [f"{name} ≤ {slo[k]:,g} ms" for k, name in SLO_NAMES if style.finite(slo.get(k))]
     return f" ({', '.join(got)})" if got else ""
 
 
-def latency_markdown(s: dict, slo: dict | None = None) -> list[str]:
+def latency_markdown(s: dict, scenario: dict | None = None) -> list[str]:
     """The Latency section's lines from summary.json: the TTFT/TPOT/ITL/E2E/queueing
     table (mean and percentiles, ms), throughputs, and SLO attainment and goodput, with
-    the objectives ``slo`` (run.json's ``scenario.slo``) sets.  A run folder written
-    before these fields existed gets its TTFT line (seconds) instead, and no throughput or
-    SLO line for fields it lacks."""
+    the objectives the ``scenario`` run.json records sets.  A run folder written before
+    these fields existed gets its TTFT line (seconds) instead, and no throughput or SLO
+    line for fields it lacks."""
     keys = [f"{st}_{m}_ms" for m, _ in LATENCY_ROWS for st in LATENCY_STATS]
     out: list[str] = []
     if all(style.finite(s.get(k)) for k in keys):
@@ -195,7 +196,7 @@ def latency_markdown(s: dict, slo: dict | None = None) -> list[str]:
             out += ["**SLOs:** no SLOs set (the scenario has no `slo:` section), so no "
                     "attainment or goodput.", ""]
         elif style.finite(att) and style.finite(good):
-            out += [f"**SLOs{_objectives(slo)}:** met by {att:.1%} of requests (refused ones "
+            out += [f"**SLOs{_objectives(scenario)}:** met by {att:.1%} of requests (refused ones "
                     f"count as misses); goodput {good:,.2f} requests/s.", ""]
     return out
 
@@ -334,8 +335,7 @@ def write_report(folder: Path, stems=FIGURES, rows: list | None = None) -> None:
         "",
         "## Latency",
         "",
-        *latency_markdown(s, (h.get("scenario") or {}).get("slo")
-                          if isinstance(h.get("scenario"), dict) else None),
+        *latency_markdown(s, h.get("scenario")),
         f"![{CAPTIONS['ttft_cdf']}](ttft_cdf.png)",
         "",
         f"![{CAPTIONS['hit_hist']}](hit_hist.png)",

@@ -46,7 +46,7 @@ def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with th
     try:
         sc = load_scenario(scenario, over)
     except (ScenarioError, ConfigError) as e:
-        fail(str(e))
+        fail(scenario_error(scenario, e, over))
     update, stop = _progress(not quiet, "prefills verified", lambda: _expected_requests(sc),
                              delay_s=0.5)
     try:
