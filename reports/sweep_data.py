@@ -135,11 +135,10 @@ class Sweep:
         boolean axes then group the pairs like any other axis); None otherwise."""
         if len(self.boolean_axes) == 1:
             return self.boolean_axes[0]
-        from sim.cache.config import canonical_key
+        from sim.cache.config import canonical_path
 
         for a in self.boolean_axes:
-            section, _, key = a.partition(".")
-            if f"{section}.{canonical_key(key)}" == JUNCTION_FLAG:
+            if canonical_path(a) == JUNCTION_FLAG:
                 return a
         return None
 

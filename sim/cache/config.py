@@ -40,6 +40,11 @@ def canonical_key(key: str) -> str:
     return ALIASES.get(key, key)
 
 
+def canonical_path(dotted: str) -> str:
+    """A dotted field path with every old name replaced by the one name (``ALIASES``)."""
+    return ".".join(canonical_key(p) for p in dotted.split("."))
+
+
 def case_field(key: str) -> str:
     """The ``CacheConfig`` field a case file's key sets."""
     name = ALIASES.get(key, key)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sim.cache.config import canonical_key
+from sim.cache.config import canonical_key, canonical_path
 from sim.config.backend import BackendSection
 from sim.config.cache import CacheSection
 from sim.config.errors import ConfigError, InputError
@@ -86,13 +86,13 @@ def where(path, field_name: str, overrides: dict | None = None, label: str = "--
 def _where(path, text: str, field_name: str, overrides: dict | None, label: str) -> str:
     """``file:line: `` for a field written in the file, ``file: --set `` for one set on
     the command line (or inside a section set there; ``label`` names where)."""
-    field_name = _canonical_path(field_name)
+    field_name = canonical_path(field_name)
     set_here = f"{path}: {label} " if label else f"{path}: "
-    sets = [_canonical_path(str(d)) for d in overrides or {}]
+    sets = [canonical_path(str(d)) for d in overrides or {}]
     for dotted in sets:
         if field_name == dotted or field_name.startswith(dotted + "."):
             return set_here
-    lines = {_canonical_path(k): v for k, v in field_lines(text).items()}
+    lines = {canonical_path(k): v for k, v in field_lines(text).items()}
     # a section the file does not have, created by a field set under it (--set nosuch.x=1)
     if field_name not in lines and any(d.startswith(field_name + ".") for d in sets):
         return set_here
@@ -103,11 +103,6 @@ def _where(path, text: str, field_name: str, overrides: dict | None, label: str)
             return f"{path}:{line}: "
         parts.pop()
     return f"{path}: "
-
-
-def _canonical_path(dotted: str) -> str:
-    """A dotted field path with every old name replaced by the one name (``ALIASES``)."""
-    return ".".join(canonical_key(p) for p in dotted.split("."))
 
 
 def apply_overrides(data: dict, overrides: dict) -> dict:
