@@ -17,7 +17,7 @@ and a mix could still run a stale one.
 
 ``backends/__init__.py`` and ``workloads/base.py`` import ``sim`` first, so the same
 choice covers ``backends.base`` (the step plan's item, which the scheduler's item extends),
-``backends.analytical`` and ``workloads.hash_ids``.
+``backends.analytical``, ``workloads.hash_ids`` and ``workloads.trace_records``.
 
 ``HCS_NATIVE`` chooses at run time: ``auto`` (default: compiled when fresh),
 ``0`` (always the source, e.g. to profile with cProfile or to debug), ``1``
@@ -58,6 +58,7 @@ NATIVE_MODULES = (
     "backends.base",
     "backends.analytical",
     "workloads.hash_ids",
+    "workloads.trace_records",
 )
 MANIFEST = "_native_build.json"
 ENV = "HCS_NATIVE"

@@ -9,13 +9,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from workloads.base import Dist, Fields, TraceRequest, WorkloadError, check_int, output_stream
+from workloads.trace_records import request_id
 
 WHERE = "workload"
-
-
-def request_id(index: int) -> str:
-    """``r0000000``-style ids: the request's index, zero-padded to 7 digits."""
-    return f"r{index:07d}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,25 @@ def test_mooncake_limit_and_ids(fixtures):
     assert len({r.request_id for r in mooncake(fixtures)}) == 200
 
 
+def test_request_ids_are_the_index_zero_padded_to_seven_digits():
+    """The compiled reader's ids (no format spec) are f"r{index:07d}" at every width."""
+    from workloads.trace_records import request_id
+    for i in (0, 7, 10, 999_999, 1_000_000, 9_999_999, 10_000_000, 123_456_789):
+        assert request_id(i) == f"r{i:07d}"
+
+
+def test_mooncake_blank_lines_are_skipped_and_not_counted(tmp_path):
+    p = tmp_path / "t.jsonl"
+    rec = {"timestamp": 5, "input_length": 10, "output_length": 3, "hash_ids": [7]}
+    p.write_text("\n" + json.dumps(rec) + "\n   \n" + json.dumps({**rec, "timestamp": 6}) + "\n")
+    a, b = build_workload({"kind": "mooncake", "path": str(p)}, 0)
+    assert (a.request_id, b.request_id) == ("r0000000", "r0000001")
+    assert (a.arrival_s, b.arrival_s) == (0.005, 0.006)
+    p.write_text(p.read_text() + "{oops\n")
+    with pytest.raises(WorkloadError, match=r"t\.jsonl:5: invalid JSON \("):
+        list(build_workload({"kind": "mooncake", "path": str(p)}, 0))
+
+
 def test_mooncake_rest_beyond_hash_blocks_is_private(tmp_path):
     p = tmp_path / "t.jsonl"
     p.write_text(json.dumps({"timestamp": 5, "input_length": 1200, "output_length": 3,
