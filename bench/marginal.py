@@ -83,6 +83,22 @@ def origin_of(entry: str) -> str:
     return "other"
 
 
+def by_function(costs: dict[str, float], inclusive: bool) -> dict[str, float]:
+    """Costs per function name (``name_of``).  Own costs add up over a function's
+    entries (its lines inlined into other files, its recursion levels); inclusive ones
+    do not (a wrapper encloses the function, a level the next): there, the largest of
+    the entries of our compiled functions (CPython's call machinery encloses
+    everything, so its inclusive costs say nothing)."""
+    out: dict[str, float] = defaultdict(float)
+    for f, c in costs.items():
+        name = name_of(f)
+        if not inclusive:
+            out[name] += c
+        elif "__native_" in f and "'" not in f.rpartition(":")[2]:
+            out[name] = max(out.get(name, c), c)
+    return dict(out)
+
+
 def count(scenario: Path, n: int, work: Path, inclusive: bool) -> tuple[int, dict[str, int]]:
     """Instructions of one whole ``sim run`` of ``n`` requests, and per function."""
     out_file = work / f"callgrind.{n}.out"
@@ -155,12 +171,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{per / GOAL:.2f}x #19's {GOAL // 1000} k goal; callgrind, "
           f"{time.perf_counter() - t0:,.0f} s)")
     marginal = {f: (hi.get(f, 0) - lo.get(f, 0)) / span for f in set(lo) | set(hi)}
-    by_name: dict[str, float] = defaultdict(float)
-    for f, c in marginal.items():
-        # inclusive costs are meaningful for our own functions only (CPython's call
-        # machinery encloses everything, recursion counted again at each level)
-        if not args.inclusive or origin_of(f).startswith("ours: "):
-            by_name[name_of(f)] += c
+    by_name = by_function(marginal, args.inclusive)
     if not args.inclusive:
         by_origin: dict[str, float] = defaultdict(float)
         for f, c in marginal.items():

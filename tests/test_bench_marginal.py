@@ -89,3 +89,14 @@ def test_keep_never_overwrites_a_file(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "exists" in res.stderr and res.stderr.count("\n") == 1
     assert mine.read_text() == "the user's"
+
+
+def test_own_costs_add_up_per_name_inclusive_ones_take_the_largest_of_ours():
+    costs = {"/b/__native_1.c:CPyPy_engine___Engine___run": 100.0,     # (the wrapper)
+             "/b/__native_1.c:CPyDef_engine___Engine___run": 98.0,
+             "/b/__native_1.c:CPyDef_engine___Engine___run'2": 60.0,   # (a deeper level)
+             "/inc/CPy.h:CPyDef_engine___Engine___run": 5.0,           # (inlined lines)
+             "/p/Python-3.11.7/Objects/call.c:PyObject_Call": 400.0}
+    own = marginal.by_function(costs, inclusive=False)
+    assert own == {"engine.Engine.run": 263.0, "call.c:PyObject_Call": 400.0}
+    assert marginal.by_function(costs, inclusive=True) == {"engine.Engine.run": 100.0}

@@ -2,7 +2,7 @@
 Mooncake trace file's lines in file order.
 
 Compiled with the hot path (``sim/native.py``): the reader runs once per record, and
-interpreted its loop (the checks, the request id, the generator's resume) cost about
+its loop interpreted (the checks, the request id, the generator's resume) cost about
 as much as decoding the line.  ``workloads.traces.MooncakeConfig`` owns the format
 (fields, units, errors); this module is only its happy path, which does what a valid
 line needs (one ``orjson.loads``, exact type tests, as JSON numbers decode to int or
@@ -80,4 +80,3 @@ def mooncake_records(path: str, block: int, limit: int, time_scale: float,
             yield TraceRequest(rid, ts / 1000.0 * time_scale, segs, n_out)
             prev_ts = ts
             index += 1
-
