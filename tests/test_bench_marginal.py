@@ -33,9 +33,9 @@ Ir                    file:function
 --------------------------------------------------------------------------------
 152,112,677 ( 8.95%)  /tmp/py/Python-3.11.7/Python/ceval.c:_PyEval_EvalFrameDefault'2 [/usr/lib/libpython3.11.so.1.0]
  54,220,932 ( 3.19%)  /tmp/py/Python-3.11.7/Objects/obmalloc.c:_PyObject_Free [/usr/lib/libpython3.11.so.1.0]
-  9,866,220 ( 0.58%)  /work/build/__native_43682f.c:CPyDef_prompt___StreamRegistry___keys_of [/work/43682f__mypyc.so]
+  9,866,220 ( 0.58%)  /proj/build/__native_43682f.c:CPyDef_prompt___StreamRegistry___keys_of [/proj/43682f__mypyc.so]
   1,000,000 ( 0.06%)  /root/include/python3.11/object.h:CPyDef_prompt___StreamRegistry___keys_of
-  3,118,376 ( 0.18%)  /tmp/env/mypyc/lib-rt/list_ops.c:CPyList_GetItem [/work/43682f__mypyc.so]
+  3,118,376 ( 0.18%)  /tmp/env/mypyc/lib-rt/list_ops.c:CPyList_GetItem [/proj/43682f__mypyc.so]
   2,000,000 ( 0.12%)  /project/vecs/vec_template.c:VecI64_Append [/venv/librt/vecs.so]
     500,000 ( 0.03%)  ???:0x00000000000284f0 [???]
  58,777,470 ( 2.02%)  >   ???:0x0000000005f11620 (6,000x) [???]
@@ -46,7 +46,7 @@ Ir                    file:function
 def test_annotate_lines_become_costs_per_function_summed_across_files():
     costs = marginal.parse_annotate(ANNOTATE)
     assert costs["PROGRAM TOTALS"] == 1_699_632_729
-    key = "/work/build/__native_43682f.c:CPyDef_prompt___StreamRegistry___keys_of"
+    key = "/proj/build/__native_43682f.c:CPyDef_prompt___StreamRegistry___keys_of"
     assert costs[key] == 9_866_220
     assert "???:0x0000000005f11620 (6,000x)" not in costs     # (a call-tree line)
     assert len(costs) == 8
