@@ -35,9 +35,16 @@ compiled_hashes: dict = {}
 DEMAND_NATIVE = os.environ.get("HCS_NATIVE", "").strip() == "1"
 
 
+TYPE_CHECK_FAILED = "mypyc's type check failed"   # (sim/native.py reads this prefix)
+
+
 def _reason(error: BaseException) -> str:
     """One short line: the exception's type and message (a compiler command line is long:
-    its start and its end, which says how it failed)."""
+    its start and its end, which says how it failed).  mypy exits (SystemExit) on type
+    errors, which it prints above: a bug of ours, not of the machine (e.g. a compiled
+    module importing a package missing from pyproject's build-system requires)."""
+    if isinstance(error, SystemExit):
+        return f"{TYPE_CHECK_FAILED} (exit {error.code}; its errors are printed above)"
     msg = " ".join(str(error).split())
     if len(msg) > 160:
         msg = f"{msg[:80]} ... {msg[-60:]}"
@@ -45,12 +52,13 @@ def _reason(error: BaseException) -> str:
 
 
 def _fallback_message(error: BaseException) -> str:
+    fix = ("please report it (the errors above say which module)" if isinstance(error, SystemExit)
+           else "install a C compiler and the Python headers (e.g. apt-get install gcc "
+                "python3-dev) and run pip install -e . again")
     return (f"hybrid-cache-sim: WARNING: could not compile the simulation hot path with mypyc "
             f"({_reason(error)}); installed the "
-            f"pure-Python build instead: same results, ~7x slower. For the compiled build install "
-            f"a C compiler and the Python headers (e.g. apt-get install gcc python3-dev) and run "
-            f"pip install -e . again; HCS_NATIVE=1 pip install ... stops the install when the "
-            f"compile fails.")
+            f"pure-Python build instead: same results, ~7x slower. For the compiled build "
+            f"{fix}; HCS_NATIVE=1 pip install ... stops the install when the compile fails.")
 
 
 def _record_fallback(error: BaseException, build_lib: str | None = None) -> None:

@@ -100,9 +100,11 @@ def build_state(root: Path = _ROOT) -> tuple[bool, str]:
     manifest = root / "sim" / MANIFEST
     failed = _failed_compile(manifest)
     if failed:
+        fix = ("`HCS_NATIVE=1 pip install -e .` shows the errors" if failed.startswith("mypyc's")
+               else "install a C compiler and the Python headers and rerun `pip install -e .` "
+                    "for the compiled build")
         return False, (f"pure-Python build, ~7x slower: the compile failed at install "
-                       f"({failed}); install a C compiler and the Python headers and rerun "
-                       f"`pip install -e .` for the compiled build")
+                       f"({failed}); {fix}")
     missing = [m for m in NATIVE_MODULES if not has_extension(m, root)]
     if len(missing) == len(NATIVE_MODULES):
         return False, "no compiled build (installed with HCS_PURE=1, or not built)"

@@ -103,6 +103,26 @@ def test_env_zero_runs_the_source():
     assert res.returncode == 0 and res.stdout.strip() == "source (HCS_NATIVE=0)"
 
 
+def _can_compile() -> bool:
+    """A C compiler (the one Python was built with) and the Python headers are here."""
+    import sysconfig
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(cc) is not None and \
+        (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file()
+
+
+@pytest.mark.skipif(not _can_compile(), reason="no C compiler or no Python headers here")
+def test_a_machine_that_can_compile_was_not_given_the_source():
+    """The install falls back to the pure-Python build where it cannot compile.  Where it
+    can, a recorded failure is a bug of ours (a compiled module importing a package that
+    pyproject's build-system requires lacks fails mypyc's type check) that would
+    otherwise pass unseen: the suite runs the source, and the compiled-against-source
+    test below skips."""
+    failed = native._failed_compile(ROOT / "sim" / native.MANIFEST)
+    assert failed is None, (f"the compile failed at install ({failed}); "
+                            f"`HCS_NATIVE=1 pip install -e .` shows why")
+
+
 @pytest.mark.skipif(not native.build_state()[0], reason="no usable compiled build "
                     "(installed with HCS_PURE=1 or sources edited since the build)")
 def test_compiled_and_source_give_identical_outputs(tmp_path):
