@@ -35,16 +35,14 @@ compiled_hashes: dict = {}
 DEMAND_NATIVE = os.environ.get("HCS_NATIVE", "").strip() == "1"
 
 
-TYPE_CHECK_FAILED = "mypyc's type check failed"   # (sim/native.py reads this prefix)
-
-
 def _reason(error: BaseException) -> str:
     """One short line: the exception's type and message (a compiler command line is long:
     its start and its end, which says how it failed).  mypy exits (SystemExit) on type
     errors, which it prints above: a bug of ours, not of the machine (e.g. a compiled
     module importing a package missing from pyproject's build-system requires)."""
     if isinstance(error, SystemExit):
-        return f"{TYPE_CHECK_FAILED} (exit {error.code}; its errors are printed above)"
+        failed = native["TYPE_CHECK_FAILED"]
+        return f"{failed} (exit {error.code}; its errors are printed above)"
     msg = " ".join(str(error).split())
     if len(msg) > 160:
         msg = f"{msg[:80]} ... {msg[-60:]}"

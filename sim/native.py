@@ -62,6 +62,9 @@ NATIVE_MODULES = (
 )
 MANIFEST = "_native_build.json"
 ENV = "HCS_NATIVE"
+# how setup.py records a fallback caused by mypy's type errors (a bug of ours, not of the
+# machine): the start of the manifest's "failed" reason
+TYPE_CHECK_FAILED = "mypyc's type check failed"
 
 _ROOT = Path(__file__).resolve().parent.parent   # the directory holding the sim package
 
@@ -100,7 +103,8 @@ def build_state(root: Path = _ROOT) -> tuple[bool, str]:
     manifest = root / "sim" / MANIFEST
     failed = _failed_compile(manifest)
     if failed:
-        fix = ("`HCS_NATIVE=1 pip install -e .` shows the errors" if failed.startswith("mypyc's")
+        fix = ("`HCS_NATIVE=1 pip install -e .` shows the errors"
+               if failed.startswith(TYPE_CHECK_FAILED)
                else "install a C compiler and the Python headers and rerun `pip install -e .` "
                     "for the compiled build")
         return False, (f"pure-Python build, ~7x slower: the compile failed at install "

@@ -103,6 +103,19 @@ def test_env_zero_runs_the_source():
     assert res.returncode == 0 and res.stdout.strip() == "source (HCS_NATIVE=0)"
 
 
+def test_a_recorded_fallback_says_what_to_do_by_its_cause(tmp_path):
+    """A type-check failure is ours (see the install's errors); a compiler failure is the
+    machine's (install one)."""
+    manifest = tmp_path / "sim" / native.MANIFEST
+    manifest.parent.mkdir(parents=True)
+    for failed, advice in ((f"{native.TYPE_CHECK_FAILED} (exit 1; its errors are printed above)",
+                            "`HCS_NATIVE=1 pip install -e .` shows the errors"),
+                           ("CompileError: command 'gcc' failed", "install a C compiler")):
+        manifest.write_text(json.dumps({"compiler": "mypyc", "failed": failed}))
+        usable, why = native.build_state(tmp_path)
+        assert not usable and f"({failed}); {advice}" in why
+
+
 def _can_compile() -> bool:
     """A C compiler (the one Python was built with) and the Python headers are here."""
     import sysconfig
