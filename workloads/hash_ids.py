@@ -14,7 +14,7 @@ LIMIT: Final = 1 << 53   # hash ids are integers in [0, 2**53) (Final: inlined, 
 
 def hash_id_segments(ids: object, n_in: int, block: int, rid: str) -> HashIdPrompt | None:
     """The segments of a prompt of ``n_in`` tokens over ``block``-token hash ids
-    (a Mooncake trace record, read by ``workloads.traces``), as a
+    (a Mooncake trace record, read by ``workloads.trace_records``), as a
     ``sim.cache.prompt.HashIdPrompt`` (the record's id list itself, read as segments):
     ``(h, 0, block)`` per id ``h`` (the stream ``mc/<h>``, named by its integer:
     ``workloads.base.Segment``), the last one cut to ``n_in``, and a private
