@@ -94,7 +94,6 @@ def _warm() -> None:
         ax.plot([0, 1], [0, 1])
         ax.set_title("warm", fontsize=9)
         fig.savefig(io.BytesIO(), format="png", dpi=style.DPI, metadata=style.PNG_META)
-        style.plt.close(fig)
 
 
 def _serve(conns, parents) -> None:

@@ -94,3 +94,46 @@ def test_no_request_with_a_hit(tmp_path, figures):
     run_report.write_report(write_run(tmp_path / "r", [Req(ttft=t) for t in TTFTS]))
     assert "0 of 10 requests (0.0%) reuse a prefix; 10 miss" in figures["hit_hist"]["titles"][0]
     assert figures["hit_hist"]["bars"] == [0, 0]
+
+
+def test_run_figures_cut_to_their_pixels_match_the_tight_box(tmp_path, monkeypatch):
+    """Every run figure is drawn once and cut to its pixels (``style.Trim``): the
+    canvas's margins hold all of it (else ``save`` falls back on matplotlib's tight
+    box), and the cut is the tight box's image to a few pixels a side."""
+    import shutil
+
+    import yaml
+    from PIL import Image
+
+    from sim.config.scenario import load_scenario
+    from sim.run import simulate, write_run as write_sim_run
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((root / "scenarios" / "athena.yaml").read_text())
+    data["workload"]["num_requests"] = 60
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    sc = load_scenario(tmp_path / "s.yaml")
+    dep, rows, summary = simulate(sc)
+    cut = write_sim_run(tmp_path / "cut", sc, dep, rows, summary)
+    stems = ("ttft_cdf", "hit_hist", "miss_waterfall", "memory")
+    clipped = []
+    real_cut = style.Trim.cut
+
+    def watch(self, canvas, rgba):
+        got = real_cut(self, canvas, rgba)
+        clipped.append(self.clipped)
+        return got
+
+    monkeypatch.setattr(style.Trim, "cut", watch)
+    tight = tmp_path / "tight"
+    shutil.copytree(cut, tight)
+    run_report.write_report(cut)
+    assert clipped == [False] * len(stems)          # no figure reached a margin
+    monkeypatch.setattr(style.Trim, "cut", lambda self, canvas, rgba: setattr(
+        self, "clipped", True))                     # every figure: the tight box
+    run_report.write_report(tight)
+    for stem in stems:
+        a, b = Image.open(cut / f"{stem}.png"), Image.open(tight / f"{stem}.png")
+        assert (a.mode, b.mode) == ("RGB", "RGB")
+        assert abs(a.width - b.width) <= 8 and abs(a.height - b.height) <= 8, \
+            (stem, a.size, b.size)

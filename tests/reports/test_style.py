@@ -49,3 +49,92 @@ def test_save_writes_caption_and_same_bytes(tmp_path):
     assert b"Software" not in png and b"matplotlib" not in png
     for name in ("f.png", "f.svg"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def _png_only(folder, caption, note="", far_text=False):
+    with style.rc():
+        fig = style.figure(4, 3)
+        ax = fig.add_subplot()
+        ax.plot([1, 2, 3], [3, 1, 2])
+        ax.set_xlabel("time (s)")
+        if far_text:        # from the figure's right edge across the canvas's margin
+            fig.text(0.95, 0.5, "far " * 60)
+        return style.save(fig, folder, "f", caption, svg=False, note=note)
+
+
+def _pixels(path):
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(path).convert("RGBA"))
+
+
+def test_png_alone_is_cut_to_what_is_drawn_with_its_texts(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    saved = _png_only(a, "What does this answer? " * 6, note="x = a long name")
+    _png_only(b, "What does this answer? " * 6, note="x = a long name")
+    assert [p.name for p in saved.files] == ["f.png"]
+    assert (a / "f.png").read_bytes() == (b / "f.png").read_bytes()
+    img = Image.open(a / "f.png")
+    assert img.mode == "RGB"                      # opaque: stored without alpha
+    assert img.info["dpi"] == pytest.approx((style.DPI, style.DPI), abs=0.01)
+    px = _pixels(a / "f.png")
+    ink = np.flatnonzero((px[:, :, :3] != 255).any(axis=2).any(axis=1))
+    cols = np.flatnonzero((px[:, :, :3] != 255).any(axis=2).any(axis=0))
+    pad = round(style.Trim.PAD * style.DPI)
+    # exactly the padding around what is drawn, on every side
+    assert (ink[0], px.shape[0] - 1 - ink[-1]) == (pad, pad)
+    assert (cols[0], px.shape[1] - 1 - cols[-1]) == (pad, pad)
+    # the note and the (wrapped, three-line) caption lie under the axes: the image is
+    # taller than the figure alone, cut tight, would be
+    c, d = tmp_path / "c", tmp_path / "d"
+    c.mkdir()
+    d.mkdir()
+    _png_only(c, "")
+    assert px.shape[0] > _pixels(c / "f.png").shape[0] + 0.3 * style.DPI
+    # the same box as the tight bounding box (with an SVG beside it) to a few pixels
+    _draw(d, "What does this answer? " * 6)
+    tight = _pixels(d / "f.png")
+    assert abs(tight.shape[1] - px.shape[1]) <= 6
+
+
+def test_png_alone_falls_back_on_the_tight_box_when_a_margin_is_reached(tmp_path):
+    saved = _png_only(tmp_path, "caption", far_text=True)
+    assert [p.name for p in saved.files] == ["f.png"]
+    # the far text (~4 in past the figure's right edge) is whole in the image: the
+    # canvas's margin (2.5 in) could not hold it, so the tight box of every artist was
+    # used
+    assert _pixels(tmp_path / "f.png").shape[1] > (4 + 3.5) * style.DPI
+
+
+def test_png_canvas_writes_matplotlibs_pixels(tmp_path):
+    import io
+
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    def figure():
+        fig = style.figure(3, 2)
+        fig.add_subplot().plot([0, 1], [1, 0], label="a line")
+        return fig
+
+    ours, theirs = io.BytesIO(), io.BytesIO()
+    figure().savefig(ours, format="png", dpi=style.DPI, metadata=style.PNG_META)
+    fig = figure()
+    FigureCanvasAgg(fig).print_png(theirs, metadata=style.PNG_META)
+    a, b = Image.open(ours), Image.open(theirs)
+    assert (a.mode, b.mode) == ("RGB", "RGBA")
+    assert np.array_equal(np.asarray(a), np.asarray(b)[:, :, :3])
+    assert len(ours.getvalue()) < len(theirs.getvalue())
+    # a figure that is not opaque keeps its alpha channel
+    fig = figure()
+    fig.patch.set_alpha(0.0)
+    clear = io.BytesIO()
+    fig.savefig(clear, format="png", dpi=style.DPI, transparent=True)
+    assert Image.open(clear).mode == "RGBA"
