@@ -74,8 +74,13 @@ def _per_request(ax, values: np.ndarray, unit: int, color: str, what: str, xlabe
                                                     (1, 2, 5))))
         edges = np.arange(0, float(nz.max()) + width + 1, width)
         hist, _ = np.histogram(nz, bins=edges)
-        ax.bar(edges[:-1], hist, width=width, align="edge", color=color, edgecolor="white",
-               linewidth=0.4)
+        # the bins as one filled outline and the thin white lines between bars as one
+        # collection: the look of a bar per bin (white-edged), without an artist each
+        # (80 rectangles were a quarter of this figure's time)
+        ax.stairs(hist, edges, fill=True, color=color, linewidth=0)
+        inner = np.minimum(hist[:-1], hist[1:])
+        ax.vlines(edges[1:-1][inner > 0], 0, inner[inner > 0], colors="white", linewidth=0.4,
+                  zorder=1)     # (with the bins: under the grid, as bar edges were)
         ax.set_xlim(0, edges[-1])
         style.token_axis(ax.xaxis)
         ax.set_xlabel(f"{xlabel} (tokens; bins of {width:,})")
