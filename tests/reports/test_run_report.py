@@ -140,3 +140,33 @@ def test_run_figures_cut_to_their_pixels_match_the_tight_box(tmp_path, monkeypat
         assert (a.mode, b.mode) == ("RGB", "RGB")
         assert abs(a.width - b.width) <= 8 and abs(a.height - b.height) <= 8, \
             (stem, a.size, b.size)
+
+
+def test_memory_csv_read_back_as_any_csv_reader_reads_it(tmp_path):
+    """``read_memory``'s split of the file as ``sim run`` writes it gives what
+    ``csv.reader`` gives, on that file and on the CSV it cannot split (quotes, CRLF,
+    a blank line at the end), where it reads by ``csv.reader``; a field that is no
+    number is the same ValueError."""
+    from reports.memory_figure import _read_memory_csv, read_memory
+
+    head = "time_s,kv_blocks,mamba_blocks,in_use_blocks,cached_blocks,running,waiting\n"
+    rows = "".join(f"{i * 0.001234567:.6f},{i},{2 * i},{i // 2},{i - i // 2},{i % 7},0\n"
+                   for i in range(500))
+    variants = {
+        "written": head + rows,
+        "empty": head,
+        "crlf": (head + rows).replace("\n", "\r\n"),
+        "quoted": head + '"0.500000",1,2,3,4,5,6\n',
+        "blank line": head + rows + "\n",
+    }
+    for name, text in variants.items():
+        p = tmp_path / f"{name}.csv"
+        p.write_bytes(text.encode())
+        got = read_memory(p)
+        assert got == _read_memory_csv(p), name
+    assert list(read_memory(tmp_path / "crlf.csv")) == head.strip().split(",")
+    assert read_memory(tmp_path / "written.csv")["time_s"][3] == float("0.003704")
+    bad = tmp_path / "bad.csv"
+    bad.write_text(head + "0.1,1,2,x,4,5,6\n")
+    with pytest.raises(ValueError):
+        read_memory(bad)
