@@ -39,18 +39,25 @@ def waterfall(s: dict, folder: Path, title: str) -> style.Saved:
     fig = style.figure(7.6, 4.2)
     ax = fig.add_subplot()
     labels = ["unlimited\nattention-only\ncache"]
-    ax.bar(0, reusable, color=style.CONTEXT, width=0.62)
+    # the bars (one ``bar`` call: each call builds a container of its own) and the
+    # number over each
+    heights, bottoms, colours = [reusable], [0], [style.CONTEXT]
     ax.text(0, reusable, style.tokens_text(reusable), ha="center", va="bottom", fontsize=8)
     level = reusable
     for i, (key, name, _, colour) in enumerate(STEPS, start=1):
         v = s[f"miss_{key}_tokens"]
-        ax.bar(i, -v, bottom=level, color=colour, width=0.62)
+        heights.append(-v)
+        bottoms.append(level)
+        colours.append(colour)
         ax.text(i, level, f"-{style.tokens_text(v)}" if v else "0", ha="center", va="bottom",
                 fontsize=8)
         level -= v
         labels.append(name)
     n = len(STEPS) + 1
-    ax.bar(n, s["hit_tokens"], color=style.HIT, width=0.62)
+    heights.append(s["hit_tokens"])
+    bottoms.append(0)
+    colours.append(style.HIT)
+    ax.bar(range(n + 1), heights, bottom=bottoms, color=colours, width=0.62)
     ax.text(n, s["hit_tokens"], style.tokens_text(s["hit_tokens"]), ha="center", va="bottom",
             fontsize=8)
     labels.append("this run\nreused (hit)")
