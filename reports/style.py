@@ -43,6 +43,10 @@ RC = {
     "legend.fontsize": 8,
     "xtick.labelsize": 8,
     "ytick.labelsize": 8,
+    # unhinted glyphs: FreeType's TrueType hinting interpreter ran for every glyph of
+    # every text, ~6 % of a report figure's instructions, for glyph shapes and advances
+    # that differ by a fraction of a pixel at this resolution
+    "text.hinting": "no_hinting",
 }
 
 # colours: one meaning each across the reports
