@@ -90,38 +90,55 @@ def memory_figure(cols: dict[str, list[float]], block_bytes: float, pool_bytes: 
         return style.save(fig, folder, "memory", CAPTION, svg=False)
 
 
-def _inputs(folder: Path, s: dict) -> tuple[Path, float, float] | None:
+def as_read(fields) -> dict[str, list[float]]:
+    """``memory.csv``'s columns as ``read_memory`` reads them back, from the fields
+    ``sim run`` writes it from (``sim.run.memory_fields``: each column's %-format and
+    values): a float column is its text read back, an int column its values.  ``sim
+    run``'s report worker draws from these while the file is being written."""
+    from sim.records import MEMORY_COLUMNS
+    from sim.requests_csv import FLOAT_FIELD
+
+    return {name: ([float(FLOAT_FIELD % v) for v in vals] if spec == FLOAT_FIELD
+                   else list(vals))
+            for name, (spec, vals) in zip(MEMORY_COLUMNS, fields)}
+
+
+def _inputs(folder: Path, s: dict, fields=None) -> tuple[Path, float, float] | None:
     """memory.csv, the pool and a block (bytes) of a run folder; None for a folder
-    without a memory section (no memory.csv or no pool in summary.json)."""
+    without a memory section (no memory.csv, unless its ``fields`` are at hand, or no
+    pool in summary.json)."""
     path = Path(folder) / "memory.csv"
-    if not path.is_file() or not s.get("pool_bytes") or not s.get("num_gpu_blocks"):
+    if (fields is None and not path.is_file()) or not s.get("pool_bytes") \
+            or not s.get("num_gpu_blocks"):
         return None
     pool = float(s["pool_bytes"])
     return path, pool, pool / s["num_gpu_blocks"]
 
 
-def draw_memory(folder: Path, s: dict) -> None:
-    """``memory.png`` of a run folder with a memory section (else nothing)."""
-    got = _inputs(folder, s)
+def draw_memory(folder: Path, s: dict, fields=None) -> None:
+    """``memory.png`` of a run folder with a memory section (else nothing); ``fields``:
+    memory.csv's, at hand (``as_read``), else the file is read."""
+    got = _inputs(folder, s, fields)
     if got is not None:
         path, pool, block = got
-        memory_figure(read_memory(path), block, pool, Path(folder),
-                      f"{s.get('scenario', '')}: pool memory over time")
+        memory_figure(read_memory(path) if fields is None else as_read(fields), block, pool,
+                      Path(folder), f"{s.get('scenario', '')}: pool memory over time")
 
 
-def memory_blocks(folder: Path, s: dict, draw: bool = True) -> list:
+def memory_blocks(folder: Path, s: dict, draw: bool = True, fields=None) -> list:
     """The report blocks (``reports/render.py``) of the memory section: the figure and a
     table of the pool and the peaks; [] for a run folder without ``memory.csv``.
-    ``draw``: also draw the figure (else it is drawn elsewhere: ``draw_memory``)."""
+    ``draw``: also draw the figure (else it is drawn elsewhere: ``draw_memory``);
+    ``fields``: see ``draw_memory``."""
     from reports.render import Table
 
     folder = Path(folder)
-    got = _inputs(folder, s)
+    got = _inputs(folder, s, fields)
     if got is None:
         return []
     _, pool, block = got
     if draw:
-        draw_memory(folder, s)
+        draw_memory(folder, s, fields)
     rows = [
         ["pool", f"{style.gib(pool)} ({s['num_gpu_blocks']:,} blocks of "
                  f"{block / 2**20:,.2f} MiB)"],
@@ -142,9 +159,9 @@ def memory_blocks(folder: Path, s: dict, draw: bool = True) -> list:
     ]
 
 
-def memory_markdown(folder: Path, s: dict, draw: bool = True) -> list[str]:
+def memory_markdown(folder: Path, s: dict, draw: bool = True, fields=None) -> list[str]:
     """The memory section as Markdown lines (for a report assembled as lines)."""
     from reports.render import render_md
 
-    blocks = memory_blocks(folder, s, draw)
+    blocks = memory_blocks(folder, s, draw, fields)
     return render_md(blocks).splitlines() + [""] if blocks else []

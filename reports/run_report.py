@@ -206,25 +206,32 @@ def latency_markdown(s: dict, scenario: dict | None = None) -> list[str]:
     return out
 
 
-def load_run_folder(folder: Path, rows: list | None = None) -> tuple[dict, dict, list]:
+def load_run_folder(folder: Path, rows: list | None = None,
+                    texts: tuple[str, str] | None = None) -> tuple[dict, dict, list]:
     """summary.json, run.json and requests.csv of a run folder, checked before anything is
     drawn: a corrupt or foreign file is one ``InputError`` naming it.  ``rows``: the
     report's columns of requests.csv already at hand (``sim run``: ``reports/rows.py``),
-    checked as if read."""
-    s, h = load_run_json(folder)
+    checked as if read; ``texts``: see ``load_run_json``."""
+    s, h = load_run_json(folder, texts)
     return s, h, load_rows(folder, rows)
 
 
-def load_run_json(folder: Path) -> tuple[dict, dict]:
-    """summary.json and run.json of a run folder, checked (``load_run_folder``)."""
+def load_run_json(folder: Path, texts: tuple[str, str] | None = None) -> tuple[dict, dict]:
+    """summary.json and run.json of a run folder, checked (``load_run_folder``);
+    ``texts``: the two files' text at hand (``sim run``'s report workers draw while the
+    files are written), parsed and checked as the files would be."""
     import math
 
     from sim.config.errors import InputError
-    from sim.config.loader import load_file
+    from sim.config.loader import load_file, loads_json
 
     folder = Path(folder)
-    s = load_file(folder / "summary.json", fmt="json")
-    h = load_file(folder / "run.json", fmt="json")
+    if texts is None:
+        s = load_file(folder / "summary.json", fmt="json")
+        h = load_file(folder / "run.json", fmt="json")
+    else:
+        s = loads_json(texts[0], str(folder / "summary.json"), InputError)
+        h = loads_json(texts[1], str(folder / "run.json"), InputError)
     for path, data in ((folder / "summary.json", s), (folder / "run.json", h)):
         if not isinstance(data, dict):
             raise InputError(f"{path}: expected a JSON object (as sim run writes it)")
@@ -275,17 +282,19 @@ FIGURES = ("ttft_cdf", "hit_hist", "miss_waterfall", "memory")
 
 
 def draw(folder: Path, stems=FIGURES, s: dict | None = None, h: dict | None = None,
-         rows: list | None = None) -> None:
+         rows: list | None = None, texts: tuple[str, str] | None = None,
+         memory=None) -> None:
     """Render the report's figures ``stems`` into ``folder`` (a figure whose section the
     report leaves out is not drawn), reading the run folder for what is not given.  The
     figures are independent of each other and of report.md, so ``sim run`` draws them in
-    worker processes, two groups at once (``reports/workers.py``)."""
+    worker processes, two groups at once (``reports/workers.py``); ``texts``: see
+    ``load_run_json``; ``memory``: memory.csv's fields at hand (``memory_figure.as_read``)."""
     from reports.memory_figure import draw_memory
     from reports.miss_figure import has_attribution, waterfall
 
     folder = Path(folder)
     if s is None or h is None:
-        s, h = load_run_json(folder)
+        s, h = load_run_json(folder, texts)
     if rows is None and any(st in ROW_FIGURES for st in stems):
         rows = load_rows(folder)
     name = h["name"]
@@ -299,17 +308,20 @@ def draw(folder: Path, stems=FIGURES, s: dict | None = None, h: dict | None = No
         if "miss_waterfall" in stems and has_attribution(s):
             waterfall(s, folder, f"{name}: why requests missed")
     if "memory" in stems:
-        draw_memory(folder, s)
+        draw_memory(folder, s, memory)
 
 
-def write_report(folder: Path, stems=FIGURES, rows: list | None = None) -> None:
+def write_report(folder: Path, stems=FIGURES, rows: list | None = None,
+                 texts: tuple[str, str] | None = None, memory=None) -> None:
     """Rebuild report.md and its figures from a run folder (requests.csv,
     summary.json, run.json).  ``stems``: the figures drawn here (the others are drawn
-    elsewhere: ``reports/workers.py``); ``rows``: see ``load_run_folder``."""
+    elsewhere: ``reports/workers.py``); ``rows``, ``texts`` and ``memory``: the run's
+    files at hand (see ``load_run_folder`` and ``draw``)."""
     folder = Path(folder)
-    s, h, rows = load_run_folder(folder, rows)
+    s, h, rows = load_run_folder(folder, rows, texts)
     name = h["name"]
-    draw(folder, [st for st in FIGURES if st in stems and st in ROW_FIGURES], s, h, rows)
+    draw(folder, [st for st in FIGURES if st in stems and st in ROW_FIGURES], s, h, rows,
+         memory=memory)
     lines = [
         f"# Run report: {name}",
         "",
@@ -351,5 +363,5 @@ def write_report(folder: Path, stems=FIGURES, rows: list | None = None) -> None:
     from reports.miss_figure import miss_markdown  # why requests missed (attribution)
     lines += miss_markdown(folder, s, rows, name, draw="miss_waterfall" in stems)
     from reports.memory_figure import memory_markdown  # the pool over time (memory.csv)
-    lines += memory_markdown(folder, s, draw="memory" in stems)
+    lines += memory_markdown(folder, s, draw="memory" in stems, fields=memory)
     (folder / "report.md").write_text("\n".join(lines))

@@ -6,12 +6,13 @@ simulation.  The figures depend on nothing but the run's files and not on each o
 So ``ReportWorkers.start`` forks one worker when the command starts; it imports
 matplotlib and the report modules and renders one throwaway figure (fonts, PIL) while
 the simulation runs on the other core, then forks the second worker from its warm self
-(one import for both, none of it competing with the simulation).  Once summary.json,
-memory.csv and run.json are written, one worker draws the figures that read them
+(one import for both, none of it competing with the simulation).  Once the run is
+over, one worker draws the figures that read summary.json, run.json and memory.csv
 alone (part "side": miss waterfall, memory); the other writes report.md and draws the
-figures that read requests.csv (part "main": TTFT CDF, hit histogram) from the
-report's columns handed over in memory, exactly as requests.csv reads back
-(``reports/rows.py``), while the main process writes requests.csv.  The main process
+figures that read requests.csv (part "main": TTFT CDF, hit histogram).  Both get what
+they read handed over in memory, exactly as the files read back (the two JSON files'
+text, memory.csv's fields, the report's columns of requests.csv: ``reports/rows.py``),
+and draw while the main process writes the files.  The main process
 imports no matplotlib at all.
 
 The output is the same bytes: each part is the same code (``reports/run_report.py``)
@@ -66,19 +67,24 @@ def needs_rows(part: tuple[str, ...]) -> bool:
     return REPORT_MD in part or any(s in ROW_FIGURES for s in part)
 
 
-def draw_part(folder: Path, part: tuple[str, ...], columns: list | None = None) -> None:
-    """One part of the report of a run folder ``sim run`` has just written: its figures,
-    and report.md if it is one of them; ``columns``: the requests' report columns
-    (``reports/rows.py`` ``as_written``), else read from requests.csv when needed."""
+def draw_part(folder: Path, part: tuple[str, ...], columns: list | None = None,
+              files: tuple | None = None) -> None:
+    """One part of the report of a run folder ``sim run`` is writing: its figures, and
+    report.md if it is one of them; ``columns``: the requests' report columns
+    (``reports/rows.py`` ``as_written``), else read from requests.csv when needed;
+    ``files``: what the report reads of summary.json, run.json and memory.csv, at hand
+    (their texts and memory.csv's fields: ``sim/run.py`` ``_write_files``), else the
+    files are read."""
     from reports import run_report
     from reports.rows import rows_of
 
     rows = None if columns is None else rows_of(columns)
+    texts, fields = (None, None) if files is None else (files[:2], files[2])
     stems = [s for s in part if s != REPORT_MD]
     if REPORT_MD in part:
-        run_report.write_report(folder, stems=stems, rows=rows)
+        run_report.write_report(folder, stems=stems, rows=rows, texts=texts, memory=fields)
     else:
-        run_report.draw(folder, stems, rows=rows)
+        run_report.draw(folder, stems, rows=rows, texts=texts, memory=fields)
 
 
 def _warm() -> None:
@@ -156,11 +162,11 @@ def _serve_one(conn) -> None:
     """Draw the one part asked for and answer None (done) or the error's traceback (the
     main process then draws the report itself)."""
     try:
-        folder, part, columns = conn.recv()
+        folder, part, columns, files = conn.recv()
     except (EOFError, OSError):
         return                  # the main process needs no report after all
     try:
-        draw_part(Path(folder), part, columns)
+        draw_part(Path(folder), part, columns, files)
         answer = None
     except BaseException:
         import traceback
@@ -203,11 +209,12 @@ class ReportWorkers:
 
         return cls(multiprocessing.get_context("fork"), plan())
 
-    def submit(self, folder: Path, columns) -> None:
+    def submit(self, folder: Path, columns, files: tuple | None = None) -> None:
         """Have the workers draw the report into ``folder``, whose summary.json, run.json
-        and memory.csv are written; ``columns()``: the requests' report columns
-        (``reports/rows.py`` ``as_written``), asked for once, after the parts that
-        need none are on their way."""
+        and memory.csv are written, or are being written when ``files`` holds what the
+        report reads of them (see ``draw_part``); ``columns()``: the requests' report
+        columns (``reports/rows.py`` ``as_written``), asked for once, after the parts
+        that need none are on their way."""
         self._folder = Path(folder)
         order = sorted(range(len(self.parts)), key=lambda i: needs_rows(self.parts[i]))
         cols = None
@@ -216,7 +223,7 @@ class ReportWorkers:
                 cols = columns()
             try:
                 self._conns[i].send((str(folder), self.parts[i],
-                                     cols if needs_rows(self.parts[i]) else None))
+                                     cols if needs_rows(self.parts[i]) else None, files))
             except OSError:     # (gone: ``finish`` finds out)
                 pass
 

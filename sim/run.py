@@ -20,7 +20,7 @@ import types
 from dataclasses import dataclass, field
 from itertools import compress
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from backends.analytical import CostModel
 from backends.base import build_backend
@@ -475,24 +475,29 @@ def run_header(sc: Scenario, dep) -> dict:
 _fmt = requests_csv.fmt     # (a float with six decimals, anything else str)
 
 
-def write_memory_csv(path: Path, sampler: StepSampler) -> None:
-    """``memory.csv``: the pool over time, per GPU, in blocks (``MEMORY_COLUMNS``): the
-    attention and Mamba blocks held (in use or cached), those in use (both kinds), those
-    cached (held, free, evictable), and the requests running and waiting, at the start
-    of each engine step (evenly thinned past ``MEMORY_ROWS`` rows)."""
+def memory_fields(sampler: StepSampler) -> list[tuple[str, Sequence]]:
+    """``memory.csv``'s columns (``MEMORY_COLUMNS``) as written: each one's %-format
+    (``requests_csv.FLOAT_FIELD`` or ``INT_FIELD``) and values -- the pool over time,
+    per GPU, in blocks: the attention and Mamba blocks held (in use or cached), those in
+    use (both kinds), those cached (held, free, evictable), and the requests running and
+    waiting, at the start of each engine step (evenly thinned past ``MEMORY_ROWS``
+    rows); the time in seconds with six decimals."""
+    rows = sampler.rows
+    if not rows:
+        return [(requests_csv.INT_FIELD, ()) for _ in MEMORY_COLUMNS]
+    t, a, m, in_use, running, waiting = zip(*rows)
+    cached = list(map(operator.sub, map(operator.add, a, m), in_use))
+    secs = list(map((1e-9).__mul__, t))
+    counts = (a, m, in_use, cached, running, waiting)
+    return [(requests_csv.FLOAT_FIELD, secs)] + [(requests_csv.INT_FIELD, c) for c in counts]
+
+
+def write_memory_csv(path: Path, fields: list[tuple[str, Sequence]]) -> None:
+    """``memory.csv`` from its ``memory_fields`` (as ``csv.writer`` writes each row: at
+    most MEMORY_ROWS rows, one %-formatting)."""
     with open(path, "w", newline="") as f:
         csv.writer(f, lineterminator="\n").writerow(MEMORY_COLUMNS)
-        rows = sampler.rows
-        if not rows:
-            return
-        # as csv.writer writes each row: the time in seconds with six decimals, every
-        # count an int's str (at most MEMORY_ROWS rows: one %-formatting)
-        t, a, m, in_use, running, waiting = zip(*rows)
-        cached = list(map(operator.sub, map(operator.add, a, m), in_use))
-        secs = list(map((1e-9).__mul__, t))
-        counts = (a, m, in_use, cached, running, waiting)
-        requests_csv.write_fields(f, [(requests_csv.FLOAT_FIELD, secs)]
-                                  + [(requests_csv.INT_FIELD, c) for c in counts])
+        requests_csv.write_fields(f, fields)
 
 
 def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = True,
@@ -528,30 +533,30 @@ def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = Tr
 
 
 def _write_files(tmp: Path, sc: Scenario, dep, rows, summary, command, workers) -> None:
-    """summary.json, memory.csv, run.json, requests.csv, in that order: the report
-    workers start once the files their parts read are written (requests.csv's columns
-    the report reads are handed over instead: ``reports/rows.py``)."""
+    """summary.json, memory.csv, run.json, requests.csv.  With report workers, their
+    parts are handed over first, with what they read of these files (the text of the
+    two JSON files, memory.csv's fields, requests.csv's report columns: ``reports/rows.py``),
+    so that they draw while the files are written."""
     from sim.provenance import run_record
 
     # wall_s and sim_requests_per_s measure this machine; every other field (and
     # every other file but run.json's command and commit) is byte-identical for the
     # same inputs and seed.
-    with open(tmp / "summary.json", "w") as f:
-        # allow_nan=False: NaN is not JSON; a NaN here is a bug and must show
-        json.dump(summary, f, indent=1, sort_keys=False, allow_nan=False)
-        f.write("\n")
+    # allow_nan=False: NaN is not JSON; a NaN here is a bug and must show
+    summary_text = json.dumps(summary, indent=1, sort_keys=False, allow_nan=False) + "\n"
+    run_text = json.dumps({**run_header(sc, dep), **run_record(sc, command)}, indent=1) + "\n"
     sampler = getattr(dep, "sampler", None)
-    if sampler is not None:
-        write_memory_csv(tmp / "memory.csv", sampler)
-    with open(tmp / "run.json", "w") as f:
-        json.dump({**run_header(sc, dep), **run_record(sc, command)}, f, indent=1)
-        f.write("\n")
+    fields = memory_fields(sampler) if sampler is not None else None
     recs = getattr(dep, "records", None) or rows
     if workers is not None:
         from reports.rows import as_written
 
         # drawn meanwhile, from the report's columns of requests.csv as read back
-        workers.submit(tmp, lambda: as_written(recs))
+        workers.submit(tmp, lambda: as_written(recs), (summary_text, run_text, fields))
+    (tmp / "summary.json").write_text(summary_text)
+    if fields is not None:
+        write_memory_csv(tmp / "memory.csv", fields)
+    (tmp / "run.json").write_text(run_text)
     with open(tmp / "requests.csv", "w", newline="") as f:
         # column by column, a chunk of rows at a time: csv.writer's bytes (a list of
         # records has no storage kinds: every column formatted value by value)

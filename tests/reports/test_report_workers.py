@@ -149,3 +149,30 @@ def test_report_columns_read_as_written(ran):
     assert rows.rows_of(rows.as_written(dep.records)) == full
     assert rows.rows_of(rows.as_written(list(dep.records))) == full
     assert len(full) == summary["requests"]
+
+
+def test_report_files_handed_over_as_written(ran, tmp_path):
+    """What the workers get of summary.json, run.json and memory.csv (to draw while the
+    files are written) is what the files read back: the same JSON text, and memory.csv's
+    columns as ``read_memory`` reads them."""
+    from reports.memory_figure import as_read, read_memory
+
+    sc, dep, rows, summary, _ = ran
+    got = {}
+
+    class Catch:            # (the workers' side of ``write_run``: what was handed over)
+        def submit(self, folder, columns, files=None):
+            got.update(columns=columns(), files=files)
+
+        def finish(self):
+            pass
+
+        def close(self):
+            pass
+
+    out = write_run(tmp_path / "w", sc, dep, rows, summary, workers=Catch())
+    summary_text, run_text, fields = got["files"]
+    assert summary_text == (out / "summary.json").read_text()
+    assert run_text == (out / "run.json").read_text()
+    assert as_read(fields) == read_memory(out / "memory.csv")
+    assert len(read_memory(out / "memory.csv")["time_s"]) > 10
