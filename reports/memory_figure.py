@@ -55,15 +55,22 @@ def _read_memory_csv(path: Path) -> dict[str, list[float]]:
             for h, col in zip(header, zip(*rows))}
 
 
+def memory_frame():
+    """The memory figure before its data (in ``style.rc``): (figure, (memory axes,
+    requests axes))."""
+    fig = style.figure(*style.SINGLE)
+    return fig, tuple(fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]}))
+
+
 def memory_figure(cols: dict[str, list[float]], block_bytes: float, pool_bytes: float,
-                  folder: Path, title: str) -> style.Saved:
+                  folder: Path, title: str, frame=None) -> style.Saved:
     """``memory.png``: held blocks by kind (stacked, GiB per GPU), the blocks in use, and
-    the pool; below it the requests running and waiting."""
+    the pool; below it the requests running and waiting; ``frame``: its
+    ``memory_frame``, built ahead (else built here)."""
     gib = block_bytes / style.GIB
     t = cols["time_s"]
     with style.rc():
-        fig = style.figure(*style.SINGLE)
-        ax, bx = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+        fig, (ax, bx) = frame or memory_frame()
         kv = [v * gib for v in cols["kv_blocks"]]
         mamba = [v * gib for v in cols["mamba_blocks"]]
         in_use = [v * gib for v in cols["in_use_blocks"]]
@@ -115,14 +122,15 @@ def _inputs(folder: Path, s: dict, fields=None) -> tuple[Path, float, float] | N
     return path, pool, pool / s["num_gpu_blocks"]
 
 
-def draw_memory(folder: Path, s: dict, fields=None) -> None:
+def draw_memory(folder: Path, s: dict, fields=None, frame=None) -> None:
     """``memory.png`` of a run folder with a memory section (else nothing); ``fields``:
-    memory.csv's, at hand (``as_read``), else the file is read."""
+    memory.csv's, at hand (``as_read``), else the file is read; ``frame``: see
+    ``memory_figure``."""
     got = _inputs(folder, s, fields)
     if got is not None:
         path, pool, block = got
         memory_figure(read_memory(path) if fields is None else as_read(fields), block, pool,
-                      Path(folder), f"{s.get('scenario', '')}: pool memory over time")
+                      Path(folder), f"{s.get('scenario', '')}: pool memory over time", frame)
 
 
 def memory_blocks(folder: Path, s: dict, draw: bool = True, fields=None) -> list:

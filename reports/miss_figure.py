@@ -33,11 +33,17 @@ def has_attribution(s: dict) -> bool:
     return all(style.finite(s.get(f"miss_{c}_tokens")) for c, *_ in (*STEPS, COMPULSORY))
 
 
-def waterfall(s: dict, folder: Path, title: str) -> style.Saved:
-    """``miss_waterfall.png``: reusable -> minus each class -> hit."""
-    reusable = s["prompt_tokens"] - s["miss_compulsory_tokens"]
+def waterfall_frame():
+    """The waterfall before its data: (figure, axes)."""
     fig = style.figure(7.6, 4.2)
-    ax = fig.add_subplot()
+    return fig, fig.add_subplot()
+
+
+def waterfall(s: dict, folder: Path, title: str, frame=None) -> style.Saved:
+    """``miss_waterfall.png``: reusable -> minus each class -> hit; ``frame``: its
+    ``waterfall_frame``, built ahead (else built here)."""
+    reusable = s["prompt_tokens"] - s["miss_compulsory_tokens"]
+    fig, ax = frame or waterfall_frame()
     labels = ["unlimited\nattention-only\ncache"]
     # the bars (one ``bar`` call: each call builds a container of its own) and the
     # number over each

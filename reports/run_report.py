@@ -26,11 +26,17 @@ MAX_BARS = 12       # distinct values drawn as one bar each; more: a histogram
 MAX_BINS = 40
 
 
-def ttft_cdf(rows, folder: Path, title: str) -> style.Saved:
+def ttft_frame():
+    """The TTFT figure before its data: (figure, axes)."""
+    fig = style.figure(6.4, 4.0)
+    return fig, fig.add_subplot()
+
+
+def ttft_cdf(rows, folder: Path, title: str, frame=None) -> style.Saved:
+    """``ttft_cdf.png``; ``frame``: its ``ttft_frame``, built ahead (else built here)."""
     vals = np.sort(np.array([r.ttft_s for r in rows], dtype=float))
     n = len(vals)
-    fig = style.figure(6.4, 4.0)
-    ax = fig.add_subplot()
+    fig, ax = frame or ttft_frame()
     if n:
         ax.plot(vals, np.arange(1, n + 1) / n, drawstyle="steps-post", color=style.HIT)
         for q, v, ls in zip((50, 90, 99), percentiles(vals, (50, 90, 99)), (":", "--", "-.")):
@@ -87,16 +93,22 @@ def _per_request(ax, values: np.ndarray, unit: int, color: str, what: str, xlabe
     style.integer_axis(ax.yaxis)
 
 
-def hit_histogram(rows, folder: Path, title: str, unit: int) -> style.Saved:
+def hist_frame():
+    """The hit histogram before its data: (figure, (top axes, bottom axes))."""
+    fig = style.figure(8.0, 6.6)
+    return fig, tuple(fig.subplots(2, 1, gridspec_kw={"hspace": 0.5}))
+
+
+def hit_histogram(rows, folder: Path, title: str, unit: int, frame=None) -> style.Saved:
     """Top: the reconciled hit of the requests that reuse a prefix (the misses are
     counted in the title, not drawn: on a trace where most requests miss they would be
     the only bar anyone sees). Bottom: the reuse full attention held but reconciliation
-    gave up, of the requests that lost any. ``unit``: the hash unit (tokens)."""
+    gave up, of the requests that lost any. ``unit``: the hash unit (tokens);
+    ``frame``: its ``hist_frame``, built ahead (else built here)."""
     hits = np.array([r.hit_tokens for r in rows], dtype=float)
     lost = np.array([r.lost_tokens for r in rows], dtype=float)
     n = len(rows)
-    fig = style.figure(8.0, 6.6)
-    ax, bx = fig.subplots(2, 1, gridspec_kw={"hspace": 0.5})
+    fig, (ax, bx) = frame or hist_frame()
     fig.suptitle(title, fontsize=11)
     nh, nl = int((hits > 0).sum()), int((lost > 0).sum())
 
@@ -281,14 +293,34 @@ def load_rows(folder: Path, rows: list | None = None) -> list:
 FIGURES = ("ttft_cdf", "hit_hist", "miss_waterfall", "memory")
 
 
+def frames(stems) -> dict:
+    """The figures ``stems`` built before their data (figure and axes, ticks made:
+    ``style.ready``), by stem, for ``draw``: a report worker builds its figures while
+    the simulation runs (``reports/workers.py``)."""
+    from reports.memory_figure import memory_frame
+    from reports.miss_figure import waterfall_frame
+
+    build = {"ttft_cdf": ttft_frame, "hit_hist": hist_frame,
+             "miss_waterfall": waterfall_frame, "memory": memory_frame}
+    out = {}
+    with style.rc():
+        for stem in stems:
+            if stem in build:
+                fig, axes = build[stem]()
+                style.ready(axes if isinstance(axes, tuple) else (axes,))
+                out[stem] = (fig, axes)
+    return out
+
+
 def draw(folder: Path, stems=FIGURES, s: dict | None = None, h: dict | None = None,
          rows: list | None = None, texts: tuple[str, str] | None = None,
-         memory=None) -> None:
+         memory=None, built: dict | None = None) -> None:
     """Render the report's figures ``stems`` into ``folder`` (a figure whose section the
     report leaves out is not drawn), reading the run folder for what is not given.  The
     figures are independent of each other and of report.md, so ``sim run`` draws them in
     worker processes, two groups at once (``reports/workers.py``); ``texts``: see
-    ``load_run_json``; ``memory``: memory.csv's fields at hand (``memory_figure.as_read``)."""
+    ``load_run_json``; ``memory``: memory.csv's fields at hand (``memory_figure.as_read``);
+    ``built``: figures built ahead (``frames``), used once each."""
     from reports.memory_figure import draw_memory
     from reports.miss_figure import has_attribution, waterfall
 
@@ -298,30 +330,33 @@ def draw(folder: Path, stems=FIGURES, s: dict | None = None, h: dict | None = No
     if rows is None and any(st in ROW_FIGURES for st in stems):
         rows = load_rows(folder)
     name = h["name"]
+    built = {} if built is None else built
     with style.rc():
         if "ttft_cdf" in stems:
             ttft_cdf(rows, folder, f"{name}: time to first token, CDF of {s['requests']:,} "
-                                   f"requests")
+                                   f"requests", built.pop("ttft_cdf", None))
         if "hit_hist" in stems:
             hit_histogram(rows, folder, f"{name}: prefix reuse per request",
-                          s["hash_block_size"])
+                          s["hash_block_size"], built.pop("hit_hist", None))
         if "miss_waterfall" in stems and has_attribution(s):
-            waterfall(s, folder, f"{name}: why requests missed")
+            waterfall(s, folder, f"{name}: why requests missed",
+                      built.pop("miss_waterfall", None))
     if "memory" in stems:
-        draw_memory(folder, s, memory)
+        draw_memory(folder, s, memory, built.pop("memory", None))
 
 
 def write_report(folder: Path, stems=FIGURES, rows: list | None = None,
-                 texts: tuple[str, str] | None = None, memory=None) -> None:
+                 texts: tuple[str, str] | None = None, memory=None,
+                 built: dict | None = None) -> None:
     """Rebuild report.md and its figures from a run folder (requests.csv,
     summary.json, run.json).  ``stems``: the figures drawn here (the others are drawn
     elsewhere: ``reports/workers.py``); ``rows``, ``texts`` and ``memory``: the run's
-    files at hand (see ``load_run_folder`` and ``draw``)."""
+    files at hand (see ``load_run_folder`` and ``draw``); ``built``: see ``draw``."""
     folder = Path(folder)
     s, h, rows = load_run_folder(folder, rows, texts)
     name = h["name"]
     draw(folder, [st for st in FIGURES if st in stems and st in ROW_FIGURES], s, h, rows,
-         memory=memory)
+         memory=memory, built=built)
     lines = [
         f"# Run report: {name}",
         "",

@@ -68,13 +68,13 @@ def needs_rows(part: tuple[str, ...]) -> bool:
 
 
 def draw_part(folder: Path, part: tuple[str, ...], columns: list | None = None,
-              files: tuple | None = None) -> None:
+              files: tuple | None = None, built: dict | None = None) -> None:
     """One part of the report of a run folder ``sim run`` is writing: its figures, and
     report.md if it is one of them; ``columns``: the requests' report columns
     (``reports/rows.py`` ``as_written``), else read from requests.csv when needed;
     ``files``: what the report reads of summary.json, run.json and memory.csv, at hand
     (their texts and memory.csv's fields: ``sim/run.py`` ``_write_files``), else the
-    files are read."""
+    files are read; ``built``: the part's figures built ahead (``_frames``)."""
     from reports import run_report
     from reports.rows import rows_of
 
@@ -82,9 +82,10 @@ def draw_part(folder: Path, part: tuple[str, ...], columns: list | None = None,
     texts, fields = (None, None) if files is None else (files[:2], files[2])
     stems = [s for s in part if s != REPORT_MD]
     if REPORT_MD in part:
-        run_report.write_report(folder, stems=stems, rows=rows, texts=texts, memory=fields)
+        run_report.write_report(folder, stems=stems, rows=rows, texts=texts, memory=fields,
+                                built=built)
     else:
-        run_report.draw(folder, stems, rows=rows, texts=texts, memory=fields)
+        run_report.draw(folder, stems, rows=rows, texts=texts, memory=fields, built=built)
 
 
 def _warm() -> None:
@@ -102,12 +103,13 @@ def _warm() -> None:
         fig.savefig(io.BytesIO(), format="png", dpi=style.DPI, metadata=style.PNG_META)
 
 
-def _serve(conns, parents) -> None:
+def _serve(conns, parents, parts) -> None:
     """The first worker: close the main process's ends of the pipes (so that every
     worker reads EOF, and exits, once the main process is gone), warm up, fork the
     other workers (warm as well: one import of matplotlib for all, none of it competing
     with the simulation for the second core), serve the first part, and wait for the
-    others (they die with it).
+    others (they die with it).  Each worker builds its part's figures before their data
+    (``_frames``) while the simulation runs.
 
     No cyclic garbage collection in the workers: each lives for one import and a few
     figures, so the collector's passes over matplotlib's heap (about 1.6 % of a
@@ -132,7 +134,7 @@ def _serve(conns, parents) -> None:
                     if j != i:
                         c.close()
                 _die_with_parent(first)
-                _serve_one(conn)
+                _serve_one(conn, _frames(parts[i]))
             except BaseException:
                 code = 1
             finally:
@@ -140,7 +142,7 @@ def _serve(conns, parents) -> None:
         pids.append(pid)
         conn.close()
     try:
-        _serve_one(conns[0])
+        _serve_one(conns[0], _frames(parts[0]))
     finally:
         for pid in pids:        # (this worker's end would end them: wait for them)
             os.waitpid(pid, 0)
@@ -158,15 +160,27 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _serve_one(conn) -> None:
-    """Draw the one part asked for and answer None (done) or the error's traceback (the
-    main process then draws the report itself)."""
+def _frames(part: tuple[str, ...]) -> dict:
+    """The part's figures built before their data (``run_report.frames``: figure, axes,
+    ticks: a sixth to a fifth of drawing one), while the simulation runs; none if that
+    fails (the part is then drawn from scratch, and a real problem shows there)."""
+    try:
+        from reports import run_report
+
+        return run_report.frames(part)
+    except BaseException:
+        return {}
+
+
+def _serve_one(conn, built: dict | None = None) -> None:
+    """Draw the one part asked for (``built``: its figures built ahead) and answer None
+    (done) or the error's traceback (the main process then draws the report itself)."""
     try:
         folder, part, columns, files = conn.recv()
     except (EOFError, OSError):
         return                  # the main process needs no report after all
     try:
-        draw_part(Path(folder), part, columns, files)
+        draw_part(Path(folder), part, columns, files, built)
         answer = None
     except BaseException:
         import traceback
@@ -186,7 +200,8 @@ class ReportWorkers:
         self.parts = parts
         pipes = [ctx.Pipe() for _ in parts]
         self._conns = [mine for mine, _ in pipes]
-        self._proc = ctx.Process(target=_serve, args=([t for _, t in pipes], self._conns),
+        self._proc = ctx.Process(target=_serve, args=([t for _, t in pipes], self._conns,
+                                                      parts),
                                  daemon=True, name="sim-report")
         self._proc.start()
         for _, theirs in pipes:

@@ -170,3 +170,34 @@ def test_memory_csv_read_back_as_any_csv_reader_reads_it(tmp_path):
     bad.write_text(head + "0.1,1,2,x,4,5,6\n")
     with pytest.raises(ValueError):
         read_memory(bad)
+
+
+def test_figures_built_ahead_draw_the_same_bytes(tmp_path):
+    """``frames`` (what a report worker builds while the simulation runs: figure, axes,
+    ticks) gives every run figure the same bytes as drawing from scratch, and each
+    frame is used once."""
+    import shutil
+
+    import yaml
+
+    from reports import workers
+    from sim.config.scenario import load_scenario
+    from sim.run import simulate, write_run as write_sim_run
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((root / "scenarios" / "athena.yaml").read_text())
+    data["workload"]["num_requests"] = 60
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    sc = load_scenario(tmp_path / "s.yaml")
+    dep, rows, summary = simulate(sc)
+    scratch = write_sim_run(tmp_path / "scratch", sc, dep, rows, summary)
+    ahead = tmp_path / "ahead"
+    shutil.copytree(scratch, ahead)
+    built = run_report.frames(run_report.FIGURES)
+    assert sorted(built) == sorted(run_report.FIGURES)
+    assert not workers._frames(("report.md",))        # (no figure: nothing built)
+    run_report.draw(ahead, run_report.FIGURES, built=built)
+    assert built == {}                                # each one used
+    for stem in run_report.FIGURES:
+        assert (ahead / f"{stem}.png").read_bytes() == (scratch / f"{stem}.png").read_bytes(), \
+            stem
