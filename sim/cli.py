@@ -268,6 +268,9 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
     from reports.workers import ReportWorkers
 
     workers = None if no_report else ReportWorkers.start()
+    from sim.provenance import GitProbe
+
+    git = GitProbe()        # (run.json's commit, found while the run runs)
     try:
         update, stop = _progress(not quiet, "requests", lambda: _expected_requests(sc),
                                  delay_s=1.0)
@@ -285,8 +288,9 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
             fail(f"{scenario}: {e}")
         stop()
         write_run(folder, sc, dep, rows, summary, report=not no_report, command=COMMAND,
-                  workers=workers)
+                  workers=workers, git=git)
     finally:
+        git.close()
         if workers is not None:
             workers.close()
     if not quiet:

@@ -502,17 +502,18 @@ def write_memory_csv(path: Path, fields: list[tuple[str, Sequence]]) -> None:
 
 def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = True,
               extra: Callable[[Path], None] | None = None,
-              command: list[str] | None = None, workers=None) -> Path:
+              command: list[str] | None = None, workers=None, git=None) -> Path:
     """Write the run folder atomically (temp folder, then rename); ``extra(folder)``
     may add files of its own before the folder moves into place.  ``run.json`` holds the
     report header plus what re-runs the run (``sim/provenance.py``); ``command`` is the
     command line recorded there.  ``workers``: report workers started before the run
     (``reports/workers.py``; ``sim run``) that draw the report while this process
-    writes the rest; without them the report is drawn here."""
+    writes the rest; without them the report is drawn here.  ``git``: the commit's
+    ``sim.provenance.GitProbe``, started before the run (else git runs here)."""
     with atomic_folder(out_dir, kind="run") as tmp:
         try:
             _write_files(tmp, sc, dep, rows, summary, command,
-                         workers if report else None)
+                         workers if report else None, git)
             if report and workers is None:
                 from reports.rows import as_written, rows_of
                 from reports.run_report import write_report   # (matplotlib: only here)
@@ -532,7 +533,8 @@ def write_run(out_dir: Path, sc: Scenario, dep, rows, summary, report: bool = Tr
     return Path(out_dir)
 
 
-def _write_files(tmp: Path, sc: Scenario, dep, rows, summary, command, workers) -> None:
+def _write_files(tmp: Path, sc: Scenario, dep, rows, summary, command, workers,
+                 git=None) -> None:
     """summary.json, memory.csv, run.json, requests.csv.  With report workers, their
     parts are handed over first, with what they read of these files (the text of the
     two JSON files, memory.csv's fields, requests.csv's report columns: ``reports/rows.py``),
@@ -544,7 +546,8 @@ def _write_files(tmp: Path, sc: Scenario, dep, rows, summary, command, workers) 
     # same inputs and seed.
     # allow_nan=False: NaN is not JSON; a NaN here is a bug and must show
     summary_text = json.dumps(summary, indent=1, sort_keys=False, allow_nan=False) + "\n"
-    run_text = json.dumps({**run_header(sc, dep), **run_record(sc, command)}, indent=1) + "\n"
+    run_text = json.dumps({**run_header(sc, dep), **run_record(sc, command, git)},
+                          indent=1) + "\n"
     sampler = getattr(dep, "sampler", None)
     fields = memory_fields(sampler) if sampler is not None else None
     recs = getattr(dep, "records", None) or rows

@@ -121,3 +121,44 @@ def test_run_json_tolerates_extra_and_missing_informational_keys(tmp_path):
     assert sim("run", str(a / "run.json"), "--out", str(tmp_path / "b"), "-q", "--no-report",
                cwd=tmp_path) == 0
     _same_run(a, tmp_path / "b")
+
+
+def test_git_probe_reads_commit_and_dirty_state(tmp_path):
+    """run.json's commit, found by git processes started before the run: the commit and
+    whether tracked files changed, (None, False) outside a checkout; one never read is
+    stopped and reaped by ``close``."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from sim.provenance import GitProbe
+
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+    assert GitProbe(tmp_path).result() == (None, False)          # not a checkout
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t",
+                               "-c", "user.email=t@t", *args],
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (repo / "f.txt").write_text("a\n")
+    git("add", "f.txt")
+    git("commit", "-q", "-m", "one")
+    head = git("rev-parse", "HEAD")
+    assert GitProbe(repo).result() == (head, False)
+    (repo / "untracked.txt").write_text("x\n")                   # untracked: still clean
+    assert GitProbe(repo).result() == (head, False)
+    (repo / "f.txt").write_text("b\n")
+    probe = GitProbe(repo)
+    assert probe.result() == (head, True)
+    assert probe.result() == (head, True)                         # (read once)
+    unread = GitProbe(repo)
+    procs = unread._procs
+    unread.close()
+    assert all(p.returncode is not None for p in procs)           # reaped
+    assert unread.result() == (None, False)
