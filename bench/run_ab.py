@@ -8,6 +8,9 @@ its own code first on ``PYTHONPATH`` (build each checkout first: ``pip install -
 ``python setup.py build_ext --inplace``); it prints each checkout's median and least wall
 time, its median CPU time (the process and its report workers), and every checkout's
 ratio to the first: the median of the per-round ratios and the ratio of the medians.
+Python writes each checkout's bytecode as a user's first run does (an environment's
+PYTHONDONTWRITEBYTECODE is dropped for the runs), in an untimed first round: a
+checkout whose sources changed since its last run is not timed compiling them.
 
     python bench/run_ab.py /path/to/old-checkout . --rounds 9
 
@@ -35,6 +38,7 @@ def _fail(message: str) -> None:
 def run_once(tree: Path, scenario: str, out: Path) -> tuple[float, float]:
     """(wall, CPU) seconds of one ``sim run`` in ``tree`` (CPU: it and its children)."""
     env = dict(os.environ, PYTHONPATH=str(tree))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)    # (bytecode cached, as a user's run has it)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-m", "sim", "run", scenario, "--out", str(out), "-q"],
@@ -70,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     cpus: list[list[float]] = [[] for _ in trees]
     work = Path(tempfile.mkdtemp(prefix="run_ab_"))
     try:
+        for i, t in enumerate(trees):       # (untimed: writes each checkout's bytecode)
+            run_once(t, args.scenario, work / f"warm_{i}")
+            shutil.rmtree(work / f"warm_{i}", ignore_errors=True)
         for r in range(args.rounds):
             for i, t in enumerate(trees):
                 out = work / f"{r}_{i}"
