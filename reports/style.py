@@ -171,7 +171,11 @@ class Trim:
             if ext.width > 0 or ext.height > 0:
                 x0, x1, y0 = min(x0, ext.x0), max(x1, ext.x1), min(y0, ext.y0)
         rgba = np.asarray(canvas.buffer_rgba())
-        top, bottom, left, right = _ink(rgba) or box
+        # the texts lie below what was drawn: only those rows are read again
+        below = _ink(rgba[bottom:]) if self.texts else None
+        if below is not None:
+            left, right = min(left, below[2]), max(right, below[3])
+            bottom += below[1]
         if top < pad or left < pad or bottom > h - pad or right > w - pad:
             self.clipped = True
             return None
