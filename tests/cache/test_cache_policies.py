@@ -86,3 +86,23 @@ def test_coordinator_factory_picks_by_layout():
     two = KVCacheManager(CacheConfig(groups=("full", "mamba"), block_size=16))
     assert type(one.coordinator) is UnitaryCoordinator
     assert type(two.coordinator) is HybridCoordinator
+
+
+def test_registry_imports_a_policy_when_first_used():
+    """``CACHE_POLICIES`` names every policy; a run imports its own policy's module only
+    (Marconi's brings numpy-heavy replay code), and any read returns the policy."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import sim.run\n"
+            "from sim.cache.policies import CACHE_POLICIES\n"
+            "assert sorted(CACHE_POLICIES) == ['ideal', 'marconi', 'none', 'vllm']\n"
+            "assert 'sim.cache.policies.marconi' not in sys.modules\n"
+            "p = CACHE_POLICIES['marconi']\n"
+            "assert 'sim.cache.policies.marconi' in sys.modules and p.name == 'marconi'\n"
+            "assert CACHE_POLICIES['marconi'] is p\n"
+            "assert all(v.name == k for k, v in CACHE_POLICIES.items())\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
