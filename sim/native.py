@@ -85,8 +85,25 @@ def extensions(module: str, root: Path = _ROOT) -> list[Path]:
     return [*src.parent.glob(src.stem + ".*.so"), *src.parent.glob(src.stem + ".*.pyd")]
 
 
-def has_extension(module: str, root: Path = _ROOT) -> bool:
-    return bool(extensions(module, root))
+def _is_extension(name: str, stem: str) -> bool:
+    """Whether a file ``name`` matches ``stem.*.so`` or ``stem.*.pyd`` (``extensions``)."""
+    return name.startswith(stem + ".") and name[len(stem) + 1:].endswith((".so", ".pyd"))
+
+
+def has_extension(module: str, root: Path = _ROOT, listing: dict | None = None) -> bool:
+    """Whether ``module`` has a compiled extension beside its source; ``listing``: a
+    cache of folder listings shared by several calls (one ``os.listdir`` a folder,
+    not two globs a module: every ``import sim`` asks this of each compiled module)."""
+    src = source_path(module, root)
+    folder = str(src.parent)
+    if listing is None:
+        listing = {}
+    if folder not in listing:
+        try:
+            listing[folder] = os.listdir(folder)
+        except OSError:
+            listing[folder] = []
+    return any(_is_extension(n, src.stem) for n in listing[folder])
 
 
 def _failed_compile(manifest: Path) -> str | None:
@@ -109,7 +126,8 @@ def build_state(root: Path = _ROOT) -> tuple[bool, str]:
                     "for the compiled build")
         return False, (f"pure-Python build, ~7x slower: the compile failed at install "
                        f"({failed}); {fix}")
-    missing = [m for m in NATIVE_MODULES if not has_extension(m, root)]
+    listing: dict = {}
+    missing = [m for m in NATIVE_MODULES if not has_extension(m, root, listing)]
     if len(missing) == len(NATIVE_MODULES):
         return False, "no compiled build (installed with HCS_PURE=1, or not built)"
     try:

@@ -159,3 +159,23 @@ def test_compiled_and_source_give_identical_outputs(tmp_path):
     got = {mode: _sim("steps", *cases, mode=mode, cwd=ROOT) for mode in ("0", "1")}
     assert got["0"].returncode == 0, got["0"].stderr
     assert got["0"].stdout == got["1"].stdout and len(got["0"].stdout) > 1000
+
+
+def test_extension_found_by_listing_as_by_glob(tmp_path):
+    """``has_extension`` (one listing a folder, shared) answers as ``extensions``'s globs
+    (``stem.*.so`` / ``stem.*.pyd``) on names that match and names that nearly do."""
+    from sim import native
+
+    pkg = tmp_path / "sim" / "cache"
+    pkg.mkdir(parents=True)
+    for name in ("rules.py", "rules.cpython-311-x86_64-linux-gnu.so", "specs.py", "specs.so",
+                 "key_map.py", "key_map.abi3.pyd", "hashing.py", "hashing2.cpython-311.so",
+                 "prompt.py", "prompt..so"):
+        (pkg / name).write_text("")
+    listing: dict = {}
+    for m in ("sim.cache.rules", "sim.cache.specs", "sim.cache.key_map", "sim.cache.hashing",
+              "sim.cache.prompt", "sim.cache.request"):
+        assert native.has_extension(m, tmp_path, listing) == bool(native.extensions(m, tmp_path)), m
+    assert [m for m in ("sim.cache.rules", "sim.cache.specs", "sim.cache.key_map",
+                        "sim.cache.prompt") if native.has_extension(m, tmp_path)] == \
+        ["sim.cache.rules", "sim.cache.key_map", "sim.cache.prompt"]
