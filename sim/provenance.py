@@ -61,10 +61,12 @@ class GitProbe:
             self._result = (None, False)
             return
         try:
+            # (--no-optional-locks: git status takes no index.lock to refresh the index,
+            # so a status running beside the user's own git commands blocks none of them)
             self._procs = tuple(   # type: ignore[assignment]
-                subprocess.Popen(["git", "-C", str(root), *args], stdout=subprocess.PIPE,
-                                 stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                 text=True)
+                subprocess.Popen(["git", "--no-optional-locks", "-C", str(root), *args],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 stdin=subprocess.DEVNULL, text=True)
                 for args in (("rev-parse", "HEAD"),
                              ("status", "--porcelain", "--untracked-files=no")))
         except OSError:
@@ -89,12 +91,10 @@ class GitProbe:
         return self._result
 
     def close(self) -> None:
-        """Stop and reap git if its answer was never read (a run that failed)."""
-        if self._result is None and self._procs is not None:
-            for p in self._procs:
-                p.kill()
-                p.communicate()
-            self._result = (None, False)
+        """Reap git if its answer was never read (a run that failed): read as ``result``
+        reads it (git is never stopped before its time: a git stopped mid-way can leave
+        a lock behind in the user's repository)."""
+        self.result()
 
 
 @functools.lru_cache(maxsize=1)

@@ -126,7 +126,7 @@ def test_run_json_tolerates_extra_and_missing_informational_keys(tmp_path):
 def test_git_probe_reads_commit_and_dirty_state(tmp_path):
     """run.json's commit, found by git processes started before the run: the commit and
     whether tracked files changed, (None, False) outside a checkout; one never read is
-    stopped and reaped by ``close``."""
+    reaped by ``close``, and git takes no lock in the repository."""
     import shutil
     import subprocess
 
@@ -161,4 +161,5 @@ def test_git_probe_reads_commit_and_dirty_state(tmp_path):
     procs = unread._procs
     unread.close()
     assert all(p.returncode is not None for p in procs)           # reaped
-    assert unread.result() == (None, False)
+    assert unread.result() == (head, True)
+    assert not (repo / ".git" / "index.lock").exists()            # (no lock left)
