@@ -36,8 +36,7 @@ def read_memory(path: Path) -> dict[str, list[float]]:
         # k-th field, by one C-level conversion (a report worker reads this while the
         # other draws: ~7x quicker than csv.reader and a conversion call per value)
         try:
-            return {h: list(map(float if h == "time_s" else int, fields[i::k]))
-                    for i, h in enumerate(names)}
+            return _typed(names, (fields[i::k] for i in range(k)))
         except ValueError:
             pass                # (not a number: the reader below says so as before)
     return _read_memory_csv(path)
@@ -51,8 +50,13 @@ def _read_memory_csv(path: Path) -> dict[str, list[float]]:
         rows = list(rd)
     if not rows:
         return {h: [] for h in header}
-    return {h: list(map(float if h == "time_s" else int, col))
-            for h, col in zip(header, zip(*rows))}
+    return _typed(header, zip(*rows))
+
+
+def _typed(names, columns) -> dict[str, list[float]]:
+    """memory.csv's text columns as numbers by name (``time_s`` float, every other
+    column int), a column at a time by one C-level conversion."""
+    return {h: list(map(float if h == "time_s" else int, col)) for h, col in zip(names, columns)}
 
 
 def memory_frame():

@@ -202,8 +202,7 @@ class Trim:
         x0, x1, y0 = float(left), float(right), float(h - bottom)
         renderer = canvas.get_renderer()
         for text, kw in self.texts:
-            chars = max(40, int((x1 - x0) / dpi / (0.008 * kw["fontsize"])))
-            t = Text(x0, y0 - self.GAP * dpi, "\n".join(textwrap.wrap(text, chars)) or text,
+            t = Text(x0, y0 - self.GAP * dpi, _wrapped(text, (x1 - x0) / dpi, kw["fontsize"]),
                      ha="left", va="top", transform=IdentityTransform(),
                      figure=canvas.figure, **kw)
             t.draw(renderer)
@@ -241,6 +240,13 @@ def ready(axes, ticks: int = 12) -> None:
         ax.yaxis.get_major_ticks(ticks)
 
 
+def _wrapped(text: str, width: float, fontsize: float) -> str:
+    """``text`` wrapped to ``width`` inches at ``fontsize`` points (~0.008 in per
+    character and point, at least 40 characters a line): a note or caption under a
+    figure, on either way of saving it (``_under``, ``Trim``)."""
+    return "\n".join(textwrap.wrap(text, max(40, int(width / (0.008 * fontsize))))) or text
+
+
 def _under(fig, bb, text: str, renderer, **kw):
     """``text`` under ``bb`` (the tight box of everything drawn so far, inches),
     left-aligned, wrapped to its width; returns the tight box with the text.
@@ -249,9 +255,8 @@ def _under(fig, bb, text: str, renderer, **kw):
     old one united with the text's own: measuring the text alone gives the same box as
     measuring the figure again, without laying out every axis once more per text."""
     w, h = fig.get_figwidth(), fig.get_figheight()
-    chars = max(40, int(bb.width / (0.008 * kw["fontsize"])))  # ~0.008 in per char and pt
-    text = "\n".join(textwrap.wrap(text, chars)) or text
-    t = fig.text(bb.x0 / w, (bb.y0 - Trim.GAP) / h, text, ha="left", va="top", **kw)
+    t = fig.text(bb.x0 / w, (bb.y0 - Trim.GAP) / h, _wrapped(text, bb.width, kw["fontsize"]),
+                 ha="left", va="top", **kw)
     tb = t.get_tightbbox(renderer)
     if tb is None or not (math.isfinite(tb.width) and math.isfinite(tb.height)) \
             or (tb.width == 0 and tb.height == 0):

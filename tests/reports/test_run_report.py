@@ -99,26 +99,39 @@ def test_no_request_with_a_hit(tmp_path, figures):
     assert figures["hit_hist"]["bars"] == [0, 0]
 
 
-def test_run_figures_cut_to_their_pixels_match_the_tight_box(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def athena_run(tmp_path_factory):
+    """A small real run folder (60 Athena requests: all four run figures), with its
+    report drawn in this process."""
+    from pathlib import Path
+
+    import yaml
+
+    from sim.config.scenario import load_scenario
+    from sim.run import simulate, write_run as write_sim_run
+
+    d = tmp_path_factory.mktemp("athena_run")
+    root = Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((root / "scenarios" / "athena.yaml").read_text())
+    data["workload"]["num_requests"] = 60
+    (d / "s.yaml").write_text(yaml.safe_dump(data))
+    sc = load_scenario(d / "s.yaml")
+    dep, rows, summary = simulate(sc)
+    return write_sim_run(d / "run", sc, dep, rows, summary)
+
+
+def test_run_figures_cut_to_their_pixels_match_the_tight_box(tmp_path, monkeypatch,
+                                                             athena_run):
     """Every run figure is drawn once and cut to its pixels (``style.Trim``): the
     canvas's margins hold all of it (else ``save`` falls back on matplotlib's tight
     box), and the cut is the tight box's image to a few pixels a side."""
     import shutil
 
-    import yaml
     from PIL import Image
 
-    from sim.config.scenario import load_scenario
-    from sim.run import simulate, write_run as write_sim_run
-
-    root = __import__("pathlib").Path(__file__).resolve().parents[2]
-    data = yaml.safe_load((root / "scenarios" / "athena.yaml").read_text())
-    data["workload"]["num_requests"] = 60
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
-    sc = load_scenario(tmp_path / "s.yaml")
-    dep, rows, summary = simulate(sc)
-    cut = write_sim_run(tmp_path / "cut", sc, dep, rows, summary)
-    stems = ("ttft_cdf", "hit_hist", "miss_waterfall", "memory")
+    cut = tmp_path / "cut"
+    shutil.copytree(athena_run, cut)
+    stems = run_report.FIGURES
     clipped = []
     real_cut = style.Trim.cut
 
@@ -172,25 +185,15 @@ def test_memory_csv_read_back_as_any_csv_reader_reads_it(tmp_path):
         read_memory(bad)
 
 
-def test_figures_built_ahead_draw_the_same_bytes(tmp_path):
+def test_figures_built_ahead_draw_the_same_bytes(tmp_path, athena_run):
     """``frames`` (what a report worker builds while the simulation runs: figure, axes,
     ticks) gives every run figure the same bytes as drawing from scratch, and each
     frame is used once."""
     import shutil
 
-    import yaml
-
     from reports import workers
-    from sim.config.scenario import load_scenario
-    from sim.run import simulate, write_run as write_sim_run
 
-    root = __import__("pathlib").Path(__file__).resolve().parents[2]
-    data = yaml.safe_load((root / "scenarios" / "athena.yaml").read_text())
-    data["workload"]["num_requests"] = 60
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
-    sc = load_scenario(tmp_path / "s.yaml")
-    dep, rows, summary = simulate(sc)
-    scratch = write_sim_run(tmp_path / "scratch", sc, dep, rows, summary)
+    scratch = athena_run
     ahead = tmp_path / "ahead"
     shutil.copytree(scratch, ahead)
     built = run_report.frames(run_report.FIGURES)
