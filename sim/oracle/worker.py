@@ -117,6 +117,9 @@ class OracleWorker:
         return out
 
     def close(self) -> None:
+        """End the worker (EOF on its input; killed if it has not exited 30 s later) and
+        close both ends of its pipes and its log: a pipe left open was reported as an
+        unclosed file (ResourceWarning) when the worker was collected."""
         if self.proc.poll() is None:
             self.proc.stdin.close()
             try:
@@ -124,6 +127,12 @@ class OracleWorker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None and not pipe.closed:
+                try:
+                    pipe.close()
+                except OSError:     # (EPIPE flushing input the worker never read)
+                    pass
         self.log.close()
 
 

@@ -125,3 +125,29 @@ def test_step_override_spec_blocks_means_the_draft_count():
     cfg = step_case.our_config(spec, {"mamba_num_speculative_blocks": "K", "max_num_seqs": 2})
     assert cfg["mamba_num_speculative_blocks"] == 3 and cfg["max_num_seqs"] == 2
     assert "mamba_num_speculative_blocks" not in spec["config"]      # our side only
+
+
+def test_a_closed_worker_leaves_no_pipe_open(tmp_path):
+    """``OracleWorker.close`` closes both ends of the worker's pipes (its output pipe was
+    left open: a ResourceWarning under ``sim validate`` with warnings as errors), whether
+    the worker ended on EOF or had died already.  A stand-in oracle module answers."""
+    import gc
+    import sys
+    import warnings
+
+    from sim.oracle.worker import OracleWorker
+
+    (tmp_path / "fake_oracle.py").write_text(
+        "VLLM_VERSION = 'test'\n\ndef run_case(c):\n    return {'echo': c}\n")
+    for kill_first in (False, True):
+        w = OracleWorker(sys.executable, tmp_path, module="fake_oracle")
+        assert w.run([1, 2]) == [{"echo": 1}, {"echo": 2}]
+        if kill_first:
+            w.proc.kill()
+            w.proc.wait()
+        w.close()
+        assert w.proc.stdin.closed and w.proc.stdout.closed and w.log.closed
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResourceWarning)
+            del w
+            gc.collect()
