@@ -173,3 +173,33 @@ def test_float_texts_is_format_of_each_double():
                for _ in range(3000)]       # any bit pattern: subnormals, NaN payloads
     assert requests_csv.float_texts(values) == [format(v, ".6f") for v in values]
     assert requests_csv.float_texts([]) == []
+
+
+def test_constant_columns_are_written_as_the_field_every_row_has():
+    """A column with one field in every row goes into the row's format as that text
+    (``write_fields``): the same bytes as csv.writer's, for arrays (compared by their
+    bytes: -0.0 is not 0.0), lists (a list of floats is never taken for constant:
+    0.0 == -0.0), text holding a "%", and a column that differs in its last row only."""
+    from array import array
+
+    F, I, T = requests_csv.FLOAT_FIELD, requests_csv.INT_FIELD, requests_csv.TEXT_FIELD
+    n = 40
+    cols = [
+        (I, array("b", [0] * n)), (I, array("q", [7] * (n - 1) + [8])),
+        (F, array("d", [-0.0] * n)), (F, array("d", [0.0] * (n - 1) + [-0.0])),
+        (F, [0.0] * (n - 1) + [-0.0]), (F, [2.5] * n), (I, [3] * n), (I, [True] * n),
+        (T, ["50%"] * n), (T, ["a%d"] * (n - 1) + ["b"]), (T, [""] * n),
+        (I, array("i", range(n))),
+    ]
+    buf = io.StringIO()
+    requests_csv.write_fields(buf, cols)
+    ref = io.StringIO()
+    w = csv.writer(ref, lineterminator="\n")
+    for i in range(n):
+        w.writerow([_fmt(vals[i]) if spec != I else str(int(vals[i])) for spec, vals in cols])
+    assert buf.getvalue() == ref.getvalue()
+    first = buf.getvalue().splitlines()[0]
+    assert first.startswith("0,7,-0.000000,0.000000,0.000000,2.500000,3,1,50%,a%d,,0")
+    assert requests_csv._constant_text(I, array("b", [0] * n)) == "0"
+    assert requests_csv._constant_text(F, [0.0] * n) is None   # (a list of floats)
+    assert requests_csv._constant_text(I, array("q", [7] * (n - 1) + [8])) is None
