@@ -63,7 +63,9 @@ def memory_frame():
     """The memory figure before its data (in ``style.rc``): (figure, (memory axes,
     requests axes))."""
     fig = style.figure(*style.SINGLE)
-    return fig, tuple(fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]}))
+    with style.fixed_titles():
+        return fig, tuple(fig.subplots(2, 1, sharex=True,
+                                       gridspec_kw={"height_ratios": [3, 1]}))
 
 
 def memory_figure(cols: dict[str, list[float]], block_bytes: float, pool_bytes: float,

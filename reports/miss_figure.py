@@ -36,7 +36,8 @@ def has_attribution(s: dict) -> bool:
 def waterfall_frame():
     """The waterfall before its data: (figure, axes)."""
     fig = style.figure(7.6, 4.2)
-    return fig, fig.add_subplot()
+    with style.fixed_titles():
+        return fig, fig.add_subplot()
 
 
 def waterfall(s: dict, folder: Path, title: str, frame=None) -> style.Saved:

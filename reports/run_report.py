@@ -29,7 +29,8 @@ MAX_BINS = 40
 def ttft_frame():
     """The TTFT figure before its data: (figure, axes)."""
     fig = style.figure(6.4, 4.0)
-    return fig, fig.add_subplot()
+    with style.fixed_titles():
+        return fig, fig.add_subplot()
 
 
 def ttft_cdf(rows, folder: Path, title: str, frame=None) -> style.Saved:
@@ -96,7 +97,8 @@ def _per_request(ax, values: np.ndarray, unit: int, color: str, what: str, xlabe
 def hist_frame():
     """The hit histogram before its data: (figure, (top axes, bottom axes))."""
     fig = style.figure(8.0, 6.6)
-    return fig, tuple(fig.subplots(2, 1, gridspec_kw={"hspace": 0.5}))
+    with style.fixed_titles():
+        return fig, tuple(fig.subplots(2, 1, gridspec_kw={"hspace": 0.5}))
 
 
 def hit_histogram(rows, folder: Path, title: str, unit: int, frame=None) -> style.Saved:

@@ -204,3 +204,26 @@ def test_figures_built_ahead_draw_the_same_bytes(tmp_path, athena_run):
     for stem in run_report.FIGURES:
         assert (ahead / f"{stem}.png").read_bytes() == (scratch / f"{stem}.png").read_bytes(), \
             stem
+
+
+def test_titles_placed_once_land_where_the_search_puts_them(tmp_path, athena_run,
+                                                             monkeypatch):
+    """The run figures' axes place their titles at the top edge once
+    (``style.fixed_titles``) instead of searching at every draw for what a title must
+    clear: the search would leave them there (ticks and labels at the bottom, no
+    offset text), so every figure has the same bytes with the search back on."""
+    import contextlib
+    import shutil
+
+    from reports import style
+
+    frame = run_report.frames(("ttft_cdf",))["ttft_cdf"]
+    assert frame[1]._autotitlepos is False            # (placed, not searched for)
+    searched = tmp_path / "searched"
+    shutil.copytree(athena_run, searched)
+    monkeypatch.setattr(style, "fixed_titles", contextlib.nullcontext)
+    assert run_report.frames(("ttft_cdf",))["ttft_cdf"][1]._autotitlepos is True
+    run_report.draw(searched, run_report.FIGURES)
+    for stem in run_report.FIGURES:
+        assert (searched / f"{stem}.png").read_bytes() == \
+            (athena_run / f"{stem}.png").read_bytes(), stem
