@@ -200,6 +200,9 @@ def test_constant_columns_are_written_as_the_field_every_row_has():
     assert buf.getvalue() == ref.getvalue()
     first = buf.getvalue().splitlines()[0]
     assert first.startswith("0,7,-0.000000,0.000000,0.000000,2.500000,3,1,50%,a%d,,0")
+    every = io.StringIO()                        # (every column constant: no value left)
+    requests_csv.write_fields(every, [(I, array("b", [0] * 3)), (T, ["5%"] * 3)])
+    assert every.getvalue() == "0,5%\n" * 3
     assert requests_csv._constant_text(I, array("b", [0] * n)) == "0"
     assert requests_csv._constant_text(F, [0.0] * n) is None   # (a list of floats)
     assert requests_csv._constant_text(I, array("q", [7] * (n - 1) + [8])) is None
