@@ -69,10 +69,11 @@ def memory_frame():
 
 
 def memory_figure(cols: dict[str, list[float]], block_bytes: float, pool_bytes: float,
-                  folder: Path, title: str, frame=None) -> style.Saved:
+                  folder: Path, title: str, frame=None, into=None) -> style.Saved:
     """``memory.png``: held blocks by kind (stacked, GiB per GPU), the blocks in use, and
     the pool; below it the requests running and waiting; ``frame``: its
-    ``memory_frame``, built ahead (else built here)."""
+    ``memory_frame``, built ahead (else built here); ``into``: a binary file object the
+    PNG goes to instead (``style.save``)."""
     gib = block_bytes / style.GIB
     t = cols["time_s"]
     with style.rc():
@@ -100,7 +101,7 @@ def memory_figure(cols: dict[str, list[float]], block_bytes: float, pool_bytes: 
         bx.grid(alpha=0.3)
         bx.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         style.integer_axis(bx.yaxis)
-        return style.save(fig, folder, "memory", CAPTION, svg=False)
+        return style.save(fig, folder, "memory", CAPTION, svg=False, into=into)
 
 
 def as_read(fields) -> dict[str, list[float]]:
@@ -128,15 +129,40 @@ def _inputs(folder: Path, s: dict, fields=None) -> tuple[Path, float, float] | N
     return path, pool, pool / s["num_gpu_blocks"]
 
 
-def draw_memory(folder: Path, s: dict, fields=None, frame=None) -> None:
+def title_of(scenario: str) -> str:
+    """The memory figure's title for a scenario name."""
+    return f"{scenario}: pool memory over time"
+
+
+def memory_png(fields, pool: float, block: float, title: str, frame=None) -> bytes:
+    """``memory.png``'s bytes for memory.csv's ``fields`` (``sim.run.memory_fields``),
+    the pool and a block (bytes) and a title: what ``draw_memory`` writes for the same
+    inputs.  A report worker draws it from ``sim.run.memory_prelude`` as soon as the
+    replay ends, before the summary and the run folder exist (``reports/workers.py``)."""
+    import io
+
+    buf = io.BytesIO()
+    memory_figure(as_read(fields), block, pool, Path("."), title, frame, into=buf)
+    return buf.getvalue()
+
+
+def draw_memory(folder: Path, s: dict, fields=None, frame=None, drawn=None) -> None:
     """``memory.png`` of a run folder with a memory section (else nothing); ``fields``:
     memory.csv's, at hand (``as_read``), else the file is read; ``frame``: see
-    ``memory_figure``."""
+    ``memory_figure``; ``drawn``: ``(fields, pool, block, title, png bytes)`` of a
+    figure drawn ahead (``memory_png``), written when those are exactly this folder's
+    inputs (else the figure is drawn here)."""
     got = _inputs(folder, s, fields)
-    if got is not None:
-        path, pool, block = got
-        memory_figure(read_memory(path) if fields is None else as_read(fields), block, pool,
-                      Path(folder), f"{s.get('scenario', '')}: pool memory over time", frame)
+    if got is None:
+        return
+    path, pool, block = got
+    title = title_of(s.get("scenario", ""))
+    if drawn is not None and fields is not None and drawn[1:4] == (pool, block, title) \
+            and drawn[0] == fields:
+        (Path(folder) / "memory.png").write_bytes(drawn[4])
+        return
+    memory_figure(read_memory(path) if fields is None else as_read(fields), block, pool,
+                  Path(folder), title, frame)
 
 
 def memory_blocks(folder: Path, s: dict, draw: bool = True, fields=None) -> list:

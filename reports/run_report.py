@@ -316,13 +316,14 @@ def frames(stems) -> dict:
 
 def draw(folder: Path, stems=FIGURES, s: dict | None = None, h: dict | None = None,
          rows: list | None = None, texts: tuple[str, str] | None = None,
-         memory=None, built: dict | None = None) -> None:
+         memory=None, built: dict | None = None, drawn=None) -> None:
     """Render the report's figures ``stems`` into ``folder`` (a figure whose section the
     report leaves out is not drawn), reading the run folder for what is not given.  The
     figures are independent of each other and of report.md, so ``sim run`` draws them in
     worker processes, two groups at once (``reports/workers.py``); ``texts``: see
     ``load_run_json``; ``memory``: memory.csv's fields at hand (``memory_figure.as_read``);
-    ``built``: figures built ahead (``frames``), used once each."""
+    ``built``: figures built ahead (``frames``), used once each; ``drawn``: the memory
+    figure drawn ahead (``memory_figure.draw_memory``)."""
     from reports.memory_figure import draw_memory
     from reports.miss_figure import has_attribution, waterfall
 
@@ -344,7 +345,7 @@ def draw(folder: Path, stems=FIGURES, s: dict | None = None, h: dict | None = No
             waterfall(s, folder, f"{name}: why requests missed",
                       built.pop("miss_waterfall", None))
     if "memory" in stems:
-        draw_memory(folder, s, memory, built.pop("memory", None))
+        draw_memory(folder, s, memory, built.pop("memory", None), drawn)
 
 
 def write_report(folder: Path, stems=FIGURES, rows: list | None = None,

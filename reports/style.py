@@ -294,15 +294,21 @@ CAPTION_STYLE = {"fontsize": 8.5, "style": "italic", "color": CAPTION}
 
 
 def save(fig, folder: Path, stem: str, caption: str = "", svg: bool = True,
-         note: str = "") -> Saved:
+         note: str = "", into=None) -> Saved:
     """``stem``.png (and .svg) with a small grey ``note`` (e.g. what short names stand
     for) and then the caption under the figure.  A PNG alone is drawn once and cut to
-    what was drawn (``Trim``); with an SVG, one tight bounding box for both files."""
+    what was drawn (``Trim``); with an SVG, one tight bounding box for both files.
+    ``into``: a binary file object the PNG is written to instead of ``folder`` (no SVG;
+    the bytes the file would hold: a report worker draws a figure before the run
+    folder exists, ``reports/workers.py``)."""
     png = Path(folder) / f"{stem}.png"
+    target = png if into is None else into
+    if into is not None and svg:
+        raise ValueError("save: an SVG is written to the folder only")
     if not svg and isinstance(fig.canvas, PngCanvas):
         trim = Trim([(t, kw) for t, kw in ((note, NOTE_STYLE), (caption, CAPTION_STYLE)) if t])
-        fig.savefig(png, dpi=DPI, bbox_inches=trim.margins(fig), metadata=PNG_META,
-                    trim=trim)
+        fig.savefig(target, format="png", dpi=DPI, bbox_inches=trim.margins(fig),
+                    metadata=PNG_META, trim=trim)
         if not trim.clipped:
             return Saved([png], caption)
     renderer = fig.canvas.get_renderer()
@@ -312,7 +318,7 @@ def save(fig, folder: Path, stem: str, caption: str = "", svg: bool = True,
     if caption:
         bb = _under(fig, bb, caption, renderer, **CAPTION_STYLE)
     bb = bb.padded(Trim.PAD)
-    fig.savefig(png, dpi=DPI, bbox_inches=bb, metadata=PNG_META)
+    fig.savefig(target, format="png", dpi=DPI, bbox_inches=bb, metadata=PNG_META)
     out = [png]
     if svg:
         out.append(png.with_suffix(".svg"))

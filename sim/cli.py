@@ -246,7 +246,7 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
     """
     from sim.config.errors import ConfigError
     from sim.provenance import load_scenario_or_run
-    from sim.run import simulate, write_run
+    from sim.run import memory_prelude, simulate, write_run
     from sim.config.scenario import ScenarioError
     from workloads import WorkloadError
 
@@ -275,7 +275,11 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
         update, stop = _progress(not quiet, "requests", lambda: _expected_requests(sc),
                                  delay_s=1.0)
         try:
-            dep, rows, summary = simulate(sc, progress=update)
+            dep, rows, summary = simulate(
+                sc, progress=update,
+                # (the memory figure's inputs, to its worker as soon as the replay ends)
+                replayed=None if workers is None else
+                lambda d: workers.prelude(memory_prelude(sc, d)))
         except WorkloadError as e:
             stop()
             fail(f"{scenario}: {e}" if str(e).startswith("workload") else

@@ -60,6 +60,7 @@ class Deployment:
     # ``RequestTable`` after ``simulate`` (column by column; records built when read)
     records: RequestTable | list[RequestRecord] = field(default_factory=list)
     kv_events: object | None = None   # sim/kv_events.RunEvents: the KV event stream, if on
+    memory: list | None = None       # memory.csv's fields, once built (``memory_prelude``)
 
 
 def build_deployment(sc: Scenario) -> Deployment:
@@ -237,7 +238,8 @@ def _quiet_gc():
 
 def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: bool = True,
              fast_decode: bool = True, plant: str | None = None,
-             prepare: Callable[[Deployment, Scheduler, Engine], None] | None = None):
+             prepare: Callable[[Deployment, Scheduler, Engine], None] | None = None,
+             replayed: Callable[[Deployment], None] | None = None):
     """Run the scenario; returns (deployment, records, summary dict).  ``records`` are the
     served requests in arrival order, ``deployment.records`` every request, those refused
     on arrival included (what ``write_run`` writes): both ``sim.request_table.RequestTable``,
@@ -245,7 +247,10 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     list of records) kept column by column, a record built each time one is read
     (``column(name)`` reads one field of every request without building any).
     ``prepare(dep, sched, engine)`` runs once the parts are built, before the replay
-    (``sim explain`` watches one request's admission there and stops the replay)."""
+    (``sim explain`` watches one request's admission there and stops the replay);
+    ``replayed(dep)`` once the replay is over and some request finished, before the
+    requests are put in arrival order and summarized (``sim run`` hands its report
+    workers the memory figure's inputs there: ``memory_prelude``)."""
     from workloads import build_workload
 
     t_wall = time.perf_counter()
@@ -283,6 +288,8 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     if not rec.pending and not kept.n and eng.rejected:   # (no request finished)
         raise CapacityError(f"every request was rejected ({len(eng.rejected):,}); the first: "
                             f"{why_rejected(sched, eng.rejected[0])}")
+    if replayed is not None:
+        replayed(dep)
     for r in eng.rejected:
         rec.reject(r)
     rec.flush()
@@ -492,6 +499,21 @@ def memory_fields(sampler: StepSampler) -> list[tuple[str, Sequence]]:
     return [(requests_csv.FLOAT_FIELD, secs)] + [(requests_csv.INT_FIELD, c) for c in counts]
 
 
+def memory_prelude(sc: Scenario, dep) -> tuple | None:
+    """What the memory figure is drawn from, known once the replay is over: memory.csv's
+    fields (kept on ``dep`` for the file), the pool and a block in bytes as the report
+    reads them from summary.json (``pool_bytes``, ``pool_bytes / num_gpu_blocks``), and
+    the scenario's name (summary.json's ``scenario``: the figure's title); None without a
+    sampler or a pool (no memory figure)."""
+    sampler = getattr(dep, "sampler", None)
+    if sampler is None or not dep.num_blocks or not dep.num_blocks * dep.block_bytes:
+        return None
+    if dep.memory is None:
+        dep.memory = memory_fields(sampler)
+    pool = float(dep.num_blocks * dep.block_bytes)
+    return dep.memory, pool, pool / dep.num_blocks, sc.name
+
+
 def write_memory_csv(path: Path, fields: list[tuple[str, Sequence]]) -> None:
     """``memory.csv`` from its ``memory_fields`` (as ``csv.writer`` writes each row: at
     most MEMORY_ROWS rows, one %-formatting)."""
@@ -549,7 +571,9 @@ def _write_files(tmp: Path, sc: Scenario, dep, rows, summary, command, workers,
     run_text = json.dumps({**run_header(sc, dep), **run_record(sc, command, git)},
                           indent=1) + "\n"
     sampler = getattr(dep, "sampler", None)
-    fields = memory_fields(sampler) if sampler is not None else None
+    fields = getattr(dep, "memory", None)
+    if fields is None and sampler is not None:
+        fields = memory_fields(sampler)
     recs = getattr(dep, "records", None) or rows
     if workers is not None:
         from reports.rows import as_written

@@ -119,6 +119,85 @@ def test_a_failing_report_fails_as_in_process(ran, tmp_path, monkeypatch):
         assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
 
 
+def _no_redraw_here(monkeypatch) -> None:
+    """In this process (the workers, forked already, keep theirs): drawing the report
+    here fails the test, so that a worker's failure cannot hide behind the main
+    process's fallback, which writes the same bytes."""
+    import reports.run_report as rr
+
+    def redraw(*a, **k):
+        raise AssertionError("the report was drawn in the main process")
+
+    monkeypatch.setattr(rr, "write_report", redraw)
+
+
+@pytest.mark.parametrize("cpus", sorted(W.PLANS))
+def test_a_memory_figure_drawn_ahead_is_the_same_bytes(ran, tmp_path, cpus, monkeypatch):
+    """The memory figure's inputs handed over as the replay ends (``prelude``, what
+    ``sim run`` does) give the same report, every plan; a second prelude after the
+    folder is handed over is ignored."""
+    import multiprocessing
+
+    from sim.run import memory_prelude
+
+    sc, dep, rows, summary, ref = ran
+    got = memory_prelude(sc, dep)
+    assert got is not None and got[3] == sc.name
+    workers = W.ReportWorkers(multiprocessing.get_context("fork"), W.PLANS[cpus])
+    _no_redraw_here(monkeypatch)          # (the workers drew it all: no fallback)
+    workers.prelude(got)
+    out = write_run(tmp_path / "w", sc, dep, rows, summary, workers=workers)
+    _same(ref, out)
+    workers.prelude(got)                  # (after submit: nothing sent, no error)
+
+
+def test_a_memory_figure_that_fails_ahead_is_drawn_with_its_part(ran, tmp_path,
+                                                                   monkeypatch):
+    """Drawing ahead fails (here: made to) -> the part draws the figure itself from the
+    fields sent ahead: the same report."""
+    import multiprocessing
+
+    import reports.memory_figure as mf
+    from sim.run import memory_prelude
+
+    def fail(*a, **k):
+        raise RuntimeError("made to fail")
+
+    monkeypatch.setattr(mf, "memory_png", fail)
+    sc, dep, rows, summary, ref = ran
+    workers = W.ReportWorkers(multiprocessing.get_context("fork"), W.PLANS[2])
+    _no_redraw_here(monkeypatch)
+    workers.prelude(memory_prelude(sc, dep))
+    _same(ref, write_run(tmp_path / "w", sc, dep, rows, summary, workers=workers))
+
+
+def test_a_memory_figure_drawn_ahead_is_written_only_for_its_own_inputs(ran, tmp_path):
+    """``draw_memory`` writes the figure drawn ahead when the folder's inputs are exactly
+    those it was drawn from, and draws its own otherwise; ``memory_png`` is the bytes
+    ``draw_memory`` writes."""
+    import json
+    import shutil
+
+    from reports.memory_figure import draw_memory, memory_png, title_of
+    from sim.run import memory_prelude
+
+    sc, dep, rows, summary, ref = ran
+    fields, pool, block, name = memory_prelude(sc, dep)
+    s = json.loads((ref / "summary.json").read_text())
+    assert (pool, block) == (float(s["pool_bytes"]), s["pool_bytes"] / s["num_gpu_blocks"])
+    assert memory_png(fields, pool, block, title_of(name)) == (ref / "memory.png").read_bytes()
+    folder = tmp_path / "f"
+    shutil.copytree(ref, folder)
+    (folder / "memory.png").unlink()
+    draw_memory(folder, s, fields, drawn=(fields, pool, block, title_of(name), b"ahead"))
+    assert (folder / "memory.png").read_bytes() == b"ahead"      # (used: same inputs)
+    for other in ((fields, pool * 2, block, title_of(name)),
+                  (fields, pool, block, title_of("another")),
+                  (fields[:1] + [(fields[1][0], ())] + fields[2:], pool, block, title_of(name))):
+        draw_memory(folder, s, fields, drawn=(*other, b"ahead"))
+        assert (folder / "memory.png").read_bytes() == (ref / "memory.png").read_bytes()
+
+
 def test_no_report_imports_no_matplotlib(tmp_path):
     """``--no-report``: no worker, and matplotlib never imported."""
     data = yaml.safe_load((ROOT / "scenarios" / "athena.yaml").read_text())
