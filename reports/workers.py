@@ -176,20 +176,22 @@ def _frames(part: tuple[str, ...]) -> dict:
         return {}
 
 
-def _prelude(msg: tuple, built: dict | None) -> tuple:
-    """The memory figure drawn from a ``PRELUDE`` message (memory.csv's fields, the pool,
-    a block, the scenario's name: ``sim.run.memory_prelude``), with its frame if one was
-    built: ``(fields, pool, block, title, png bytes)``; title and png None if drawing
-    failed (the part draws it again, and fails where it shows)."""
+def _prelude(msg: tuple, built: dict | None) -> tuple[list, tuple | None]:
+    """A ``PRELUDE`` message (memory.csv's fields, the pool, a block, the scenario's
+    name: ``sim.run.memory_prelude``): its fields, and the memory figure drawn from it
+    (with its frame if one was built) as ``draw_memory`` takes it, ``(fields, pool,
+    block, title, png bytes)``; None if drawing failed (the part draws it again, and
+    fails where it shows)."""
     _, fields, pool, block, scenario = msg
     try:
         from reports.memory_figure import memory_png, title_of
 
         title = title_of(scenario)
         frame = built.pop("memory", None) if built else None
-        return (fields, pool, block, title, memory_png(fields, pool, block, title, frame))
+        return fields, (fields, pool, block, title, memory_png(fields, pool, block, title,
+                                                               frame))
     except Exception:
-        return (fields, pool, block, None, None)
+        return fields, None
 
 
 def _serve_one(conn, built: dict | None = None) -> None:
@@ -201,16 +203,13 @@ def _serve_one(conn, built: dict | None = None) -> None:
     try:
         msg = conn.recv()
         if msg[0] == PRELUDE:
-            drawn = _prelude(msg, built)
+            ahead, drawn = _prelude(msg, built)
             msg = conn.recv()
         folder, part, columns, files = msg
     except (EOFError, OSError):
         return                  # the main process needs no report after all
-    if drawn is not None:
-        if files is not None and files[2] == PRELUDE:
-            files = (*files[:2], drawn[0])      # (memory.csv's fields, as sent ahead)
-        if drawn[4] is None:                    # (not drawn: the part draws it)
-            drawn = None
+    if files is not None and files[2] == PRELUDE:
+        files = (*files[:2], ahead)             # (memory.csv's fields, as sent ahead)
     try:
         draw_part(Path(folder), part, columns, files, built, drawn)
         answer = None

@@ -505,13 +505,21 @@ def memory_prelude(sc: Scenario, dep) -> tuple | None:
     reads them from summary.json (``pool_bytes``, ``pool_bytes / num_gpu_blocks``), and
     the scenario's name (summary.json's ``scenario``: the figure's title); None without a
     sampler or a pool (no memory figure)."""
-    sampler = getattr(dep, "sampler", None)
-    if sampler is None or not dep.num_blocks or not dep.num_blocks * dep.block_bytes:
+    fields = _memory_of(dep)
+    if fields is None or not dep.num_blocks or not dep.num_blocks * dep.block_bytes:
         return None
-    if dep.memory is None:
-        dep.memory = memory_fields(sampler)
     pool = float(dep.num_blocks * dep.block_bytes)
-    return dep.memory, pool, pool / dep.num_blocks, sc.name
+    return fields, pool, pool / dep.num_blocks, sc.name
+
+
+def _memory_of(dep) -> list | None:
+    """memory.csv's fields of a run (``memory_fields`` of its sampler; None without
+    one), built once and kept on ``dep``: the prelude and the file are the same object
+    (``ReportWorkers.submit`` then does not send them twice)."""
+    sampler = getattr(dep, "sampler", None)
+    if getattr(dep, "memory", None) is None and sampler is not None:
+        dep.memory = memory_fields(sampler)
+    return getattr(dep, "memory", None)
 
 
 def write_memory_csv(path: Path, fields: list[tuple[str, Sequence]]) -> None:
@@ -570,10 +578,7 @@ def _write_files(tmp: Path, sc: Scenario, dep, rows, summary, command, workers,
     summary_text = json.dumps(summary, indent=1, sort_keys=False, allow_nan=False) + "\n"
     run_text = json.dumps({**run_header(sc, dep), **run_record(sc, command, git)},
                           indent=1) + "\n"
-    sampler = getattr(dep, "sampler", None)
-    fields = getattr(dep, "memory", None)
-    if fields is None and sampler is not None:
-        fields = memory_fields(sampler)
+    fields = _memory_of(dep)
     recs = getattr(dep, "records", None) or rows
     if workers is not None:
         from reports.rows import as_written
