@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool, make_key
@@ -126,7 +127,11 @@ class MambaManager(SingleTypeManager):
         self.num_spec_blocks = num_speculative_blocks
         self.checkpoint_rule = checkpoint_rule
         self.drop_eagle_checkpoint = False
-        self.cached_this_step: set[int] = set()   # keys of every member
+        # the keys of every member cached in this step: the first ``n_cached_now`` of
+        # ``cached_now`` (a handful a step, scanned; machine integers: no boxed key and no
+        # set entry per state cached; the step's end resets the count)
+        self.cached_now = vec[i64]()
+        self.n_cached_now: i64 = 0
         self._null_runs: list[list[Block]] = []   # (``_null_run``)
         # a lookup's answer when no state is found: an empty list per member, shared
         # by every such lookup (nothing writes a hit list: the hit is 0 then, and a
@@ -270,11 +275,10 @@ class MambaManager(SingleTypeManager):
     def blocks_to_allocate(self, rid: str, num_tokens: i64, new_computed: list[list[Block]],
                            total_computed: i64, num_local: i64, num_tokens_main: i64,
                            admission: bool = False, prefill_end: i64 = 0) -> i64:
-        cts = self.cached_this_step
-        if cts:
+        if self.n_cached_now:
             for g in self.group_ids:
                 nc = new_computed[g]
-                if nc and nc[-1].key in cts:
+                if nc and self.cached_in_step(nc[-1].key):
                     # A state cached by another request in this same step is not
                     # handed out: report "no room" so the request waits a step.
                     return self.pool.num_blocks + 1
@@ -386,7 +390,7 @@ class MambaManager(SingleTypeManager):
                     self.has_pending_cow = True
                     src.ref_cnt += 1
                     if cow.key >= 0:
-                        self.cached_this_step.add(cow.key)
+                        self._cached_now(cow.key)
                 else:
                     self._apply_cow(blocks, mi, idx, src, cow)
             while j < end:
@@ -434,7 +438,6 @@ class MambaManager(SingleTypeManager):
             self._keep_sequence_end(req, before, after)
         written = self._cache_partial_tail(req, num_tokens, retention)
         if after > before:
-            cts = self.cached_this_step
             assert st is not None
             t = st.table
             if t is None:
@@ -445,7 +448,7 @@ class MambaManager(SingleTypeManager):
                     b = blocks[i]
                     if b.is_null or b.key < 0:
                         continue
-                    cts.add(b.key)
+                    self._cached_now(b.key)
                     if mi == 0:
                         written += 1
         if written:
@@ -479,8 +482,24 @@ class MambaManager(SingleTypeManager):
         self.sequence_end[req.request_id] = [(blocks[last], blocks[last].key) for blocks in t]
 
     def new_step_starts(self) -> None:
-        if self.cached_this_step:
-            self.cached_this_step.clear()
+        self.n_cached_now = 0
+
+    def _cached_now(self, key: i64) -> None:
+        """Record that ``key`` was cached in this step."""
+        n = self.n_cached_now
+        if n < len(self.cached_now):
+            self.cached_now[n] = key
+        else:
+            self.cached_now = append(self.cached_now, key)
+        self.n_cached_now = n + 1
+
+    def cached_in_step(self, key: i64) -> bool:
+        """Whether ``key`` was cached in this step (by any request)."""
+        keys = self.cached_now
+        for i in range(self.n_cached_now):
+            if keys[i] == key:
+                return True
+        return False
 
     def _cache_checkpoint(self, req: CacheRequest, pos: int, idx: int,
                           retention: int | None) -> int:
@@ -514,7 +533,7 @@ class MambaManager(SingleTypeManager):
             pool.insert_key(key, b, pos)
             if pool.events is not None:   # (re-keyed whatever it held: always published)
                 log_partial_store(pool.events, req, unit_hash, pos, pool.hash_block_size, g)
-            self.cached_this_step.add(key)
+            self._cached_now(key)
             if mi == 0:
                 written = 1
         return written
@@ -558,7 +577,7 @@ class MambaManager(SingleTypeManager):
                 key = self.pool.cache_partial_block(unit_hash, src, num_tokens, g)
             if key is None:
                 continue
-            self.cached_this_step.add(key)
+            self._cached_now(key)
             registered.append(src)
             if mi == 0:
                 written = 1
