@@ -237,6 +237,47 @@ class PrefixKeys:
         self.pre = pre
         self._set_total(total)
 
+    def extend_ids(self, first_stream: i64, ids: list[int], used: i64, block: i64,
+                   last: i64) -> None:
+        """Append the runs ``(first_stream - ids[i], 0, block)`` for ``i < used``, the
+        last one ``last`` tokens long: a block-hash trace's prompt read from its ids
+        (``prompt.HashIdPrompt``), with no column of runs built first.  What
+        ``extend_columns`` makes of those runs when the columns are empty: no run of
+        them is empty, and none continues the one before it (each starts at 0 after
+        one of at least one token).  Columns that hold runs take the general way."""
+        if len(self.begins) or used <= 0 or block <= 0 or last <= 0:
+            streams = vec[i64](capacity=used)
+            starts = vec[i64](capacity=used)
+            lengths = vec[i64](capacity=used)
+            for i in range(used):
+                streams = append(streams, first_stream - ids[i])
+                starts = append(starts, 0)
+                lengths = append(lengths, block if i < used - 1 else last)
+            self.extend_columns(streams, starts, lengths)
+            return
+        cap = used + 4      # (and a few more: the tail, the outputs' runs)
+        streams = vec[i64](capacity=cap)
+        starts = vec[i64](capacity=cap)
+        begins = vec[i64](capacity=cap)
+        pre = vec[i64](capacity=cap)
+        total: i64 = 0
+        p: i64 = ROOT
+        for i in range(used):
+            s: i64 = first_stream - ids[i]
+            if i:
+                p = unit_end(p, block)    # (the key after the previous run's block tokens)
+            p = unit_pre(p, s, 0)
+            streams = append(streams, s)
+            starts = append(starts, 0)
+            begins = append(begins, total)
+            pre = append(pre, p)
+            total += block
+        self.streams = streams
+        self.starts = starts
+        self.begins = begins
+        self.pre = pre
+        self._set_total(total - block + last)
+
     def _set_total(self, total: i64) -> None:
         """The sequence now has ``total`` tokens: so many units are emitted."""
         self.total = total

@@ -123,30 +123,24 @@ class StreamRegistry:
         """``hasher.keys_of(self.runs_of(segments))`` without the intermediate
         run tuples (the engine builds every request's keys this way); a
         ``HashIdPrompt`` is read from its ids."""
+        keys = hasher.keys_of([])
+        if isinstance(segments, HashIdPrompt):
+            # (the ids straight into the key columns: no column of runs built first)
+            keys.extend_ids(HASH_ID_BASE, segments.ids, segments.used, segments.block,
+                            segments.last)
+            if segments.tail > 0:
+                keys.append_run(self.id(segments.tail_name), 0, segments.tail)
+            return keys
         cap = len(segments)
         streams = vec[i64](capacity=cap)
         starts = vec[i64](capacity=cap)
         lengths = vec[i64](capacity=cap)
-        if isinstance(segments, HashIdPrompt):
-            ids = segments.ids
-            used = segments.used
-            block = segments.block
-            for i in range(used):
-                streams = append(streams, HASH_ID_BASE - ids[i])
-                starts = append(starts, 0)
-                lengths = append(lengths, block if i < used - 1 else segments.last)
-            if segments.tail > 0:
-                streams = append(streams, self.id(segments.tail_name))
-                starts = append(starts, 0)
-                lengths = append(lengths, segments.tail)
-        else:
-            for name, off, n in segments:
-                # (a name is registered even for an empty segment, as runs_of does)
-                streams = append(streams, self.id(name) if isinstance(name, str)
-                                 else HASH_ID_BASE - name)
-                starts = append(starts, off)
-                lengths = append(lengths, n)
-        keys = hasher.keys_of([])
+        for name, off, n in segments:
+            # (a name is registered even for an empty segment, as runs_of does)
+            streams = append(streams, self.id(name) if isinstance(name, str)
+                             else HASH_ID_BASE - name)
+            starts = append(starts, off)
+            lengths = append(lengths, n)
         keys.extend_columns(streams, starts, lengths)
         return keys
 

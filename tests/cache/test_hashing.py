@@ -209,6 +209,28 @@ def test_a_hash_id_prompt_reads_as_its_segments_and_keys_as_them():
         hash(HashIdPrompt([1], 8, 16, "t"))
 
 
+def test_extend_ids_equals_the_runs_of_its_ids():
+    """PrefixKeys.extend_ids (a block-hash prompt's ids straight into the key columns)
+    gives the keys of the runs (-2 - id, 0, block), the last cut to ``last``: on empty
+    columns (its own way) and after other runs (the general way)."""
+    rng = random.Random(29)
+    for _ in range(300):
+        block = rng.choice([1, 16, 64, 512])
+        ids = [rng.choice([0, 1, 5, 7, 300, 2**40]) for _ in range(rng.randint(0, 9))]
+        used = rng.randint(0, len(ids))
+        last = rng.randint(1, block)
+        unit, la = rng.choice([1, 16, 64]), rng.choice([0, 3])
+        before = rng.choice([[], [], [(3, 0, rng.randint(1, 100))]])
+        runs = before + [(-2 - h, 0, block if i < used - 1 else last)
+                         for i, h in enumerate(ids[:used])]
+        a = PrefixHasher(unit, la).keys_of(before)
+        a.extend_ids(-2, ids, used, block, last)
+        a.append_run(9, 0, 40)                            # a tail, then outputs
+        b = PrefixHasher(unit, la).keys_of(runs + [(9, 0, 40)])
+        assert a.runs == b.runs and a.keys() == b.keys() and a.total == b.total
+        assert a.count == b.count and a.count_end == b.count_end
+
+
 def test_count_follows_the_total_through_appends():
     """PrefixKeys.count (units emitted) after any mix of appends (continuing the last
     run, a new run, zero tokens onto the last run) is max((total - lookahead) // unit, 0),
