@@ -178,8 +178,12 @@ class Scheduler:
         self.attribution: MissAttribution | None = None
         # what schedule() and update_from_output() return: one list each, refilled every
         # step (a new list a step was an allocation, its growth and its free; every
-        # caller reads them before the next step)
+        # caller reads them before the next step).  schedule() overwrites ``out`` in
+        # place, its first ``n_out`` entries being this step's so far, and cuts the
+        # rest at its end: list.clear() would free the list's storage, and the step's
+        # appends would grow it again, reallocating several times a step.
         self.out: list[ScheduledItem] = []
+        self.n_out: i64 = 0
         self.done: list[SimRequest] = []
 
     # ----------------------------------------------------------------- helpers --
@@ -256,8 +260,7 @@ class Scheduler:
         if len(self.running) + len(self.waiting) > 1:
             lpt = self.long_prefill_token_threshold
         out = self.out
-        if out:
-            out.clear()
+        self.n_out = 0
         preempted = False
         i = 0
         running = self.running
@@ -301,7 +304,12 @@ class Scheduler:
                         it.spec_tokens = sk
                         it.new_hit = 0
                         it.padded = False
-                        out.append(it)
+                        k = self.n_out
+                        if k < len(out):
+                            out[k] = it
+                        else:
+                            out.append(it)
+                        self.n_out = k + 1
                         r.is_prefill_chunk = comp + n < nt
                     budget -= n
                     i += 1
@@ -347,7 +355,7 @@ class Scheduler:
             self._emit(out, r, n, comp, not decode, sk)
             budget -= n
             i += 1
-        num_running_scheduled = len(out)   # (vLLM's scheduled_running_reqs: padding reads it)
+        num_running_scheduled = self.n_out   # (vLLM's scheduled_running_reqs: padding reads it)
         if not preempted:
             if (self.reorders and budget > 0 and len(self.waiting) > 1
                     and len(running) < self.max_num_seqs):
@@ -416,6 +424,8 @@ class Scheduler:
                 self._emit(out, r, n, c.num_computed_tokens, not padded, kp,
                            new_local, padded)
                 budget -= n
+        if len(out) > self.n_out:
+            del out[self.n_out:]   # (the entries of an earlier step past this one's)
         # vLLM frees the refs retained for copy-on-write at the end of schedule()
         kv.release_cow_copies()
         if self.step_log is not None and out:
@@ -434,10 +444,10 @@ class Scheduler:
                     "spec_tokens": {it.req.rid: it.spec_tokens for it in out
                                     if it.spec_tokens}})
 
-    @staticmethod
-    def _emit(out: list, r: SimRequest, n: i64, context: i64, prefill: bool, spec: i64,
+    def _emit(self, out: list, r: SimRequest, n: i64, context: i64, prefill: bool, spec: i64,
               new_hit: i64 = 0, padded: bool = False) -> None:
-        """Schedule ``n`` tokens of ``r`` this step (its item object is reused)."""
+        """Schedule ``n`` tokens of ``r`` this step (its item object is reused): entry
+        ``n_out`` of ``out``."""
         it = r.item
         if it is None:
             it = r.item = ScheduledItem(r, 0, 0, True)
@@ -447,7 +457,12 @@ class Scheduler:
         it.spec_tokens = spec
         it.new_hit = new_hit
         it.padded = padded
-        out.append(it)
+        k = self.n_out
+        if k < len(out):
+            out[k] = it
+        else:
+            out.append(it)
+        self.n_out = k + 1
         r.is_prefill_chunk = context + n < r.cache.num_tokens
 
     def alloc_margin(self, c: CacheRequest, comp: i64, n: i64) -> i64:
@@ -504,10 +519,12 @@ class Scheduler:
         r.preemptions += 1
         self.preemptions += 1
         given_back = 0
-        for k, it in enumerate(out):
+        for k in range(self.n_out):
+            it = out[k]
             if it.req is r:
                 given_back = it.num_tokens
                 del out[k]
+                self.n_out -= 1
                 break
         self.waiting.prepend_request(r)
         return given_back
