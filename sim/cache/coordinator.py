@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Final
 
+from librt.vecs import vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import Block, BlockPool
@@ -332,6 +333,8 @@ class HybridCoordinator(Coordinator):
         # With one full-attention spec group, looked up first, the first pass of
         # find_longest_cache_hit is exactly that group's hit alone (find_per_group)
         self._one_full = sum(1 for g in groups if g.spec.kind == "full") == 1
+        self._found: list[list[list[Block]] | None] = [None] * len(groups)
+        self._found_len = vec[i64]([0] * len(groups))
 
     def find_longest_cache_hit(self, hashes: PrefixKeys, max_length: int
                                ) -> tuple[list[list[Block]], int, int]:
@@ -341,9 +344,14 @@ class HybridCoordinator(Coordinator):
         hit_length = max_length
         first_pass = self._one_full
         longest = 0
-        # per spec group (index in ``groups``): its members' hit blocks, hit length
-        found: list[list[list[Block]] | None] = [None] * ng
-        found_len: list[int] = [0] * ng
+        # per spec group (index in ``groups``): its members' hit blocks, hit length (the
+        # coordinator's scratch lists, reset here: two lists built and freed a lookup
+        # otherwise; nothing keeps them past the call, and no lookup runs inside one)
+        found = self._found
+        found_len = self._found_len
+        for idx in range(ng):
+            found[idx] = None
+            found_len[idx] = 0
         simple = ng == 2 and groups[0].is_full
         verified: i64 = 0    # spec groups whose EAGLE drop was verified (bit idx)
         h = self.hash_block_size
