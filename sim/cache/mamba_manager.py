@@ -129,7 +129,7 @@ class MambaManager(SingleTypeManager):
         self.drop_eagle_checkpoint = False
         # the keys of every member cached in this step: the first ``n_cached_now`` of
         # ``cached_now`` (a handful a step, scanned; machine integers: no boxed key and no
-        # set entry per state cached; the step's end resets the count)
+        # set entry per state cached; ``new_step_starts`` resets the count)
         self.cached_now = vec[i64]()
         self.n_cached_now: i64 = 0
         self._null_runs: list[list[Block]] = []   # (``_null_run``)

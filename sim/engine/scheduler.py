@@ -304,12 +304,7 @@ class Scheduler:
                         it.spec_tokens = sk
                         it.new_hit = 0
                         it.padded = False
-                        k = self.n_out
-                        if k < len(out):
-                            out[k] = it
-                        else:
-                            out.append(it)
-                        self.n_out = k + 1
+                        self._put(out, it)
                         r.is_prefill_chunk = comp + n < nt
                     budget -= n
                     i += 1
@@ -457,13 +452,17 @@ class Scheduler:
         it.spec_tokens = spec
         it.new_hit = new_hit
         it.padded = padded
+        self._put(out, it)
+        r.is_prefill_chunk = context + n < r.cache.num_tokens
+
+    def _put(self, out: list, it: ScheduledItem) -> None:
+        """``it`` as entry ``n_out`` of ``out`` (over an earlier step's entry, if any)."""
         k = self.n_out
         if k < len(out):
             out[k] = it
         else:
             out.append(it)
         self.n_out = k + 1
-        r.is_prefill_chunk = context + n < r.cache.num_tokens
 
     def alloc_margin(self, c: CacheRequest, comp: i64, n: i64) -> i64:
         """Tokens a decoding request can advance before ``allocate_slots`` would
