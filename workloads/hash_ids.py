@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Final
 
+from librt.vecs import append, vec
+from mypy_extensions import i64
+
 from sim.cache.prompt import HashIdPrompt
 
 LIMIT: Final = 1 << 53   # hash ids are integers in [0, 2**53) (Final: inlined, not a global)
@@ -26,10 +29,20 @@ def hash_id_segments(ids: object, n_in: int, block: int, rid: str) -> HashIdProm
     built per id (the engine reads the ids: ``StreamRegistry.keys_of``)."""
     if not isinstance(ids, list):
         return None
+    out = vec[i64](capacity=len(ids))
     for h in ids:
         if type(h) is not int:
             return None
         v: int = h
         if v < 0 or v >= LIMIT:
             return None
-    return HashIdPrompt(ids, n_in, block, f"mcu/{rid}")
+        out = append(out, v)
+    return layout_prompt(out, n_in, block, rid)
+
+
+def layout_prompt(ids: vec[i64], n_in: i64, block: i64, rid: str) -> HashIdPrompt:
+    """``hash_id_segments`` of ids already checked (``[0, 2**53)``): the tail's stream
+    name is only built when the ids cover fewer than ``n_in`` tokens (it is read only
+    then)."""
+    name = f"mcu/{rid}" if block * len(ids) < n_in else ""
+    return HashIdPrompt(ids, n_in, block, name)

@@ -237,7 +237,7 @@ class PrefixKeys:
         self.pre = pre
         self._set_total(total)
 
-    def extend_ids(self, first_stream: i64, ids: list[int], used: i64, block: i64,
+    def extend_ids(self, first_stream: i64, ids: vec[i64], used: i64, block: i64,
                    last: i64) -> None:
         """Append the runs ``(first_stream - ids[i], 0, block)`` for ``i < used``, the
         last one ``last`` tokens long: a block-hash trace's prompt read from its ids

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from librt.vecs import vec
+from mypy_extensions import i64
 
 from sim.cache.hashing import LITERAL, PrefixHasher, canonical_runs
 
@@ -184,7 +186,7 @@ def test_a_hash_id_prompt_reads_as_its_segments_and_keys_as_them():
         block = rng.choice([16, 64, 512])
         ids = [rng.choice([0, 1, 5, 7, 300, 2**40]) for _ in range(rng.randint(0, 9))]
         n_in = rng.randint(1, 12 * block)
-        p = HashIdPrompt(ids, n_in, block, "mcu/r0000007")
+        p = HashIdPrompt(vec[i64](ids), n_in, block, "mcu/r0000007")
         full, part = divmod(n_in, block)
         want = [(h, 0, block) for h in ids[:full]]
         if part and len(ids) > full:
@@ -204,9 +206,9 @@ def test_a_hash_id_prompt_reads_as_its_segments_and_keys_as_them():
         b = reg_b.keys_of(want, PrefixHasher(unit, la))
         assert a.runs == b.runs and a.keys() == b.keys() and a.total == b.total
         assert reg_a.ids == reg_b.ids
-    assert HashIdPrompt([1], 8, 16, "t") != [(1, 0, 16)]
+    assert HashIdPrompt(vec[i64]([1]), 8, 16, "t") != [(1, 0, 16)]
     with pytest.raises(TypeError):
-        hash(HashIdPrompt([1], 8, 16, "t"))
+        hash(HashIdPrompt(vec[i64]([1]), 8, 16, "t"))
 
 
 def test_extend_ids_equals_the_runs_of_its_ids():
@@ -224,7 +226,7 @@ def test_extend_ids_equals_the_runs_of_its_ids():
         runs = before + [(-2 - h, 0, block if i < used - 1 else last)
                          for i, h in enumerate(ids[:used])]
         a = PrefixHasher(unit, la).keys_of(before)
-        a.extend_ids(-2, ids, used, block, last)
+        a.extend_ids(-2, vec[i64](ids), used, block, last)
         a.append_run(9, 0, 40)                            # a tail, then outputs
         b = PrefixHasher(unit, la).keys_of(runs + [(9, 0, 40)])
         assert a.runs == b.runs and a.keys() == b.keys() and a.total == b.total

@@ -235,3 +235,93 @@ def test_hash_id_streams_are_distinct_from_named_streams_and_print_as_mc(tmp_pat
                                  "hash_ids": bad}) + "\n")
         with pytest.raises(WorkloadError, match="hash_ids must be a list of integers"):
             list(build_workload({"kind": "mooncake", "path": "t.jsonl"}, 0, tmp_path))
+
+
+def _layout_line(rng) -> bytes:
+    """A record in the published trace's own layout (``json.dumps``' separators)."""
+    big = rng.random() < 0.2
+    rec = {"timestamp": rng.choice([0, 7, rng.randrange(10**6), 10**15 - 1 if big else 9]),
+           "input_length": rng.randrange(1, 20_000), "output_length": rng.randrange(1, 2_000),
+           "hash_ids": [rng.choice([0, 5, rng.randrange(10**6), 10**15 - 1])
+                        for _ in range(rng.randint(1, 30))]}
+    return json.dumps(rec).encode() + rng.choice([b"\n", b""])
+
+
+MUTATIONS = [
+    lambda b, r: b.replace(b": ", b":", 1),
+    lambda b, r: b.replace(b", ", b",", r.randint(1, 3)),
+    lambda b, r: b.replace(b"]}", b"] }"),
+    lambda b, r: b.replace(b"]}", b"]}x"),
+    lambda b, r: b.replace(b"\n", b"\r\n") if b.endswith(b"\n") else b + b"\r\n",
+    lambda b, r: b.replace(b": ", b": 0", 1),                # a leading zero
+    lambda b, r: b.replace(b": ", b": -", 1),                # a sign
+    lambda b, r: b.replace(b"[", b"[1.5, ", 1),              # a float id
+    lambda b, r: b.replace(b"[", b"[1e3, ", 1),
+    lambda b, r: b.replace(b"[", b"[1234567890123456, ", 1),  # 16 digits
+    lambda b, r: b.replace(b"[", b"[]" if r.random() < 0.5 else b"[ ", 1).split(b"]")[0] + b"]}",
+    lambda b, r: b.replace(b'"timestamp": ', b'"timestamp": 1.25, "x": ', 1),
+    lambda b, r: b.replace(b'"input_length"', b'"input_lengthX"', 1),
+    lambda b, r: b[: r.randrange(len(b))],
+    lambda b, r: b" " + b,
+    lambda b, r: b.replace(b"}", b', "hash_ids": [1]}', 1),    # a second hash_ids
+]
+
+
+def test_layout_reader_agrees_with_orjson():
+    """``workloads.trace_records.layout_record`` reads the published trace's layout
+    without a JSON decoder: on lines in that layout it gives what ``orjson.loads`` gives;
+    on any other (spacing, signs, leading zeros, floats, 16 digits, other keys, \\r\\n,
+    truncation) it gives NOT_LAYOUT, or what orjson gives."""
+    import random
+
+    import orjson
+
+    from workloads.trace_records import NOT_LAYOUT, layout_record
+
+    rng = random.Random(31)
+    fields = ("timestamp", "input_length", "output_length")
+    for i in range(3000):
+        line = _layout_line(rng)
+        if i % 2:
+            line = rng.choice(MUTATIONS)(line, rng)
+        ts, n_in, n_out, ids = layout_record(line)
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            rec = None
+        if i % 2 == 0:
+            assert ts != NOT_LAYOUT, line
+        if ts == NOT_LAYOUT:
+            continue
+        assert rec is not None and list(rec) == [*fields, "hash_ids"], line
+        assert [ts, n_in, n_out] == [rec[f] for f in fields], line
+        assert list(ids) == rec["hash_ids"] and all(type(v) is int for v in rec.values()
+                                                    if not isinstance(v, list)), line
+
+
+def test_mooncake_records_are_the_same_in_any_json_layout(tmp_path):
+    """The same records written in the trace's layout (read without a JSON decoder) and
+    compactly (read by orjson) come out identical, as do files mixing both."""
+    import random
+
+    rng = random.Random(37)
+    recs = []
+    ts = 0
+    for _ in range(200):
+        ts += rng.choice([0, 1, 250, 10_000])
+        recs.append({"timestamp": ts, "input_length": rng.randrange(1, 9_000),
+                     "output_length": rng.randrange(1, 600),
+                     "hash_ids": [rng.randrange(10**9) for _ in range(rng.randint(1, 20))]})
+    texts = {"layout": [json.dumps(r) for r in recs],
+             "compact": [json.dumps(r, separators=(",", ":")) for r in recs],
+             "mixed": [json.dumps(r, separators=(",", ":") if i % 3 else None)
+                       for i, r in enumerate(recs)]}
+    got = {}
+    for name, lines in texts.items():
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+        got[name] = [(r.request_id, r.arrival_s, list(r.segments), r.output_tokens)
+                     for r in build_workload({"kind": "mooncake", "path": f"{name}.jsonl",
+                                              "time_scale": 0.7}, 0, tmp_path)]
+    assert got["layout"] == got["compact"] == got["mixed"]
+    assert len(got["layout"]) == 200
+    assert got["layout"][5][1] == recs[5]["timestamp"] / 1000 * 0.7
