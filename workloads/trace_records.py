@@ -102,6 +102,9 @@ def layout_record(line: bytes) -> tuple[i64, i64, i64, vec[i64]]:
     i = _literal(line, i, IDS)
     if i < 0 or i > n:
         return NOT_LAYOUT, 0, 0, ids
+    # (room for every id the rest can hold: each takes at least three bytes with its
+    # separator, or the closing "]}")
+    ids = vec[i64](capacity=(n - i) // 3 + 1)
     while True:
         h, i = _number(line, i, n)
         if i < 0:
