@@ -275,14 +275,15 @@ class BlockPool:
                 self.insert_key(key, blk, base + j * block_size)
             j += 1
 
-    def cache_partial_block(self, unit_hash: int, block: Block, num_tokens: int,
-                            group_id: int) -> int | None:
+    def cache_partial_block(self, unit_hash: i64, block: Block, num_tokens: i64,
+                            group_id: i64) -> i64:
         """Register ``unit_hash``, the hash of the unit ending at ``num_tokens`` (a
-        hash-unit boundary inside ``block``)."""
+        hash-unit boundary inside ``block``); the pool key, or ``NO_KEY`` for the null
+        block (a machine integer: no int object a call)."""
         if block.is_null:
-            return None
+            return NO_KEY
         end = num_tokens // self.hash_block_size * self.hash_block_size
-        key = make_key(unit_hash, group_id)
+        key = (unit_hash << GROUP_BITS) | group_id
         bk = block.key
         if bk >= 0 and bk != key:
             kt = block.key_tokens

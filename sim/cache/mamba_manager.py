@@ -575,7 +575,7 @@ class MambaManager(SingleTypeManager):
                 log_partial_store(log, req, unit_hash, num_tokens, h, g)
             else:
                 key = self.pool.cache_partial_block(unit_hash, src, num_tokens, g)
-            if key is None:
+            if key < 0:
                 continue
             self._cached_now(key)
             registered.append(src)

@@ -44,7 +44,7 @@ from typing import Any, Callable, Final, Generator, Iterable, Iterator, Protocol
 import simpy
 from mypy_extensions import i64
 
-from backends.analytical import CostModel
+from backends.analytical import CostModel, DecodeTimes
 from backends.base import StepBackend, StepItem, StepPlan
 from sim.config.errors import CapacityError
 from sim.engine.record import Recorder, RequestMaker, StepSampler
@@ -126,6 +126,10 @@ class Engine:
         # The analytical model is called natively (a call through the protocol costs ~550
         # CPU instructions in the compiled build, a few times a step)
         self.cost: CostModel | None = backend if isinstance(backend, CostModel) else None
+        # the analytical model's decode-step times of a batch of n items of t tokens
+        # (``_decode_times``): kept by n for the last t (they depend on n and t alone)
+        self.times_by_n: list[DecodeTimes | None] = []
+        self.times_t = -1
         self.plan = StepPlan()   # refilled every step
         self.no_items: list[ScheduledItem] = []
         self.make_request = make_request
@@ -616,7 +620,7 @@ class Engine:
         a_prev = 0                      # advance before step k: positions of step k
         if pos < grow:
             grow = pos
-        times = cost.decode_times(n, t) if cost is not None else None
+        times = self._decode_times(cost, n, t) if cost is not None else None
         while True:
             if k > 0 and a_prev > grow:
                 break
@@ -636,6 +640,20 @@ class Engine:
         if k <= 1:
             return 1, 0
         return k, total
+
+    def _decode_times(self, cost: CostModel, n: int, t: int) -> DecodeTimes:
+        """``cost.decode_times(n, t)``, made once per batch size (a jump's batch is
+        usually one of a few sizes: no object built per jump)."""
+        memo = self.times_by_n
+        if t != self.times_t:
+            memo.clear()
+            self.times_t = t
+        while len(memo) <= n:
+            memo.append(None)
+        times = memo[n]
+        if times is None:
+            times = memo[n] = cost.decode_times(n, t)
+        return times
 
     def _run_jump(self, items: list[ScheduledItem], k: int) -> None:
         self.sched.jump_decode(items, k)
