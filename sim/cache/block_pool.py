@@ -111,6 +111,8 @@ class BlockPool:
         # keys mapped at each hash-unit position u, per group g, at (u << GROUP_BITS) | g
         # (see the module docstring; grown as longer prefixes are keyed)
         self.at_unit = vec[i64]()
+        # ``take_new_blocks``' list: the blocks of the latest allocation first
+        self.fresh: list[Block] = []
 
     # -- lookups -------------------------------------------------------------
     def get_cached_block(self, block_hash: int, group_ids: list[int]) -> list[Block] | None:
@@ -333,14 +335,28 @@ class BlockPool:
     def num_free(self) -> int:
         return self.num_free_blocks
 
+    def make_room(self, n: i64) -> None:
+        """Arrange the free queue before ``n`` blocks are taken from its front (a pool
+        that chooses its own victims, or grows, overrides this; vLLM's takes them as
+        they come)."""
+
     def get_new_blocks(self, n: i64, group_id: i64 = 0) -> list[Block]:
+        """``n`` blocks from the front of the free queue, in a new list."""
+        return self.take_new_blocks(n, group_id)[:n]
+
+    def take_new_blocks(self, n: i64, group_id: i64 = 0) -> list[Block]:
+        """``get_new_blocks`` into the pool's own list, valid until the next call: its
+        first ``n`` entries are the blocks (the cache managers read them at once; no
+        list is built and freed per allocation)."""
+        self.make_room(n)
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot get {n} free blocks from the pool")
         if self.events is not None:
             log_evictions(self.events, self, n)   # (the keys of the blocks about to be reused)
         head = self.head
-        # sized once, filled in place (no append, no regrowth; every slot is written)
-        out: list[Block] = [head] * n
+        out = self.fresh
+        while len(out) < n:   # (grown once to the largest allocation; every slot below n written)
+            out.append(head)
         occ = self.occupied
         kind = self.kind_of_group[group_id] if self.kind_of_group else 0
         km = self.key_map

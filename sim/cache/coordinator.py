@@ -62,7 +62,7 @@ class UnlimitedBlockPool(BlockPool):
         self.num_blocks = UNLIMITED_BLOCKS
         self.num_free_blocks += self.virgin
 
-    def get_new_blocks(self, n: i64, group_id: i64 = 0) -> list[Block]:
+    def make_room(self, n: i64) -> None:
         free = self.num_free_blocks - self.virgin       # materialised free blocks
         in_use = len(self.blocks) - 1 - free
         cached_free = int(self.occupied[0]) + int(self.occupied[1]) - in_use
@@ -81,7 +81,6 @@ class UnlimitedBlockPool(BlockPool):
                 self._insert(b, head, head.next_free)
             self.num_free_blocks -= grow   # (they were counted free while virgin)
             self.virgin -= grow
-        return super().get_new_blocks(n, group_id)
 
 
 class SpecGroup:

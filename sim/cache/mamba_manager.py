@@ -330,7 +330,7 @@ class MambaManager(SingleTypeManager):
             # mode none: the running state and K speculative blocks, once
             new = 1 + self.num_spec_blocks - len(b0)
             if new > 0:
-                fresh = self.pool.get_new_blocks(new * self.width, self.group_id)
+                fresh = self.pool.take_new_blocks(new * self.width, self.group_id)
                 for mi in range(self.width):
                     t[mi].extend(fresh[mi * new:(mi + 1) * new])
             return
@@ -371,7 +371,8 @@ class MambaManager(SingleTypeManager):
         pool = self.pool
         # one pop for every member: the free queue hands out the same blocks in
         # the same order as member-by-member pops (nothing in between touches it)
-        fresh = pool.get_new_blocks(new * self.width, self.group_id) if new else []
+        # (no blocks: nothing below reads the list)
+        fresh = pool.take_new_blocks(new * self.width, self.group_id) if new else pool.fresh
         for mi in range(self.width):
             blocks = t[mi]
             j = mi * new          # this member's blocks: fresh[j:j + new]

@@ -383,7 +383,7 @@ class SingleTypeManager:
             new = 0
         per = new + (1 if srcs is not None else 0)
         # one pop for every member (same blocks, same order as member by member)
-        fresh = self.pool.get_new_blocks(per * self.width, self.group_id)
+        fresh = self.pool.take_new_blocks(per * self.width, self.group_id)
         j = 0
         for mi in range(self.width):
             blocks = t[mi]

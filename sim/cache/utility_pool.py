@@ -34,7 +34,7 @@ class UtilityBlockPool(BlockPool):
         in_use = self.num_blocks - 1 - self.num_free_blocks
         return int(self.occupied[0]) + int(self.occupied[1]) - in_use
 
-    def get_new_blocks(self, n: i64, group_id: i64 = 0) -> list[Block]:
+    def make_room(self, n: i64) -> None:
         if n <= self.num_free_blocks:   # (else the pool raises, as vLLM's does)
             short = n - (self.num_free_blocks - self.cached_free())
             if short > 0:
@@ -45,7 +45,6 @@ class UtilityBlockPool(BlockPool):
                     b = blocks[victims[j]]
                     self._unlink(b)
                     self._insert(b, head, head.next_free)
-        return super().get_new_blocks(n, group_id)
 
     def touch(self, blocks: list[Block]) -> None:
         order = self.order

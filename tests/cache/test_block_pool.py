@@ -94,3 +94,28 @@ def test_move_keys_equals_remove_then_insert():
                 for k in p.remove_keys(s):
                     p.insert_key(k, d, n)
         assert state(pools[0]) == state(pools[1])
+
+
+def test_take_new_blocks_reuses_one_list_and_hands_out_what_get_new_blocks_would():
+    """The cache managers' allocation (``take_new_blocks``: the pool's own list, its
+    first n entries) pops, evicts and counts exactly as ``get_new_blocks``; the list is
+    the same object each call, and what ``get_new_blocks`` returns is the caller's own."""
+    def run(take: bool):
+        pool = BlockPool(9, 4)
+        got = []
+        for n, keyed in ((3, True), (2, False), (4, True), (1, False), (5, True)):
+            bl = list(pool.take_new_blocks(n)[:n]) if take else pool.get_new_blocks(n)
+            got.append(_ids(bl))
+            if keyed:
+                pool.cache_full_blocks([100 * n + i for i in range(n)], bl,
+                                       list(range(n)), 4, 0)
+            pool.free_blocks(bl[::-1])
+        return got, pool.free_block_ids(), pool.evicted_keys, list(pool.occupied)
+    assert run(True) == run(False)
+    pool = BlockPool(9, 4)
+    first = pool.take_new_blocks(3)
+    assert first is pool.take_new_blocks(1) and len(first) == 3   # (its entries past n stay)
+    mine = pool.get_new_blocks(2)
+    assert mine is not pool.fresh and len(mine) == 2
+    with pytest.raises(ValueError, match="Cannot get 9 free blocks"):
+        pool.take_new_blocks(9)
