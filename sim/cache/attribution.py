@@ -225,8 +225,8 @@ class MissAttribution:
             per = bs // self.align
             last_b = -1          # (both limits usually end in one block: one parent key)
             parent = ROOT
-            for limit in (n, n - 1):
-                top = limit // h
+            for back in range(2):       # limits n, then n - 1 (no tuple iterated)
+                top = (n - back) // h
                 u: int = top            # (ints: ``1 << u`` below is any width)
                 if keys.count < u:
                     u = int(keys.count)
@@ -285,7 +285,8 @@ class MissAttribution:
             # the highest partial key inside the first missing block (never pending)
             keys = req.block_hashes
             first = j * (bs // self.align)
-            hi = min(first + bs // self.align - 1, max_len // self.align, keys.count)
+            hi = min(first + bs // self.align - 1, max_len // self.align)
+            hi = min(hi, keys.count)      # (two-argument mins: no builtin call)
             gid = self.gid
             parent = self._block_key(req, j - 1) if 0 < j <= nbp else ROOT
             evt = ev.table
@@ -482,7 +483,8 @@ class MissAttribution:
             keys = req.block_hashes
             lo = a_pool // self.unit
             first = j * (bs // self.align)
-            hi = min(first + bs // self.align - 1, p_done // self.unit, keys.count)
+            hi = min(first + bs // self.align - 1, p_done // self.unit)
+            hi = min(hi, keys.count)
             parent = self._block_key(req, j - 1) if 0 < j <= nbp else ROOT
             for fi in reversed(self._tail_units(parent, first, max(first, lo), hi)):
                 got = ev.get((keys.key(fi) << GROUP_BITS) | self.gid)
@@ -594,9 +596,21 @@ class MissAttribution:
         hi = min(a_pool // unit, keys.count)         # units (h_no, a_pool], the top ones
         lo = max(h_no // unit, hi - REASON_SCAN)
         if hi > lo and len(evt) > 0:
-            for k in keys.keys_at(list(range(lo, hi))):
-                if evt.has((k << GROUP_BITS) | mg):
+            # keys run by run, from the top down (PrefixKeys.key without the search),
+            # stopping at the first evicted one
+            u = keys.unit
+            la = keys.lookahead
+            pre: i64 = 0
+            b0: i64 = 0
+            nxt: i64 = -1    # last token of the located run (-1: none located yet)
+            i = hi - 1
+            while i >= lo:
+                e = (i + 1) * u + la
+                if e > nxt or e <= b0:
+                    pre, b0, nxt = keys.run_at(e)
+                if evt.has((unit_end(pre, e - b0) << GROUP_BITS) | mg):
                     return EVICTED
+                i -= 1
         if self.retention is not None:
             return RETENTION
         if not self.junction_state and h_no < junction <= a_pool:
