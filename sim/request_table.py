@@ -166,8 +166,24 @@ class _Column:
         self._append(data, raw, n, flags)
 
     def extend_blank(self, n: int) -> None:
-        """Append ``n`` blanks ("")."""
-        self.extend(("",) * n)
+        """Append ``n`` blanks (""): what ``extend`` makes of ``("",) * n``, without
+        looking at each value (a number column: zeros flagged blank; a coded one: the
+        code of "")."""
+        kind = self.kind
+        if n <= 0 or kind not in "idt":
+            self.extend(("",) * n)
+            return
+        if kind == "t":
+            ids = self.ids
+            code = ids.get("")
+            if code is None:
+                code = ids[""] = len(self.words)
+                self.words.append("")
+            codes = (code,) * n
+            self.data._put(codes, codes, None)
+            return
+        data = self.data
+        self._append(data, bytes(n * data.itemsize), n, b"\x01" * n)
 
     def _extend_coded(self, vals: tuple) -> None:
         ids = self.ids
@@ -395,8 +411,8 @@ class RequestColumns:
         cols = self.columns
         for name, kind, vals, blanks in batch.columns():
             col = cols[name]
-            if kind == "-":
-                col.extend_blank(n)
+            if kind == "-" or (kind == "t" and vals.count("") == n):
+                col.extend_blank(n)         # (a text column blank in every row: common)
             elif kind == "t":
                 col.extend(tuple(vals))
             else:

@@ -213,6 +213,32 @@ def test_numbers_from_a_buffer_make_the_column_a_tuple_of_them_makes(code):
     assert got.data.typecode == want.data.typecode and got.blank == want.blank == sum(blank)
 
 
+@pytest.mark.parametrize("kind", ["i", "d", "t", "s", "o"])
+def test_blanks_appended_at_once_make_the_column_blanks_given_as_values_make(kind):
+    # extend_blank's shortcuts (zeros flagged blank, the code of "") against extend of
+    # the same "" values, between batches of other values (a coded column meets "" first
+    # or later; an integer column already widened)
+    from sim.request_table import _Column
+
+    fill = {"i": [5, 70000, -3], "d": [0.5, -0.0, 2.0], "t": ["a", "b", "a"],
+            "s": ["r1", "r2", "r3"], "o": ["x", 7, None]}[kind]
+    for blank_first in (True, False):
+        want, got = _Column(kind), _Column(kind)
+        for step in ((("blank", 3), ("vals", fill), ("blank", 1), ("blank", 0))
+                     if blank_first else (("vals", fill), ("blank", 4), ("vals", fill))):
+            what, arg = step
+            if what == "vals":
+                want.extend(tuple(arg))
+                got.extend(tuple(arg))
+            else:
+                want.extend(("",) * arg)
+                got.extend_blank(arg)
+        assert [(type(v), v) for v in got.values()] == [(type(v), v) for v in want.values()]
+        assert got.blank == want.blank and got.words == want.words and got.ids == want.ids
+        if kind in "id":
+            assert got.data.typecode == want.data.typecode and got.blanks == want.blanks
+
+
 @pytest.mark.parametrize("attribution", [True, False])
 def test_a_replay_recorded_column_by_column_equals_one_recorded_as_tuples(attribution):
     # the recorder's two paths (RowBatch buffers, the tuples of Recorder.finish) give the
