@@ -582,6 +582,9 @@ class Engine:
         pos: i64 = NEVER    # max advance A(k-1) keeping positions below max_model_len
         C0: i64 = 0
         t = items[0].num_tokens
+        last = items[len(items) - 1]
+        if last.is_prefill or last.padded:
+            return 1, 0   # (a request admitted this step, scheduled last: no pass over the rest)
         for it in items:
             # (every item verifies all K drafts: the acceptance pattern applies unclipped)
             if it.is_prefill or it.padded or it.num_tokens != t or it.spec_tokens != K:
