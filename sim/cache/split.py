@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mypy_extensions import i64
+
 from sim.cache.rules import mamba_checkpoint_position, prefill_checkpoint_valid
 
 
@@ -70,7 +72,11 @@ class SplitPolicy:
             if aligned > start or bs <= limit:
                 end = aligned
         next_boundary = (start // bs + 1) * bs
-        floored = start + (junction - start) // bs * bs
+        # (machine integers: a Python int product with a negative factor, as here
+        # when the junction lies below the start, is a call into CPython's bignums)
+        below: i64 = junction - start
+        step: i64 = bs
+        floored = start + below // step * step
         junction_stop = (junction if self.shared_prefix_checkpoint and junction <= num_prompt
                          else floored)
         # the first mandatory stop strictly inside (start, end), if any

@@ -613,14 +613,17 @@ class Engine:
         horizon: i64 = self.next_arrival
         if self.pending_followups and self.pending_followups[0] < horizon:
             horizon = self.pending_followups[0]
-        total = 0
-        k = 0
+        # (machine integers: a Python int's addition is a call where the compiler does
+        # not inline it)
+        start: i64 = now
+        total: i64 = 0
+        k: i64 = 0
         s0 = sched.step_index
         num, den = sched.acc_num, sched.acc_den
         base = s0 * num // den
         backend = self.backend
         cost = self.cost
-        a_prev = 0                      # advance before step k: positions of step k
+        a_prev: i64 = 0                 # advance before step k: positions of step k
         if pos < grow:
             grow = pos
         times = self._decode_times(cost, n, t) if cost is not None else None
@@ -631,11 +634,11 @@ class Engine:
             if a_next > fin:
                 break
             C = C0 + n * a_prev
-            d = ns(times.at(C) if times is not None
-                   else backend.time_from_sums(n, T, C, t * C, TT))
+            d: i64 = ns(times.at(C) if times is not None
+                        else backend.time_from_sums(n, T, C, t * C, TT))
             if d < 1:
                 d = 1
-            if now + total + d >= horizon:
+            if start + total + d >= horizon:
                 break
             total += d
             k += 1
