@@ -254,8 +254,11 @@ def test_ns_rounds_exactly_as_round():
     xs = [rng.random() * 10 ** rng.randint(-9, 5) for _ in range(20_000)]
     xs += [(k + 0.5) / 1e9 for k in range(2_000)]          # ties (where representable)
     xs += [k / 1e9 for k in range(2_000)] + [0.0, 1e-12, 2.5e-9, 3.5e-9, 1e7, 2.0**60 / 1e9]
+    # either side of the machine-integer range (4e18 ns), and below zero
+    xs += [3.999999999e9, 4.0e9, 4.0e9 + 4096, 1e11, 2.0**70, -0.0, -1e-12, -2.5e-9, -3.5e-9, -7.25]
     for x in xs:
-        assert ns(x) == round(x * 1e9), x
+        got = ns(x)
+        assert got == round(x * 1e9) and type(got) is int, x
     assert sum(1 for k in range(2_000) if ((k + 0.5) / 1e9) * 1e9 == k + 0.5) > 100  # ties hit
 
 
