@@ -304,7 +304,12 @@ class Scheduler:
                         it.spec_tokens = sk
                         it.new_hit = 0
                         it.padded = False
-                        self._put(out, it)
+                        k_out = self.n_out    # (_put, inline too)
+                        if k_out < len(out):
+                            out[k_out] = it
+                        else:
+                            out.append(it)
+                        self.n_out = k_out + 1
                         r.is_prefill_chunk = comp + n < nt
                     budget -= n
                     i += 1
