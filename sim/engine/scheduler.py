@@ -626,7 +626,9 @@ class Scheduler:
                 r.first_token_ns = now
             start = r.num_output
             r.num_output = start + new_tokens
-            c.append_run(r.out_stream, start, new_tokens)
+            # (CacheRequest.append_run, inline: once per request per step)
+            c.block_hashes.append_run(r.out_stream, start, new_tokens)
+            c.num_tokens += new_tokens
             if drafts:
                 # with speculative decoding vLLM caches what accepted drafts completed
                 # right away (update_from_output), not at the next allocation; until
