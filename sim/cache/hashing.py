@@ -167,6 +167,11 @@ class PrefixKeys:
         # the total at which ``count`` next grows: appending tokens below it leaves the
         # count as it is, with no division (``append_run``, every decode step)
         self.count_end: i64 = 0
+        # the last run's stream and the stream position that would continue it (when
+        # there is a run), kept by ``_set_total``: ``append_run``'s test for a continued
+        # run without reading three columns
+        self.tail_stream: i64 = 0
+        self.tail_next: i64 = -1
         if runs:
             streams = vec[i64]()
             starts = vec[i64]()
@@ -287,6 +292,12 @@ class PrefixKeys:
             c = 0
         self.count = c
         self.count_end = (c + 1) * unit + self.lookahead
+        last: i64 = len(self.begins) - 1
+        if last >= 0:
+            self.tail_stream = self.streams[last]
+            self.tail_next = self.starts[last] + (total - self.begins[last])
+        else:
+            self.tail_next = -1
 
     @property
     def runs(self) -> list[Run]:
@@ -302,20 +313,21 @@ class PrefixKeys:
         """Append ``n`` tokens of ``stream`` from ``start`` (merged into the last
         run when they continue it, so the runs stay canonical)."""
         total: i64 = self.total
+        nxt: i64 = self.tail_next
+        if start == nxt and stream == self.tail_stream and len(self.begins) > 0:
+            # the last run grows (once per request per step): the count only moves
+            # once the total reaches ``count_end``
+            total += n
+            if n >= 0 and total < self.count_end:
+                self.total = total
+                self.tail_next = nxt + n
+            else:
+                self._set_total(total)
+            return
         last: i64 = len(self.begins) - 1
         p: i64 = ROOT
         if last >= 0:
-            b = self.begins[last]
-            if self.streams[last] == stream and self.starts[last] + (total - b) == start:
-                # the last run grows (once per request per step): the count only moves
-                # once the total reaches ``count_end``
-                total += n
-                if n >= 0 and total < self.count_end:
-                    self.total = total
-                else:
-                    self._set_total(total)
-                return
-            p = unit_end(self.pre[last], total - b)
+            p = unit_end(self.pre[last], total - self.begins[last])
         self.pre = append(self.pre, unit_pre(p, stream, start))
         self.streams = append(self.streams, stream)
         self.starts = append(self.starts, start)
