@@ -4,13 +4,15 @@ Each is a pure function of integers, named as vLLM names the behaviour.
 """
 from __future__ import annotations
 
+from mypy_extensions import i64
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def mamba_checkpoint_position(num_tokens: int, unit: int, drop_eagle: bool,
-                              lookahead: int = 0, rule: str = "v0.33") -> int:
+def mamba_checkpoint_position(num_tokens: i64, unit: i64, drop_eagle: bool,
+                              lookahead: i64 = 0, rule: str = "v0.33") -> i64:
     """Where a prompt of ``num_tokens`` keeps its reusable Mamba state.
 
     ``v0.33`` (vLLM 0.33.0, ``get_mamba_prefill_checkpoint_position``): one
@@ -21,14 +23,27 @@ def mamba_checkpoint_position(num_tokens: int, unit: int, drop_eagle: bool,
     ``seed`` (the rule before the fix the seed PR asked for): the state sits at
     the prompt tail on the ``unit`` grid, so an EAGLE consumer that drops one
     unit finds no state there.
+
+    (Machine integers, and statements rather than ``max``: this runs a few times per
+    scheduled prefill chunk; Python ints cost reference counts and calls here.)
     """
     if rule == "seed":
-        return max((num_tokens - lookahead) // unit * unit, 0)
-    proof_limit = num_tokens if drop_eagle else num_tokens - max(1, lookahead)
+        tail = (num_tokens - lookahead) // unit * unit
+        if tail < 0:
+            tail = 0
+        return tail
+    proof_limit = num_tokens
+    if not drop_eagle:
+        if lookahead > 1:
+            proof_limit -= lookahead
+        else:
+            proof_limit -= 1
     pos = proof_limit // unit * unit
     if drop_eagle:
         pos -= unit
-    return max(pos, 0)
+    if pos < 0:
+        pos = 0
+    return pos
 
 
 def prefill_checkpoint_valid(query_start: int, query_end: int, checkpoint: int,

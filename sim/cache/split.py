@@ -38,27 +38,35 @@ class SplitPolicy:
     prefill_checkpoints: bool = False
     prefill_checkpoint_alignment: int = 0
 
-    def split(self, num_prompt: int, num_tokens: int, num_computed: int, junction: int,
-              num_new: int, new_local: int, max_scheduled: int, long_prefill: int) -> int:
+    def split(self, num_prompt: i64, num_tokens: i64, num_computed: i64, junction: i64,
+              num_new: i64, new_local: i64, max_scheduled: i64, long_prefill: i64) -> i64:
+        # (machine integers and statements, not min/max or conditional expressions:
+        # Python ints here cost reference counts, and a product with a negative factor,
+        # as the junction floor's when the junction lies below the start, a call into
+        # CPython's long arithmetic)
         start = num_computed + new_local
-        prefill_end = max(num_prompt, num_tokens - 1)
+        prefill_end = num_tokens - 1
+        if prefill_end < num_prompt:
+            prefill_end = num_prompt
         if start >= prefill_end:
             return num_new
-        bs = self.block_size
+        bs: i64 = self.block_size
+        la: i64 = self.lookahead
         # the last cacheable block position and the prompt tail (a few integer operations:
         # cheaper than any memo of them)
         rule = self.checkpoint_rule
-        last_cache = mamba_checkpoint_position(num_tokens, bs, self.drop_eagle, self.lookahead,
-                                               rule)
-        tail = (mamba_checkpoint_position(num_prompt, self.hash_block_size, self.drop_eagle,
-                                          self.lookahead, rule)
-                if self.partial_hits else 0)
+        last_cache = mamba_checkpoint_position(num_tokens, bs, self.drop_eagle, la, rule)
+        tail: i64 = 0
+        if self.partial_hits:
+            tail = mamba_checkpoint_position(num_prompt, self.hash_block_size, self.drop_eagle,
+                                             la, rule)
         end = start + num_new
         internal = False
         if self.prefill_checkpoints and end >= prefill_end:
-            unit = self.hash_block_size if self.partial_hits else bs
-            ckpt = mamba_checkpoint_position(prefill_end, unit, self.drop_eagle, self.lookahead,
-                                             self.checkpoint_rule)
+            unit: i64 = bs
+            if self.partial_hits:
+                unit = self.hash_block_size
+            ckpt = mamba_checkpoint_position(prefill_end, unit, self.drop_eagle, la, rule)
             internal = prefill_checkpoint_valid(start, end, ckpt, self.hash_block_size, bs,
                                                 self.prefill_checkpoint_alignment)
             if internal:
@@ -66,22 +74,19 @@ class SplitPolicy:
                 tail = 0
         if end < prefill_end:
             limit = max_scheduled
-            if long_prefill > 0:
-                limit = min(limit, long_prefill)
+            if 0 < long_prefill < limit:
+                limit = long_prefill
             aligned = end // bs * bs
             if aligned > start or bs <= limit:
                 end = aligned
         next_boundary = (start // bs + 1) * bs
-        # (machine integers: a Python int product with a negative factor, as here
-        # when the junction lies below the start, is a call into CPython's bignums)
-        below: i64 = junction - start
-        step: i64 = bs
-        floored = start + below // step * step
-        junction_stop = (junction if self.shared_prefix_checkpoint and junction <= num_prompt
-                         else floored)
+        floored = start + (junction - start) // bs * bs
+        junction_stop = floored
+        if self.shared_prefix_checkpoint and junction <= num_prompt:
+            junction_stop = junction
         # the first mandatory stop strictly inside (start, end), if any
         stop = end
-        if start % bs and not internal and start < next_boundary < stop:
+        if start % bs != 0 and not internal and start < next_boundary < stop:
             stop = next_boundary
         if start < last_cache < stop:
             stop = last_cache
@@ -89,4 +94,7 @@ class SplitPolicy:
             stop = tail
         if start < junction < end and start < junction_stop < stop:
             stop = junction_stop
-        return max(stop - start, 0)
+        got = stop - start
+        if got < 0:
+            got = 0
+        return got
