@@ -46,9 +46,9 @@ def mamba_checkpoint_position(num_tokens: i64, unit: i64, drop_eagle: bool,
     return pos
 
 
-def prefill_checkpoint_valid(query_start: int, query_end: int, checkpoint: int,
-                             hash_block_size: int, mamba_block_size: int,
-                             alignment: int) -> bool:
+def prefill_checkpoint_valid(query_start: i64, query_end: i64, checkpoint: i64,
+                             hash_block_size: i64, mamba_block_size: i64,
+                             alignment: i64) -> bool:
     """Whether a prefill chunk ``[query_start, query_end)`` can export its Mamba
     state at ``checkpoint`` from inside the chunk (vLLM 0.33.0,
     ``is_mamba_prefill_checkpoint_valid``; ``alignment`` 0 is vLLM's None).

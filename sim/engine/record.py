@@ -75,10 +75,11 @@ class StepSampler:
         # the memory rows, ROW_FIELDS machine integers each, one after the other (a tuple
         # of six boxed ints a step was most of what a step cost here); ``rows`` reads them
         self.row_data = vec[i64]()
-        self.stride = 1
-        self.countdown = 1
-        self.occupied_peak = 0
-        self.in_use_peak = 0
+        # (machine integers: read and written every step)
+        self.stride: i64 = 1
+        self.countdown: i64 = 1
+        self.occupied_peak: i64 = 0
+        self.in_use_peak: i64 = 0
         # (each request's last delivery and delivery count are its own fields,
         # ``SimRequest.last_delivery_ns`` / ``deliveries``: no map lookup per item)
         # gap in whole us -> count (``itl_hist``): gaps below ITL_DENSE us in a vec indexed
@@ -137,12 +138,12 @@ class StepSampler:
             i += 2 * ROW_FIELDS
         self.row_data = out
 
-    def step(self, items: list[ScheduledItem], start: int, end: int, k: int) -> None:
+    def step(self, items: list[ScheduledItem], start: i64, end: i64, k: i64) -> None:
         occ = self.occupancy
-        if occ is None:
-            a, m, in_use = self.kv.occupancy()
-        else:
-            a, m, in_use = occ()
+        got = self.kv.occupancy() if occ is None else occ()
+        a: i64 = got[0]
+        m: i64 = got[1]
+        in_use: i64 = got[2]
         if a + m > self.occupied_peak:
             self.occupied_peak = a + m
         if in_use > self.in_use_peak:
