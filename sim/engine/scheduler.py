@@ -597,11 +597,11 @@ class Scheduler:
                     r.has_drafts = False
                     continue  # non-final chunk: samples nothing
                 r.first_prefill_done = True
-                new_tokens = 1
+                new_tokens: i64 = 1
             else:
                 spec = it.spec_tokens
                 if it.padded:
-                    acc = 0   # padding drafts are never accepted
+                    acc: i64 = 0   # padding drafts are never accepted
                     comp -= spec
                     c.num_computed_tokens = comp
                     if r.recording and not r.first_prefill_done:
