@@ -328,21 +328,25 @@ class MambaManager(SingleTypeManager):
         b0 = t[0]
         if not self.align_mode:
             # mode none: the running state and K speculative blocks, once
-            new = 1 + self.num_spec_blocks - len(b0)
-            if new > 0:
-                fresh = self.pool.take_new_blocks(new * self.width, self.group_id)
-                for mi in range(self.width):
-                    t[mi].extend(fresh[mi * new:(mi + 1) * new])
+            once = 1 + self.num_spec_blocks - len(b0)
+            if once > 0:
+                got = self.pool.take_new_blocks(once * self.width, self.group_id)
+                for k in range(self.width):
+                    t[k].extend(got[k * once:(k + 1) * once])
             return
-        nspec = self.num_spec_blocks
-        required = -(-num_tokens_main // self.block_size) + nspec
+        # (machine integers throughout, and while loops: a range over an i64 boxes its
+        # index)
+        nspec: i64 = self.num_spec_blocks
+        required: i64 = -(-num_tokens_main // self.block_size) + nspec
         srcs = st.partial_srcs
         pidx = st.partial_idx
-        ckpt_block = 1 if self.ckpt_blocks and st.ckpt_pos > 0 else 0
-        if required <= len(b0) and srcs is None and not ckpt_block:
+        ckpt_block: i64 = 0
+        if self.ckpt_blocks and st.ckpt_pos > 0:
+            ckpt_block = 1
+        prev: i64 = len(b0)
+        if required <= prev and srcs is None and not ckpt_block:
             st.allocated = True
             return
-        prev = len(b0)
         was_allocated = st.allocated
         if was_allocated:
             st.has_last = True
@@ -359,21 +363,27 @@ class MambaManager(SingleTypeManager):
                 blocks.extend(self._null_run(live_from - prev))
             if was_allocated:
                 # the speculative blocks move up past the skipped range
-                for idx in range(prev - nspec, prev):
+                idx: i64 = prev - nspec
+                while idx < prev:
                     if idx < live_from:
                         blocks.append(blocks[idx])
                         blocks[idx] = null
                     else:
                         break
-        new = max(required - len(b0), 0)
+                    idx += 1
+        new: i64 = required - len(b0)
+        if new < 0:
+            new = 0
         if srcs is not None:
             new += 1
         pool = self.pool
+        width: i64 = self.width
         # one pop for every member: the free queue hands out the same blocks in
         # the same order as member-by-member pops (nothing in between touches it)
         # (no blocks: nothing below reads the list)
-        fresh = pool.take_new_blocks(new * self.width, self.group_id) if new else pool.fresh
-        for mi in range(self.width):
+        fresh = pool.take_new_blocks(new * width, self.group_id) if new else pool.fresh
+        mi: i64 = 0
+        while mi < width:
             blocks = t[mi]
             j = mi * new          # this member's blocks: fresh[j:j + new]
             end = j + new
@@ -397,6 +407,7 @@ class MambaManager(SingleTypeManager):
             while j < end:
                 blocks.append(fresh[j])
                 j += 1
+            mi += 1
         st.allocated = True
         if srcs is not None:
             st.partial_srcs = None
