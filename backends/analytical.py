@@ -113,8 +113,10 @@ class DecodeTimes:
     at about half the work."""
 
     def __init__(self, m: CostModel, n: int, t: int, T: int, TT: int):
-        self.t = t
-        self.half = TT // 2
+        # (machine integers: ``at`` runs once per step of every jump; an i64 converts to
+        # the same double as the equal int, and t C stays far below 2**63)
+        self.t: i64 = t
+        self.half: i64 = TT // 2
         self.overhead = m.overhead_s
         self.fitted = m.per_token_s is not None
         # roofline: flops = a + b (t C + TT // 2 + (TT % 2) 0.5), memory = w + (C + 2T) kv + s
@@ -122,7 +124,7 @@ class DecodeTimes:
         self.b = 4.0 * m.attn_layers * m.attn_width
         self.odd = (TT % 2) * 0.5
         self.w = m.weight_bytes
-        self.T2 = 2 * T
+        self.T2: i64 = 2 * T
         self.kv = m.kv_bytes_per_token
         self.s = n * 2.0 * m.state_bytes_per_seq
         self.peak = m.peak_flops * m.mfu
@@ -140,12 +142,12 @@ class DecodeTimes:
             nc = n * -(-(T // n) // ck) if ck else 0
             self.chunks = nc * m.per_chunk_s
 
-    def at(self, C: int) -> float:
+    def at(self, C: i64) -> float:
         """``time_from_sums(n, T, C, t C, TT)``."""
         if self.fitted:
-            return self.items + (self.t * C + self.half) * self.pair + self.chunks
-        flops = self.a + self.b * (self.t * C + self.half + self.odd)
-        mem = self.w + (C + self.T2) * self.kv + self.s
+            return self.items + float(self.t * C + self.half) * self.pair + self.chunks
+        flops = self.a + self.b * (float(self.t * C + self.half) + self.odd)
+        mem = self.w + float(C + self.T2) * self.kv + self.s
         compute = flops / self.peak
         memory = mem / self.hbm
         return self.overhead + (compute if compute > memory else memory)
