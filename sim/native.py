@@ -55,6 +55,7 @@ NATIVE_MODULES = (
     "sim.engine.scheduler",
     "sim.engine.engine",
     "sim.engine.record",
+    "sim.csv_bytes",
     "backends.base",
     "backends.analytical",
     "workloads.hash_ids",

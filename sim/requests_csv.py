@@ -26,6 +26,8 @@ from array import array
 from itertools import islice, repeat
 from typing import IO, Any, Iterable, Sequence
 
+from sim import csv_bytes
+
 FLOAT_SPEC = ".6f"    # every float of requests.csv (and memory.csv's time_s)
 # an integer's text: format(v, "") is str(v) for an int (and for "" and a bool), with no
 # argument tuple built per call (``map(str, ...)`` calls the type: one tuple a value)
@@ -42,6 +44,9 @@ _SEP = "\x00"                # (in no number's text)
 _FLOAT_FIELD = FLOAT_FIELD + _SEP
 # characters that make csv.writer quote (or refuse) a field: a superset, checked per column
 _SPECIAL = re.compile('[,"\r\n\x00]')
+# rows written by ``sim/csv_bytes.py`` (digit by digit) where it runs compiled; its source,
+# interpreted, is slower than one %-formatting (tests set this to run it either way)
+BYTES_ROWS = not (csv_bytes.__file__ or "").endswith(".py")
 
 
 def fmt(v: Any) -> str:
@@ -133,6 +138,11 @@ def write_fields(f: IO[str], fields: list[tuple[str, Sequence[Any]]]) -> None:
                          [s == TEXT_FIELD for s, _ in fields])
             return
     n = len(fields[0][1])
+    if BYTES_ROWS:
+        text = _bytes_rows(fields, n)
+        if text is not None:
+            f.write(text)
+            return
     specs = []
     varying = []
     for spec, vals in fields:
@@ -147,6 +157,75 @@ def write_fields(f: IO[str], fields: list[tuple[str, Sequence[Any]]]) -> None:
     for j, vals in enumerate(varying):
         flat[j::m] = vals
     f.write((",".join(specs) + "\n") * n % tuple(flat))
+
+
+_TYPECODE = {INT_FIELD: "q", FLOAT_FIELD: "d"}
+_KIND = {INT_FIELD: csv_bytes.INT, FLOAT_FIELD: csv_bytes.FLOAT}
+
+
+def _bytes_rows(fields: list[tuple[str, Sequence[Any]]], n: int) -> str | None:
+    """``write_fields``' text of ``fields`` by ``csv_bytes.rows_bytes``: the same bytes
+    (its fields are those of the %-formats); None where it cannot tell (a text field not
+    ASCII, an int beyond 64 bits, a value of another type): the caller formats them."""
+    kinds: list[int] = []
+    literals: list[bytes] = []
+    data: list[bytes] = []
+    widths: list[int] = []
+    pending: list[str] = []       # constant fields (and commas) before the next varying one
+    try:
+        for j, (spec, vals) in enumerate(fields):
+            sep = "," if j else ""
+            text = _constant_text(spec, vals)
+            if text is not None:
+                pending.append(sep + text)
+                continue
+            if spec == TEXT_FIELD:
+                # (NUL: in no field, ``_SPECIAL`` made sure)
+                joined = "\x00".join(vals)
+                if not joined.isascii():
+                    return None
+                kinds.append(csv_bytes.TEXT)
+                data.append(joined.encode("ascii"))
+                widths.append(_width(joined, len(vals)))
+            else:
+                kinds.append(_KIND[spec])
+                data.append(_raw(vals, _TYPECODE[spec]))
+                widths.append(0)
+            pending.append(sep)
+            literals.append("".join(pending).encode("utf-8"))
+            pending.clear()
+        pending.append("\n")
+        literals.append("".join(pending).encode("utf-8"))
+    except (OverflowError, TypeError, UnicodeEncodeError):
+        return None
+    return csv_bytes.rows_bytes(kinds, literals, data, widths, n).decode("utf-8")
+
+
+def _raw(vals: Sequence[Any], code: str) -> bytes:
+    """``vals`` as the bytes of an ``array(code)`` (a narrower array widened by numpy:
+    no Python int a value)."""
+    if isinstance(vals, array):
+        if vals.typecode == code:
+            return vals.tobytes()
+        if vals.typecode in _WIDENS[code]:
+            import numpy as np
+
+            return np.frombuffer(vals, dtype=vals.typecode).astype(code).tobytes()
+    return array(code, vals).tobytes()
+
+
+# the array typecodes numpy widens exactly to int64 ("q") or double ("d")
+_WIDENS = {"q": "bBhHiIlq", "d": "fd"}
+
+
+def _width(joined: str, n: int) -> int:
+    """The length of each of the ``n`` NUL-joined fields of ``joined`` when they all have
+    one (a NUL after every field but the last, and the length that makes: no field
+    holds one), else -1."""
+    width = (len(joined) + 1) // n - 1
+    if (width + 1) * n - 1 == len(joined) and joined[width::width + 1] == "\x00" * (n - 1):
+        return width
+    return -1
 
 
 def _constant_text(spec: str, vals: Sequence[Any]) -> str | None:
