@@ -27,7 +27,7 @@ from mypy_extensions import i16, i32, i64, u8
 
 INT: Final = 0       # a column of int64 values (``array('q')`` bytes)
 FLOAT: Final = 1     # a column of doubles (``array('d')`` bytes), ``%.6f``
-TEXT: Final = 2      # a column of ASCII fields joined by NUL bytes (in no field)
+TEXT: Final = 2      # a column of ASCII fields (see ``rows_bytes``)
 
 SPLIT: Final = 134217729.0    # 2**27 + 1: Veltkamp's split of a double into 26-bit halves
 MAGIC10: Final = 1717986919   # ceil(2**34 / 10): v * MAGIC10 >> 34 == v // 10 for v < 2**31
@@ -102,13 +102,16 @@ def write_fixed6(w: BytesWriter, x: float) -> None:
     _put(w, word, 7)
 
 
-def rows_bytes(kinds: list[int], literals: list[bytes], data: list[bytes],
+def rows_bytes(kinds: list[int], literals: list[bytes], data: list[bytes], aux: list[bytes],
                widths: list[int], n: i64) -> bytes:
     """``n`` rows: before each column ``j`` the bytes ``literals[j]`` (the constant fields
-    and the commas between varying ones), then its field in this row (row ``i`` of
-    ``data[j]``: an int64 or a double at byte ``8 * i``; for TEXT the next field of the
-    NUL-joined ``data[j]``, each ``widths[j]`` bytes when that is >= 0), then
-    ``literals[-1]`` (the row's last constant fields and its newline)."""
+    and the commas between varying ones), then its field in this row, then
+    ``literals[-1]`` (the row's last constant fields and its newline).  Row ``i`` of an
+    INT or FLOAT column is the int64 or double at byte ``8 * i`` of ``data[j]``, or
+    nothing where ``aux[j]`` (one byte a row, or empty: none) has a 1.  A TEXT column's
+    fields are in ``data[j]``: each ``widths[j]`` bytes and a NUL after it when that is
+    >= 0; at -1, field ``i`` ends where ``aux[j]``'s int64 ``i`` says (and starts where
+    the previous one ended); at -2, NUL-joined."""
     m: i64 = len(kinds)
     # each literal as one byte (>= 0), nothing (-1) or bytes to write (-2): most are a comma
     one = vec[i64]()
@@ -136,21 +139,30 @@ def rows_bytes(kinds: list[int], literals: list[bytes], data: list[bytes],
             elif b == -2:
                 w.write(literals[j])
             k = kind[j]
-            if k == INT:
-                write_int(w, read_i64_le(data[j], at))
-            elif k == FLOAT:
-                write_fixed6(w, read_f64_le(data[j], at))
-            else:
+            if k == TEXT:
                 src = data[j]
                 start = at_text[j]
                 wd = width[j]
                 end: i64 = start + wd
-                if wd < 0:
+                nxt: i64 = end + 1
+                if wd == -1:
+                    end = read_i64_le(aux[j], at)
+                    nxt = end
+                elif wd < 0:
                     end = start
                     while end < len(src) and src[end] != 0:
                         end += 1
+                    nxt = end + 1
                 _copy(w, src, start, end)
-                at_text[j] = end + 1
+                at_text[j] = nxt
+            else:
+                flags = aux[j]
+                if len(flags) and flags[i]:
+                    pass                     # (a blank: an empty field)
+                elif k == INT:
+                    write_int(w, read_i64_le(data[j], at))
+                else:
+                    write_fixed6(w, read_f64_le(data[j], at))
             j += 1
         w.write(tail)
         i += 1

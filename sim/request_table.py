@@ -22,10 +22,12 @@ import operator
 import struct
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate, compress, islice, repeat
+from itertools import accumulate, compress, repeat
 from typing import Any
 
 from sim.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS, RequestRecord
+from sim.csv_bytes import FLOAT as CSV_FLOAT
+from sim.csv_bytes import INT as CSV_INT
 from sim.requests_csv import (FLOAT_FIELD, INT_FIELD, TEXT_FIELD, any_text, float_texts,
                               int_texts)
 
@@ -53,6 +55,17 @@ def _widened(data: array, code: str) -> array:
     out = array(code)
     out.frombytes(np.frombuffer(data, dtype=data.typecode).astype(code).tobytes())
     return out
+
+
+def _np_bytes(data: array, code: str, pos: Any) -> bytes:
+    """An array's numbers (those at ``pos``, or all) as bytes of ``code`` ("q": int64,
+    "d": double), widened by numpy."""
+    import numpy as np
+
+    got = np.frombuffer(data, dtype=data.typecode)
+    if pos is not None:
+        got = got[np.frombuffer(pos, dtype="q") if isinstance(pos, array) else list(pos)]
+    return got.astype(code).tobytes()
 
 
 def _np_take(buf: Any, code: str, perm: Any) -> bytes:
@@ -303,9 +316,61 @@ class _Column:
                 return list(map(self.at, rows))
             return list(map(whole.__getitem__, map(slice, map(self.starts.__getitem__, rows),
                                                    map(self.ends.__getitem__, rows))))
-        if not state:         # any other column: its values in order, formatted one by one
-            state.append(iter(self.values(pos)))
-        return any_text(list(islice(state[0], n)))
+        if kind == "o":       # its values, formatted one by one
+            return any_text(self._objects(lo, hi, pos))
+        # (a number column nobody filled: every field "")
+        return [""] * n
+
+    def _objects(self, lo: int, hi: int, pos: Sequence[int] | None) -> list[Any]:
+        """An "o" column's values of rows ``lo`` to ``hi`` (of ``pos``'s rows)."""
+        data = self.data
+        return data[lo:hi] if pos is None else list(map(data.__getitem__, pos[lo:hi]))
+
+    def bytes_item(self, lo: int, hi: int, pos: Sequence[int] | None) -> tuple:
+        """Rows ``lo`` to ``hi`` (of ``pos``'s rows) as ``requests_csv.rows_text`` takes a
+        column: the field every row has (``("c", text)``), numbers as the bytes of 64-bit
+        values and their blank flags, request ids as their bytes and each one's end (when
+        stored back to back, in row order), any other column as its texts."""
+        kind = self.kind
+        n = hi - lo
+        if kind in ("i", "d"):
+            data = self.data
+            code = "q" if kind == "i" else "d"
+            if self.blank and self.blank == len(data):
+                return ("c", "")
+            if pos is None:
+                raw = data[lo:hi]
+                raw = raw.tobytes() if raw.typecode == code else _np_bytes(raw, code, None)
+            else:
+                raw = _np_bytes(data, code, pos[lo:hi])
+            flags = b""
+            if self.blank:
+                bl = self.blanks
+                flags = bytes(bl[lo:hi]) if pos is None else _np_take(bl, "B", pos[lo:hi])
+                if flags.count(0) == n:
+                    flags = b""
+                elif not flags.count(0):
+                    return ("c", "")
+            if not flags and raw == raw[:8] * n:
+                return ("c", (INT_FIELD if kind == "i" else FLOAT_FIELD)
+                        % struct.unpack(code, raw[:8]))
+            return ("n", CSV_INT if kind == "i" else CSV_FLOAT, raw, flags)
+        if kind == "t":
+            return ("t", self.texts(lo, hi, pos, []))   # (one field in all: rows_text sees it)
+        if kind == "s":
+            if pos is None and n:
+                starts, ends = self.starts, self.ends
+                base = starts[lo]
+                if starts[lo + 1:hi].tobytes() == ends[lo:hi - 1].tobytes():   # back to back
+                    import numpy as np
+
+                    rel = np.frombuffer(ends, dtype="q", count=n, offset=8 * lo) - base
+                    return ("b", bytes(self.data[base:ends[hi - 1]]), rel.tobytes())
+            return ("t", self.texts(lo, hi, pos, []))
+        vals = self._objects(lo, hi, pos)
+        if vals.count("") == n:
+            return ("c", "")
+        return ("t", any_text(vals))
 
     def fields(self, lo: int, hi: int, pos: Sequence[int] | None,
                state: list) -> tuple[str, Sequence[Any]]:
@@ -494,6 +559,20 @@ class RequestTable(Sequence):
         for lo in range(0, self._n, chunk):
             hi = min(lo + chunk, self._n)
             yield [c.fields(lo, hi, self._pos, st) for c, st in zip(cols, states)]
+
+    def byte_chunks(self, chunk: int) -> Iterator[tuple[int, list[tuple], Callable[[], list]]]:
+        """The rows ``chunk`` at a time, each chunk its row count, its columns as
+        ``requests_csv.rows_text`` takes them (``_Column.bytes_item``) and a callable
+        giving the same chunk as ``field_chunks`` does (for a chunk with a field that
+        needs quoting)."""
+        cols = list(self._cols.values())
+        pos = self._pos
+        states: list[list] = [[] for _ in cols]
+        for lo in range(0, self._n, chunk):
+            hi = min(lo + chunk, self._n)
+            yield (hi - lo, [c.bytes_item(lo, hi, pos) for c in cols],
+                   lambda lo=lo, hi=hi: [c.fields(lo, hi, pos, st)
+                                         for c, st in zip(cols, states)])
 
     def column_texts(self, name: str) -> list[str]:
         """One field of every request as requests.csv writes it (``_Column.texts``: no

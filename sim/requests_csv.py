@@ -102,6 +102,15 @@ def write_table(f: IO[str], header: list[str], table: Any, chunk: int = CHUNK) -
     order) as ``csv.writer(f, lineterminator="\n")`` writes ``header`` and
     ``[fmt(v) for v in row]`` of each row."""
     csv.writer(f, lineterminator="\n").writerow(header)
+    if BYTES_ROWS and hasattr(table, "byte_chunks"):
+        # (numbers and request ids straight from the table's arrays: no text a field)
+        for n, items, fields in table.byte_chunks(chunk):
+            text = rows_text(items, n)
+            if text is None:
+                write_fields(f, fields())
+            else:
+                f.write(text)
+        return
     for fields in table.field_chunks(chunk):
         write_fields(f, fields)
 
@@ -161,44 +170,83 @@ def write_fields(f: IO[str], fields: list[tuple[str, Sequence[Any]]]) -> None:
 
 _TYPECODE = {INT_FIELD: "q", FLOAT_FIELD: "d"}
 _KIND = {INT_FIELD: csv_bytes.INT, FLOAT_FIELD: csv_bytes.FLOAT}
+# what csv.writer would quote, NUL aside (``_rows_text`` counts NULs itself)
+_QUOTED = re.compile('[,"\r\n]')
+_QUOTED_BYTES = re.compile(b'[,"\r\n\x00]')
 
 
 def _bytes_rows(fields: list[tuple[str, Sequence[Any]]], n: int) -> str | None:
     """``write_fields``' text of ``fields`` by ``csv_bytes.rows_bytes``: the same bytes
     (its fields are those of the %-formats); None where it cannot tell (a text field not
     ASCII, an int beyond 64 bits, a value of another type): the caller formats them."""
+    items: list[tuple] = []
+    try:
+        for spec, vals in fields:
+            text = _constant_text(spec, vals)
+            if text is not None:
+                items.append(("c", text))
+            elif spec == TEXT_FIELD:
+                items.append(("t", vals))
+            else:
+                items.append(("n", _KIND[spec], _raw(vals, _TYPECODE[spec]), b""))
+    except (OverflowError, TypeError):
+        return None
+    return rows_text(items, n)
+
+
+def rows_text(items: list[tuple], n: int) -> str | None:
+    """``n`` rows of columns given as ``items``, each ``("c", text)`` (the same field in
+    every row), ``("n", csv_bytes.INT or FLOAT, bytes of int64s or doubles, blank flags:
+    a byte a row, or b"" for none)``, ``("t", texts)`` or ``("b", bytes, int64 end of
+    each field)``: the text ``write_fields`` makes of them, by ``csv_bytes.rows_bytes``;
+    None when a field would be quoted by csv.writer or is not ASCII (the caller writes
+    those rows its own way)."""
     kinds: list[int] = []
     literals: list[bytes] = []
     data: list[bytes] = []
+    aux: list[bytes] = []
     widths: list[int] = []
     pending: list[str] = []       # constant fields (and commas) before the next varying one
-    try:
-        for j, (spec, vals) in enumerate(fields):
-            sep = "," if j else ""
-            text = _constant_text(spec, vals)
-            if text is not None:
-                pending.append(sep + text)
-                continue
-            if spec == TEXT_FIELD:
-                # (NUL: in no field, ``_SPECIAL`` made sure)
-                joined = "\x00".join(vals)
-                if not joined.isascii():
-                    return None
-                kinds.append(csv_bytes.TEXT)
-                data.append(joined.encode("ascii"))
-                widths.append(_width(joined, len(vals)))
-            else:
-                kinds.append(_KIND[spec])
-                data.append(_raw(vals, _TYPECODE[spec]))
-                widths.append(0)
-            pending.append(sep)
-            literals.append("".join(pending).encode("utf-8"))
-            pending.clear()
-        pending.append("\n")
+    for j, item in enumerate(items):
+        sep = "," if j else ""
+        tag = item[0]
+        if tag == "t" and n and item[1].count(item[1][0]) == n:
+            item = ("c", item[1][0])       # (the same text in every row)
+            tag = "c"
+        if tag == "c":
+            if _SPECIAL.search(item[1]):
+                return None
+            pending.append(sep + item[1])
+            continue
+        if tag == "t":
+            # (NUL-joined: a field holding one is one csv.writer refuses; see _width)
+            joined = "\x00".join(item[1])
+            if not joined.isascii() or _QUOTED.search(joined) or \
+                    joined.count("\x00") != n - 1:
+                return None
+            kinds.append(csv_bytes.TEXT)
+            data.append(joined.encode("ascii"))
+            aux.append(b"")
+            widths.append(_width(joined, n))
+        elif tag == "b":
+            blob = item[1]
+            if not blob.isascii() or _QUOTED_BYTES.search(blob):
+                return None
+            kinds.append(csv_bytes.TEXT)
+            data.append(blob)
+            aux.append(item[2])
+            widths.append(-1)
+        else:
+            kinds.append(item[1])
+            data.append(item[2])
+            aux.append(item[3])
+            widths.append(0)
+        pending.append(sep)
         literals.append("".join(pending).encode("utf-8"))
-    except (OverflowError, TypeError, UnicodeEncodeError):
-        return None
-    return csv_bytes.rows_bytes(kinds, literals, data, widths, n).decode("utf-8")
+        pending.clear()
+    pending.append("\n")
+    literals.append("".join(pending).encode("utf-8"))
+    return csv_bytes.rows_bytes(kinds, literals, data, aux, widths, n).decode("utf-8")
 
 
 def _raw(vals: Sequence[Any], code: str) -> bytes:
@@ -219,13 +267,12 @@ _WIDENS = {"q": "bBhHiIlq", "d": "fd"}
 
 
 def _width(joined: str, n: int) -> int:
-    """The length of each of the ``n`` NUL-joined fields of ``joined`` when they all have
-    one (a NUL after every field but the last, and the length that makes: no field
-    holds one), else -1."""
+    """The length of each of the ``n`` NUL-joined fields of ``joined`` (no field holds a
+    NUL) when they all have one, else -2 (``rows_bytes`` then looks for each NUL)."""
     width = (len(joined) + 1) // n - 1
     if (width + 1) * n - 1 == len(joined) and joined[width::width + 1] == "\x00" * (n - 1):
         return width
-    return -1
+    return -2
 
 
 def _constant_text(spec: str, vals: Sequence[Any]) -> str | None:

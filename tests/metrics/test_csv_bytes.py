@@ -119,7 +119,7 @@ def test_only_what_it_can_tell_is_written_digit_by_digit():
     assert requests_csv._bytes_rows([(I, array("q", [3, 41])), (T, ["ab", "c"])], 2) == \
         "3,ab\n41,c\n"
     assert requests_csv._width("ab\x00cd\x00ef", 3) == 2
-    assert requests_csv._width("ab\x00c\x00def", 3) == -1
+    assert requests_csv._width("ab\x00c\x00def", 3) == -2
     assert requests_csv._width("\x00\x00", 3) == 0
     assert requests_csv._width("abc", 1) == 3
 
@@ -134,7 +134,8 @@ def test_a_table_is_written_the_same_either_way(on, monkeypatch):
     monkeypatch.setattr(requests_csv, "BYTES_ROWS", on)
     rng = random.Random(4)
     plain = build([served_row(i, rng, attributed=bool(i % 3)) for i in range(300)], 70)
-    for table in (build(_table_rows(3, 400), 70), plain):
+    odd = build(_table_rows(5, 300, odd=True), 70)     # (numbers no array holds)
+    for table in (build(_table_rows(3, 400), 70), plain, odd):
         for view in (table, table.served()):
             buf = io.StringIO()
             requests_csv.write_table(buf, list(REQUEST_COLUMNS), view, 64)
