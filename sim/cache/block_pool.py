@@ -158,7 +158,12 @@ class BlockPool:
         if not self.key_map.add(key, block.block_id):
             return   # (already mapped to this block)
         u: i64 = unit if unit >= 0 else num_tokens // self.hash_block_size
-        self._count_at(key, u, 1)
+        slot = (u << GROUP_BITS) | (key & ((1 << GROUP_BITS) - 1))
+        ix = self.at_unit
+        if slot < len(ix):   # (``_count_at``, inline: a call a key cached)
+            ix[slot] = ix[slot] + 1
+        else:
+            self._count_at(key, u, 1)
         if bk < 0:
             block.key = key
             block.key_tokens = num_tokens
@@ -361,6 +366,7 @@ class BlockPool:
         kind = self.kind_of_group[group_id] if self.kind_of_group else 0
         km = self.key_map
         ev = self.evictions
+        ix = self.at_unit
         i = 0
         while i < n:
             # pop the front of the free queue (``_pop_front`` inlined: once per block)
@@ -373,8 +379,10 @@ class BlockPool:
             key = b.key
             if key >= 0:
                 if b.extra is None and km.remove(key, b.block_id):
-                    # the common eviction: one key (mapped to this block)
-                    self._count_at(key, b.key_unit, -1)
+                    # the common eviction: one key (mapped to this block; counted at its
+                    # position, which ``insert_key`` made room for: ``_count_at`` inline)
+                    slot = (b.key_unit << GROUP_BITS) | (key & ((1 << GROUP_BITS) - 1))
+                    ix[slot] = ix[slot] - 1
                     b.key = NO_KEY
                     b.key_tokens = NO_KEY
                     b.key_unit = NO_KEY

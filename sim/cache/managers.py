@@ -303,11 +303,16 @@ class SingleTypeManager:
 
     def _evictable(self, new_computed: list[list[Block]], skip: i64 = 0) -> i64:
         """Hit blocks (over all members) that sit in the free queue."""
-        n = 0
+        n: i64 = 0
         for g in self.group_ids:
-            for b in new_computed[g][skip:] if skip else new_computed[g]:
+            nc = new_computed[g]
+            j: i64 = skip
+            m: i64 = len(nc)
+            while j < m:   # (from ``skip`` by index: no slice copied)
+                b = nc[j]
                 if b.ref_cnt == 0 and not b.is_null:
                     n += 1
+                j += 1
         return n
 
     def blocks_to_allocate(self, rid: str, num_tokens: i64, new_computed: list[list[Block]],
