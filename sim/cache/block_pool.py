@@ -60,8 +60,9 @@ class Block:
         self.key_unit: i64 = NO_KEY
         self.is_null = False
         self.kind: i64 = 0  # memory-accounting kind of the group that last allocated it
-        # free-queue neighbours (meaningful only while the block is in the queue;
-        # the block itself otherwise, so the fields are never None)
+        # free-queue neighbours (meaningful only while the block is in the queue: a
+        # block taken out keeps its stale ones, which nothing reads -- membership is
+        # ``ref_cnt == 0``; the block itself before it first joins, never None)
         self.prev_free: Block = self
         self.next_free: Block = self
         # extra (non-primary) keys: a partial-prefix key beside the primary one (rare;
@@ -316,8 +317,6 @@ class BlockPool:
         n = b.next_free
         p.next_free = n
         n.prev_free = p
-        b.prev_free = b
-        b.next_free = b
         self.num_free_blocks -= 1
 
     def _pop_front(self) -> Block:
@@ -374,8 +373,6 @@ class BlockPool:
             nxt = b.next_free
             head.next_free = nxt
             nxt.prev_free = head
-            b.prev_free = b
-            b.next_free = b
             key = b.key
             if key >= 0:
                 if b.extra is None and km.remove(key, b.block_id):
