@@ -264,13 +264,14 @@ class SingleTypeManager:
 
     def _get(self, rid: str) -> ReqState | None:
         """``rid``'s bookkeeping, None before its first touch (``states.get`` behind a
-        one-entry memo: the memo holds a state only while it is in ``states``)."""
+        one-entry memo: the memo holds a state only while it is in ``states``, and None
+        only while ``rid`` has none -- an admission asks several times about a request
+        not yet allocated; ``_state`` and ``_forget`` keep it true)."""
         if rid is self._last_rid:
             return self._last_st
         st = self.states.get(rid)
-        if st is not None:
-            self._last_rid = rid
-            self._last_st = st
+        self._last_rid = rid
+        self._last_st = st
         return st
 
     def _state(self, rid: str) -> ReqState:
