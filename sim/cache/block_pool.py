@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from librt.vecs import vec
+from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.events import KVEventLog, log_evictions
@@ -114,6 +114,8 @@ class BlockPool:
         self.at_unit = vec[i64]()
         # ``take_new_blocks``' list: the blocks of the latest allocation first
         self.fresh: list[Block] = []
+        # ``free_skipped``'s scratch: the non-null indices of the range it frees
+        self._live = vec[i64]()
 
     # -- lookups -------------------------------------------------------------
     def get_cached_block(self, block_hash: int, group_ids: list[int]) -> list[Block] | None:
@@ -481,19 +483,34 @@ class BlockPool:
         down to ``first`` (those not null), then, with ``drop_last``, of its block
         ``last_idx`` (if not null); each freed entry becomes the null block (a Mamba
         request's skipped states and its previous running state, member by member,
-        as one manager per group frees them; no lists)."""
+        as one manager per group frees them; no lists).  The members' tables have one
+        null pattern (``SingleTypeManager``): the first one's non-null entries of the
+        range, found once, are every member's (the rest of the range is not read)."""
         head = self.head
         null = self.null_block
+        live = self._live
+        nl: i64 = 0
+        if first < last and tables:
+            b0 = tables[0]
+            i = last - 1
+            while i >= first:
+                if not b0[i].is_null:
+                    if nl < len(live):
+                        live[nl] = i
+                    else:
+                        live = self._live = append(live, i)
+                    nl += 1
+                i -= 1
         for blocks in tables:
-            if first < last:
+            if nl:
                 cursor = head
-                i = last - 1
-                while i >= first:
+                k: i64 = 0
+                while k < nl:
+                    i = live[k]
                     b = blocks[i]
-                    if not b.is_null:
-                        blocks[i] = null
-                        cursor = self._free_one(b, cursor)
-                    i -= 1
+                    blocks[i] = null
+                    cursor = self._free_one(b, cursor)
+                    k += 1
             if drop_last:
                 b = blocks[last_idx]
                 if not b.is_null:
