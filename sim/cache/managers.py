@@ -304,6 +304,8 @@ class SingleTypeManager:
 
     def _evictable(self, new_computed: list[list[Block]], skip: i64 = 0) -> i64:
         """Hit blocks (over all members) that sit in the free queue."""
+        if len(new_computed[self.group_id]) <= skip:
+            return 0   # (the members' hit lists have one length: none has a block here)
         n: i64 = 0
         for g in self.group_ids:
             nc = new_computed[g]
