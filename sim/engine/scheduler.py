@@ -18,6 +18,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any, Final
 
+from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from backends.base import StepItem
@@ -66,8 +67,9 @@ class SimRequest:
         self.preemptions: i64 = 0
         self.recomputed_tokens: i64 = 0
         self.mamba_states_written: i64 = 0
-        self.chunk_ends: list[int] = []
-        self.chunk_end_steps: list[int] = []   # step index of each chunk end
+        # (machine integers: an int object and a list slot a chunk end otherwise)
+        self.chunk_ends = vec[i64]()
+        self.chunk_end_steps = vec[i64]()   # step index of each chunk end
         self.first_prefill_done = False
         self.done_event: Any = None        # the engine's turn record until it finishes
         self.out_stream: i64 = 0                # stream id of this request's output tokens
@@ -165,6 +167,8 @@ class Scheduler:
         self.running: list[SimRequest] = []
         # the waiting queue is the scheduler policy (order, return after preemption, victim)
         self.waiting: RequestQueue = make_queue(cfg)
+        # (the class, read off the instance: a module global is a dict lookup a read)
+        self._fcfs_type: type = FCFSQueue
         self.reorders: bool = self.waiting.reorders
         self.preemptions = 0
         self.max_model_len = cfg.max_model_len
@@ -370,7 +374,7 @@ class Scheduler:
                 # (the test on a copy: mypy narrows what it tests, and a narrowed deque
                 # reads Any, which would box the arithmetic below)
                 w = self.waiting
-                r = self.waiting[0] if type(w) is FCFSQueue else self.waiting.peek_request()
+                r = self.waiting[0] if type(w) is self._fcfs_type else self.waiting.peek_request()
                 c = r.cache
                 lookup = None
                 new_local = 0
@@ -429,8 +433,8 @@ class Scheduler:
                 self._emit(out, r, n, c.num_computed_tokens, not padded, kp,
                            new_local, padded)
                 budget -= n
-        if len(out) > self.n_out:
-            del out[self.n_out:]   # (the entries of an earlier step past this one's)
+        while len(out) > self.n_out:
+            out.pop()   # (the entries of an earlier step past this one's: no slice object)
         # vLLM frees the refs retained for copy-on-write at the end of schedule()
         kv.release_cow_copies()
         if self.step_log is not None and out:
@@ -591,8 +595,8 @@ class Scheduler:
             if it.is_prefill:
                 c.num_computed_tokens = comp
                 if r.recording and not r.first_prefill_done:
-                    r.chunk_ends.append(comp)
-                    r.chunk_end_steps.append(step_time)
+                    r.chunk_ends = append(r.chunk_ends, comp)
+                    r.chunk_end_steps = append(r.chunk_end_steps, step_time)
                 if comp < c.num_tokens:
                     r.has_drafts = False
                     continue  # non-final chunk: samples nothing
@@ -605,8 +609,8 @@ class Scheduler:
                     comp -= spec
                     c.num_computed_tokens = comp
                     if r.recording and not r.first_prefill_done:
-                        r.chunk_ends.append(comp)
-                        r.chunk_end_steps.append(step_time)
+                        r.chunk_ends = append(r.chunk_ends, comp)
+                        r.chunk_end_steps = append(r.chunk_end_steps, step_time)
                         r.first_prefill_done = True
                 else:
                     acc = spec
