@@ -17,6 +17,7 @@ import operator
 import sys
 import time
 import types
+from array import array
 from dataclasses import dataclass, field
 from itertools import compress
 from pathlib import Path
@@ -489,13 +490,18 @@ def memory_fields(sampler: StepSampler) -> list[tuple[str, Sequence]]:
     use (both kinds), those cached (held, free, evictable), and the requests running and
     waiting, at the start of each engine step (evenly thinned past ``MEMORY_ROWS``
     rows); the time in seconds with six decimals."""
-    rows = sampler.rows
-    if not rows:
+    raw = sampler.row_bytes()
+    if not raw:
         return [(requests_csv.INT_FIELD, ()) for _ in MEMORY_COLUMNS]
-    t, a, m, in_use, running, waiting = zip(*rows)
-    cached = list(map(operator.sub, map(operator.add, a, m), in_use))
-    secs = list(map((1e-9).__mul__, t))
-    counts = (a, m, in_use, cached, running, waiting)
+    import numpy as np
+
+    # (the rows' columns by numpy, in arrays: the same numbers as the rows' tuples --
+    # a time below 2**53 ns is exact as a double, times 1e-9 the same product)
+    d = np.frombuffer(raw, dtype="<i8").reshape(-1, 6)
+    t, a, m, in_use, running, waiting = (d[:, k] for k in range(6))
+    secs = array("d", (t.astype(np.float64) * 1e-9).tobytes())
+    counts = [array("q", c.astype("<i8").tobytes())
+              for c in (a, m, in_use, a + m - in_use, running, waiting)]
     return [(requests_csv.FLOAT_FIELD, secs)] + [(requests_csv.INT_FIELD, c) for c in counts]
 
 

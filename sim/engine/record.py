@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Final
 
+from librt.strings import BytesWriter, write_i64_le
 from librt.vecs import append, vec
 from mypy_extensions import i64
 
@@ -96,6 +97,19 @@ class StepSampler:
         d = self.row_data
         return [(d[i], d[i + 1], d[i + 2], d[i + 3], d[i + 4], d[i + 5])
                 for i in range(0, len(d), ROW_FIELDS)]
+
+    def row_bytes(self) -> bytes:
+        """``rows``' values as little-endian int64 bytes, row after row (what
+        ``sim.run.memory_fields`` reads, with numpy: no tuple and no int object a
+        value)."""
+        d = self.row_data
+        w = BytesWriter()
+        i: i64 = 0
+        n: i64 = len(d)
+        while i < n:
+            write_i64_le(w, d[i])
+            i += 1
+        return w.getvalue()
 
     @property
     def itl_hist(self) -> dict[int, int]:
