@@ -426,9 +426,18 @@ def latency_fields(rows: list[RequestRecord], sampler: StepSampler | None) -> di
     out.update(_stats("ttft", _col(rows, "ttft_s")))
     out.update(_stats("tpot", [v * 1e-3 for v in _col(rows, "tpot_ms") if v != ""]))
     if sampler is not None and sampler.itl_count:
-        hist = sampler.itl_hist
-        keys = sorted(hist)
-        counts = [hist[k] for k in keys]
+        # (the histogram's nonzero counts by numpy, the rare gaps past the dense range
+        # after them: weighted_percentiles orders the distinct gaps itself)
+        import numpy as np
+
+        dense = np.frombuffer(sampler.itl_dense_bytes(), dtype="<i8")
+        keys = np.flatnonzero(dense)
+        counts = dense[keys]
+        sparse = sampler.itl_sparse
+        if sparse:
+            keys = np.concatenate([keys, np.fromiter(sparse.keys(), np.int64, len(sparse))])
+            counts = np.concatenate([counts,
+                                     np.fromiter(sparse.values(), np.int64, len(sparse))])
         out["mean_itl_ms"] = sampler.itl_sum_ns / sampler.itl_count * 1e-6
         out.update({f"p{q:g}_itl_ms": v * 1e-3 for q, v in
                     zip(PERCENTILES, weighted_percentiles(keys, counts, PERCENTILES))})

@@ -44,6 +44,17 @@ class RequestMaker:
 
 
 
+def vec_bytes(d: vec[i64]) -> bytes:
+    """The machine integers of ``d`` as little-endian int64 bytes."""
+    w = BytesWriter()
+    i: i64 = 0
+    n: i64 = len(d)
+    while i < n:
+        write_i64_le(w, d[i])
+        i += 1
+    return w.getvalue()
+
+
 class StepSampler:
     """What the engine's steps show and no request row can: the pool's memory over time
     and every inter-token latency (ITL).  ``Engine`` calls ``step`` once per loop
@@ -102,14 +113,13 @@ class StepSampler:
         """``rows``' values as little-endian int64 bytes, row after row (what
         ``sim.run.memory_fields`` reads, with numpy: no tuple and no int object a
         value)."""
-        d = self.row_data
-        w = BytesWriter()
-        i: i64 = 0
-        n: i64 = len(d)
-        while i < n:
-            write_i64_le(w, d[i])
-            i += 1
-        return w.getvalue()
+        return vec_bytes(self.row_data)
+
+    def itl_dense_bytes(self) -> bytes:
+        """``itl_hist``'s counts of the gaps below ``ITL_DENSE`` us, indexed by the gap,
+        as little-endian int64 bytes (``sim.run.latency_fields`` reads them with numpy;
+        the gaps from there on: ``itl_sparse``)."""
+        return vec_bytes(self.itl_dense)
 
     @property
     def itl_hist(self) -> dict[int, int]:
