@@ -128,6 +128,11 @@ def steps(files: list[Path] = typer.Argument(..., help="Step case files (YAML or
                    compact)
 
 
+def _no_update(done: int) -> None:
+    """``_progress``'s update when no bar is shown (``sim run`` then hands the engine
+    no callback at all: an interpreted call a request otherwise)."""
+
+
 def _progress(enabled: bool, what: str = "requests",
               total: int | Callable[[], int | None] | None = None, delay_s: float = 2.0):
     """A progress bar on stderr (done / total, elapsed, ETA; a counter where the total is
@@ -139,7 +144,7 @@ def _progress(enabled: bool, what: str = "requests",
     import time
 
     if not enabled or not sys.stderr.isatty():
-        return (lambda done: None), (lambda: None)
+        return _no_update, (lambda: None)
     if callable(total):
         total = total()
     from rich.console import Console
@@ -276,7 +281,7 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
                                  delay_s=1.0)
         try:
             dep, rows, summary = simulate(
-                sc, progress=update,
+                sc, progress=None if update is _no_update else update,
                 # (the memory figure's inputs, to its worker as soon as the replay ends)
                 replayed=None if workers is None else
                 lambda d: workers.prelude(memory_prelude(sc, d)))
