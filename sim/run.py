@@ -329,14 +329,33 @@ def _col(rows, name: str):
     return [getattr(r, name) for r in rows]
 
 
+def _isum(values) -> int:
+    """``sum`` of a column of ints: an integer array's by numpy (exact in int64: token
+    counts), anything else by ``sum`` (no int object a value for the arrays)."""
+    if isinstance(values, array) and values.typecode in "bhilq":
+        import numpy as np
+
+        return int(np.frombuffer(values, dtype=values.typecode).sum(dtype=np.int64))
+    return sum(values)
+
+
+def _positive(values) -> int:
+    """How many values of a column of ints are > 0 (an integer array's by numpy)."""
+    if isinstance(values, array) and values.typecode in "bhilq":
+        import numpy as np
+
+        return int(np.count_nonzero(np.frombuffer(values, dtype=values.typecode) > 0))
+    return sum(1 for h in values if h > 0)
+
+
 def summarize(sc, dep, rows, eng, sched, wall) -> dict:
     """summary.json's fields (``SUMMARY_FIELDS``) from the served requests ``rows`` (a
     ``RequestTable`` or a list of ``RequestRecord``), read a column at a time."""
     n = len(rows)
-    prompt = sum(_col(rows, "prompt_tokens"))
-    hit = sum(_col(rows, "hit_tokens"))
-    lost = sum(_col(rows, "lost_tokens"))
-    out_tokens = sum(_col(rows, "output_tokens"))
+    prompt = _isum(_col(rows, "prompt_tokens"))
+    hit = _isum(_col(rows, "hit_tokens"))
+    lost = _isum(_col(rows, "lost_tokens"))
+    out_tokens = _isum(_col(rows, "output_tokens"))
     ttfts = sorted(_col(rows, "ttft_s"))
     arrivals = _col(rows, "arrival_s")
     makespan = (max(map(operator.add, arrivals, _col(rows, "e2e_s")), default=0.0)
@@ -356,7 +375,7 @@ def summarize(sc, dep, rows, eng, sched, wall) -> dict:
         "prompt_tokens": prompt,
         "hit_tokens": hit,
         "token_hit_rate": hit / prompt if prompt else 0.0,
-        "request_hit_rate": sum(1 for h in _col(rows, "hit_tokens") if h > 0) / n if n else 0.0,
+        "request_hit_rate": _positive(_col(rows, "hit_tokens")) / n if n else 0.0,
         "lost_tokens": lost,
         "lost_token_rate": lost / prompt if prompt else 0.0,
         "ttft_mean_s": sum(ttfts) / n if n else float("nan"),
@@ -387,15 +406,21 @@ def miss_fields(rows: list[RequestRecord], prompt: int) -> dict:
     is what an unlimited attention-only cache would reuse (hit + every class but
     compulsory).  None with attribution off."""
     compulsory = _col(rows, "compulsory_tokens")
-    on = [v != "" for v in compulsory]      # rows attributed (all or none, in a run)
     out: dict = {}
-    totals = {name: sum(compress(_col(rows, f"{name}_tokens"), on)) if any(on) else None
-              for name in MISS_CLASSES}
-    if any(on):
-        totals["reusable"] = sum(compress(map(operator.sub, _col(rows, "prompt_tokens"),
-                                              [v if v != "" else 0 for v in compulsory]), on))
+    if isinstance(compulsory, array) and len(compulsory):
+        # (no blank: every row attributed, each class's column an array too)
+        totals = {name: _isum(_col(rows, f"{name}_tokens")) for name in MISS_CLASSES}
+        totals["reusable"] = _isum(_col(rows, "prompt_tokens")) - _isum(compulsory)
     else:
-        totals["reusable"] = None
+        on = [v != "" for v in compulsory]      # rows attributed (all or none, in a run)
+        totals = {name: sum(compress(_col(rows, f"{name}_tokens"), on)) if any(on) else None
+                  for name in MISS_CLASSES}
+        if any(on):
+            totals["reusable"] = sum(compress(map(operator.sub, _col(rows, "prompt_tokens"),
+                                                  [v if v != "" else 0 for v in compulsory]),
+                                              on))
+        else:
+            totals["reusable"] = None
     for name, v in totals.items():
         out[f"miss_{name}_tokens" if name != "reusable" else "reusable_tokens"] = v
     for name, v in totals.items():
@@ -454,13 +479,14 @@ def rate_fields(sc: Scenario, dep, rows: list[RequestRecord], makespan: float) -
     the arrival span), and with SLOs the share of requests meeting them (refused ones
     count as missing them) and the rate of those that do."""
     n = len(rows)
-    prompt = sum(_col(rows, "prompt_tokens"))
-    out_tokens = sum(_col(rows, "output_tokens"))
+    prompt = _isum(_col(rows, "prompt_tokens"))
+    out_tokens = _isum(_col(rows, "output_tokens"))
     arrivals = _col(dep.records or rows, "arrival_s")
     span = max(arrivals) - min(arrivals) if len(arrivals) else 0.0
     per_s = (lambda x: x / makespan) if makespan > 0 else (lambda x: 0.0)
-    good = sum(1 for v in _col(rows, "slo_ok") if v == 1)
     active = sc.slo.active
+    # (read only with SLOs: without, the column is blank)
+    good = sum(1 for v in _col(rows, "slo_ok") if v == 1) if active else 0
     return {
         "request_throughput": per_s(n),
         "output_throughput": per_s(out_tokens),
