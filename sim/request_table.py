@@ -587,6 +587,31 @@ class RequestTable(Sequence):
             return col.data
         return list(col.values(self._pos))
 
+    def floats(self, name: str) -> Any:
+        """A number column's values without its blanks, in order, as a numpy array of
+        doubles (what ``[float(v) for v in column(name) if v != ""]`` holds); None for a
+        column of values of any type (read it with ``column``)."""
+        col = self._cols[name]
+        if col.kind not in ("i", "d"):
+            return None
+        import numpy as np
+
+        data = col.data
+        got = np.frombuffer(data, dtype=data.typecode) if len(data) else \
+            np.zeros(0, dtype=data.typecode)
+        keep = None
+        if col.blank:
+            bl = col.blanks
+            keep = np.frombuffer(bl, dtype=np.uint8) == 0 if len(bl) else np.zeros(0, bool)
+        if self._pos is not None:
+            pos = np.frombuffer(self._pos, dtype="q") if len(self._pos) else \
+                np.zeros(0, dtype="q")
+            got = got[pos]
+            keep = keep[pos] if keep is not None else None
+        if keep is not None:
+            got = got[keep]
+        return got.astype(np.float64)
+
     def served(self) -> RequestTable:
         """The requests not refused on arrival (a view: nothing is copied)."""
         col = self._cols["rejected"]

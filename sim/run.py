@@ -348,6 +348,22 @@ def _positive(values) -> int:
     return sum(1 for h in values if h > 0)
 
 
+def _ttfts_makespan(rows) -> tuple[Sequence[float], float]:
+    """The TTFTs in increasing order (summed left to right by the caller: a list) and
+    the makespan (last finish - first arrival): of arrays of doubles by numpy (a sort
+    and an elementwise sum: the same doubles), else value by value (and with a NaN,
+    whose place in a sort Python and numpy do not agree on)."""
+    ttft, arrivals, e2e = (_col(rows, c) for c in ("ttft_s", "arrival_s", "e2e_s"))
+    if all(isinstance(c, array) and c.typecode == "d" and len(c) for c in (ttft, arrivals, e2e)):
+        import numpy as np
+
+        t, a, e = (np.frombuffer(c, dtype="d") for c in (ttft, arrivals, e2e))
+        if not (np.isnan(t).any() or np.isnan(a).any() or np.isnan(e).any()):
+            return np.sort(t).tolist(), float((a + e).max()) - float(a.min())
+    makespan = (max(map(operator.add, arrivals, e2e), default=0.0) - min(arrivals, default=0.0))
+    return sorted(ttft), makespan
+
+
 def summarize(sc, dep, rows, eng, sched, wall) -> dict:
     """summary.json's fields (``SUMMARY_FIELDS``) from the served requests ``rows`` (a
     ``RequestTable`` or a list of ``RequestRecord``), read a column at a time."""
@@ -356,11 +372,7 @@ def summarize(sc, dep, rows, eng, sched, wall) -> dict:
     hit = _isum(_col(rows, "hit_tokens"))
     lost = _isum(_col(rows, "lost_tokens"))
     out_tokens = _isum(_col(rows, "output_tokens"))
-    ttfts = sorted(_col(rows, "ttft_s"))
-    arrivals = _col(rows, "arrival_s")
-    makespan = (max(map(operator.add, arrivals, _col(rows, "e2e_s")), default=0.0)
-                - min(arrivals, default=0.0))
-    del arrivals
+    ttfts, makespan = _ttfts_makespan(rows)
     kv = dep.kv
     page = dep.block_bytes
     summary = {
@@ -435,7 +447,7 @@ PERCENTILES = tuple(float(s[1:]) for s in LATENCY_STATS if s.startswith("p"))
 def _stats(metric: str, values_s: list[float]) -> dict:
     """``mean_<metric>_ms`` and ``p50/p90/p99_<metric>_ms`` of values in seconds, computed
     as ``vllm bench serve`` does (numpy, in seconds, then x 1000; 0 when there are none)."""
-    if not values_s:
+    if len(values_s) == 0:
         return {f"{s}_{metric}_ms": 0.0 for s in LATENCY_STATS}
     return {f"mean_{metric}_ms": mean(values_s) * 1000,
             **{f"p{q:g}_{metric}_ms": v * 1000
@@ -449,7 +461,10 @@ def latency_fields(rows: list[RequestRecord], sampler: StepSampler | None) -> di
     histogram of whole microseconds; its mean is exact)."""
     out = {}
     out.update(_stats("ttft", _col(rows, "ttft_s")))
-    out.update(_stats("tpot", [v * 1e-3 for v in _col(rows, "tpot_ms") if v != ""]))
+    # (a table's column without its blanks by numpy: the same doubles, the same order)
+    tpot = rows.floats("tpot_ms") if isinstance(rows, RequestTable) else None
+    out.update(_stats("tpot", tpot * 1e-3 if tpot is not None else
+                      [v * 1e-3 for v in _col(rows, "tpot_ms") if v != ""]))
     if sampler is not None and sampler.itl_count:
         # (the histogram's nonzero counts by numpy, the rare gaps past the dense range
         # after them: weighted_percentiles orders the distinct gaps itself)
