@@ -22,7 +22,7 @@ import operator
 import struct
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate, compress, repeat
+from itertools import compress, repeat
 from typing import Any
 
 from sim.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS, RequestRecord
@@ -121,9 +121,16 @@ class _Column:
                 raw = list(map(_encode, vals))
                 lens = map(len, raw)
                 self.data += b"".join(raw)
-            bounds = list(accumulate(lens, initial=base))
-            self.starts.frombytes(struct.pack(f"{len(vals)}q", *bounds[:-1]))
-            self.ends.frombytes(struct.pack(f"{len(vals)}q", *bounds[1:]))
+            import numpy as np
+
+            # (each value's end, and its start, by numpy: no int object a bound)
+            ends = np.cumsum(np.fromiter(lens, dtype=np.int64, count=len(vals))) + base
+            starts = np.empty_like(ends)
+            if len(ends):
+                starts[0] = base
+                starts[1:] = ends[:-1]
+            self.starts.frombytes(starts.tobytes())
+            self.ends.frombytes(ends.tobytes())
             return
         want = int if kind == "i" else float
         n_want = types.count(want)
