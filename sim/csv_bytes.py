@@ -50,24 +50,19 @@ def write_int(w: BytesWriter, v: i64) -> None:
         word |= (48 + v - q * 10) << shift
         shift += 8
         v = q
-    _put(w, word, shift >> 3)
-
-
-def _put(w: BytesWriter, word: i64, nd: i64) -> None:
-    """The ``nd`` (<= 8) lowest bytes of ``word``, highest first: as few big-endian
-    writes as cover them (each byte an ASCII digit, below 0x80: the writes' signed
-    values are never negative)."""
-    if nd == 8:
+    # its ``shift / 8`` (<= 8) lowest bytes, highest first: as few big-endian writes as
+    # cover them (each byte an ASCII digit, below 0x80: the writes' signed values are
+    # never negative)
+    if shift == 64:
         write_i64_be(w, word)
         return
-    rest = nd
-    if rest & 1:
-        rest -= 1
-        w.append(u8(word >> (8 * rest)))
-    if rest >= 4:
-        rest -= 4
-        write_i32_be(w, i32((word >> (8 * rest)) & 0xFFFFFFFF))
-    if rest:
+    if shift & 8:
+        shift -= 8
+        w.append(u8(word >> shift))
+    if shift >= 32:
+        shift -= 32
+        write_i32_be(w, i32((word >> shift) & 0xFFFFFFFF))
+    if shift:
         write_i16_be(w, i16(word & 0xFFFF))
 
 
@@ -90,16 +85,19 @@ def write_fixed6(w: BytesWriter, x: float) -> None:
         n += 1
     whole = n // 1000000
     write_int(w, whole)
-    # the point and six digits (zero-padded): seven bytes of one word
+    # the point, then six digits (zero-padded) as the six lowest bytes of one word,
+    # written as four bytes and two
     v = n - whole * 1000000
-    word: i64 = 46 << 48
+    word: i64 = 0
     shift: i64 = 0
     while shift < 48:
         q = (v * MAGIC10) >> 34
         word |= (48 + v - q * 10) << shift
         shift += 8
         v = q
-    _put(w, word, 7)
+    w.append(46)
+    write_i32_be(w, i32((word >> 16) & 0xFFFFFFFF))
+    write_i16_be(w, i16(word & 0xFFFF))
 
 
 def rows_bytes(kinds: list[int], literals: list[bytes], data: list[bytes], aux: list[bytes],
@@ -117,6 +115,7 @@ def rows_bytes(kinds: list[int], literals: list[bytes], data: list[bytes], aux: 
     one = vec[i64]()
     kind = vec[i64]()
     width = vec[i64]()
+    flagged = vec[i64]()     # a number column with blank flags (1) or none (0)
     at_text = vec[i64]()     # a TEXT column's next field (its offset in its bytes)
     j: i64 = 0
     while j < m:
@@ -124,6 +123,7 @@ def rows_bytes(kinds: list[int], literals: list[bytes], data: list[bytes], aux: 
         one = append(one, lit[0] if len(lit) == 1 else -1 if not lit else -2)
         kind = append(kind, kinds[j])
         width = append(width, widths[j])
+        flagged = append(flagged, 1 if len(aux[j]) else 0)
         at_text = append(at_text, 0)
         j += 1
     w = BytesWriter()
@@ -156,8 +156,7 @@ def rows_bytes(kinds: list[int], literals: list[bytes], data: list[bytes], aux: 
                 _copy(w, src, start, end)
                 at_text[j] = nxt
             else:
-                flags = aux[j]
-                if len(flags) and flags[i]:
+                if flagged[j] and aux[j][i]:
                     pass                     # (a blank: an empty field)
                 elif k == INT:
                     write_int(w, read_i64_le(data[j], at))
