@@ -174,7 +174,7 @@ class MambaManager(SingleTypeManager):
         return num_computed - 1
 
     def reachable_mask(self, start: int, end: int, retention: int | None,
-                       boundaries: list[int]) -> list[bool] | None:
+                       boundaries: tuple[int, ...]) -> list[bool] | None:
         if retention is None:
             return None
         bs = self.block_size
@@ -194,7 +194,7 @@ class MambaManager(SingleTypeManager):
         return mask
 
     def cache_indices(self, start: int, end: int, retention: int | None,
-                      boundaries: list[int]) -> list[int] | None:
+                      boundaries: tuple[int, ...]) -> list[int] | None:
         """Retention 0 keeps the boundaries' blocks alone: listed directly (increasing,
         once each), not through a mask over every block."""
         if retention is None or retention != 0:
@@ -527,7 +527,7 @@ class MambaManager(SingleTypeManager):
         retained = False
         if not prompt_ckpt and pos % self.block_size == 0:
             blk = pos // self.block_size - 1
-            mask = self.reachable_mask(blk, blk + 1, retention, [])
+            mask = self.reachable_mask(blk, blk + 1, retention, ())
             retained = mask is None or mask[0]
         pool = self.pool
         if not prompt_ckpt and not retained and pos != req.shared_prefix_boundary:

@@ -246,7 +246,7 @@ class SingleTypeManager:
         # instructions compiled) where an identity test is one (``_get``)
         self._last_rid: str | None = None
         self._last_st: ReqState | None = None
-        self._no_boundaries: list[int] = []   # (no sparse retention: never written)
+        self._no_boundaries: tuple[int, ...] = ()   # (no sparse retention)
         self.pending_cow: list[list[tuple[Block, Block]]] = [[] for _g in self.group_ids]
         self.has_pending_cow = False
 
@@ -412,11 +412,11 @@ class SingleTypeManager:
 
     # caching -----------------------------------------------------------------
     def reachable_mask(self, start: int, end: int, retention: int | None,
-                       boundaries: list[int]) -> list[bool] | None:
+                       boundaries: tuple[int, ...]) -> list[bool] | None:
         return None
 
     def cache_indices(self, start: int, end: int, retention: int | None,
-                      boundaries: list[int]) -> list[int] | None:
+                      boundaries: tuple[int, ...]) -> list[int] | None:
         """The indices in ``[start, end)`` of the blocks to register, increasing (None:
         every one): those ``reachable_mask`` marks."""
         mask = self.reachable_mask(start, end, retention, boundaries)
@@ -447,13 +447,13 @@ class SingleTypeManager:
             return
         if st is None:
             st = self._state(rid)
-        boundaries = self._no_boundaries   # (never written: only sparse retention reads)
+        boundaries = self._no_boundaries   # (only sparse retention reads them)
         if retention is not None and self.reads_boundaries:
-            boundaries = list(replay)
-            if req.shared_prefix_boundary:
-                boundaries.append(req.shared_prefix_boundary)
-                if self.use_eagle:
-                    boundaries.append(req.shared_prefix_boundary - self.block_size)
+            boundaries = replay   # (the request's own tuple: no copy unless it grows)
+            spb = req.shared_prefix_boundary
+            if spb:
+                boundaries = replay + ((spb, spb - self.block_size) if self.use_eagle
+                                       else (spb,))
         indices = self.cache_indices(num_cached, num_full, retention, boundaries)
         pool = self.pool
         scale = self.block_size // pool.hash_block_size
@@ -597,7 +597,7 @@ class SlidingWindowManager(SingleTypeManager):
         return n if n > 0 else 0
 
     def reachable_mask(self, start: int, end: int, retention: int | None,
-                       boundaries: list[int]) -> list[bool] | None:
+                       boundaries: tuple[int, ...]) -> list[bool] | None:
         align = self.align
         bs = self.block_size
         if align % bs != 0:
