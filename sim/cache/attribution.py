@@ -43,6 +43,7 @@ from mypy_extensions import i64
 from sim.cache.block_pool import GROUP_BITS
 from sim.cache.coordinator import Coordinator, HybridCoordinator, IdealCoordinator, SpecGroup
 from sim.cache.evictions import EvictionLog
+from sim.cache.key_map import KeyMap
 from sim.cache.hashing import PrefixKeys, unit_end
 from sim.cache.mamba_manager import MambaManager
 from sim.cache.managers import SingleTypeManager
@@ -160,6 +161,12 @@ class MissAttribution:
         self.junction_state: bool = kv.shared_prefix_checkpoint
         if self.mode == "pool":
             kv.enable_eviction_log(self.log)
+        # ``tails`` in machine integers when a block's masks fit in 62 bits (the hit grid
+        # is the hash unit and a block has at most 62 units: 17 on Mooncake's grid; a
+        # bit then stands for a unit of its block): key = parent key + 1 (ROOT -> 0)
+        self.tail_map: KeyMap | None = None
+        if self.fine and self.align == self.unit and self.block_size // self.align <= 62:
+            self.tail_map = KeyMap(1024)
 
     # ------------------------------------------------------------------ keys --
     def _num_blocks(self, req: CacheRequest, limit: int) -> int:
@@ -237,8 +244,13 @@ class MissAttribution:
                             if b != last_b:
                                 parent = self._block_key(req, b - 1) if b > 0 else ROOT
                                 last_b = b
-                            self.tails[parent] = self.tails.get(parent, 0) | (
-                                1 << (u - 1 - b * per))
+                            bit = 1 << (u - 1 - b * per)
+                            tm = self.tail_map
+                            if tm is not None:
+                                had = tm.first(parent + 1)
+                                tm.put(parent + 1, bit | had if had > 0 else bit)
+                            else:
+                                self.tails[parent] = self.tails.get(parent, 0) | bit
                         else:
                             self.loose.add(u - 1)
                     u += 1
@@ -340,7 +352,14 @@ class MissAttribution:
             return 0
         bits = 0
         if parent != ROOT or base == 0:    # (ROOT's units lie in block 0)
-            got = self.tails.get(parent)
+            tm = self.tail_map
+            got: int | None = None   # (an int: the dict's masks may pass 64 bits)
+            if tm is not None:
+                had = tm.first(parent + 1)
+                if had > 0:
+                    got = had
+            else:
+                got = self.tails.get(parent)
             if got is not None:
                 bits = (got >> (first - base)) & ((1 << (hi - first)) - 1)
         loose = self.loose
