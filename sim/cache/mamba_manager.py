@@ -358,9 +358,16 @@ class MambaManager(SingleTypeManager):
         # the reserved checkpoint column stays a real block (the worker exports there)
         live_from = skipped - ckpt_block
         null = self.pool.null_block
+        pad: i64 = live_from - prev if prev < skipped else 0   # null entries each member gets
         for blocks in t:
-            if prev < skipped and prev < live_from:
-                blocks.extend(self._null_run(live_from - prev))
+            if pad > 0:
+                if pad <= 4:   # (a block crossing pads one: appends cost less than an extend)
+                    kp: i64 = 0
+                    while kp < pad:
+                        blocks.append(null)
+                        kp += 1
+                else:
+                    blocks.extend(self._null_run(pad))
             if was_allocated:
                 # the speculative blocks move up past the skipped range
                 idx: i64 = prev - nspec
