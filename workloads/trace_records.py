@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final, NoReturn
 
 import orjson
+from librt.strings import StringWriter
 from librt.vecs import append, vec
-from mypy_extensions import i64
+from mypy_extensions import i32, i64
 
 from sim.config.loader import decode_line
 from workloads.base import MAX_COUNT, TraceRequest, WorkloadError, show
@@ -48,11 +49,26 @@ NOT_LAYOUT: Final = -1   # layout_record's timestamp for a line not in the layou
 
 def request_id(index: int) -> str:
     """Trace request ids: ``r`` + the 0-based record index (>= 0), zero-padded to
-    ``ID_DIGITS`` digits: ``f"r{index:07d}"``, without the format-spec machinery
-    (the digits of ``10 ** 7 + index`` past the leading 1)."""
-    if index < ID_PAD:
-        return "r" + str(ID_PAD + index)[1:]
-    return "r" + str(index)
+    ``ID_DIGITS`` digits: ``f"r{index:07d}"``, without the format-spec machinery (in
+    the compiled build: the digits into one ``StringWriter``, no intermediate str)."""
+    if index < 0 or index >= ID_PAD:
+        return "r" + str(index)
+    # (its seven digits from the last, into one word, then written from the first:
+    # v * ceil(2**34 / 10) >> 34 is v // 10 below 2**31)
+    v: i64 = index
+    word: i64 = 0
+    shift: i64 = 0
+    while shift < 56:
+        q = (v * 1717986919) >> 34
+        word |= (48 + v - q * 10) << shift
+        shift += 8
+        v = q
+    w = StringWriter()
+    w.append(114)   # "r"
+    while shift:
+        shift -= 8
+        w.append(i32((word >> shift) & 255))
+    return w.getvalue()
 
 
 def _literal(line: bytes, i: i64, lit: bytes) -> i64:
