@@ -163,6 +163,9 @@ class Coordinator:
         self.retention_zero = retention is not None and retention == 0
         self._one_full = False
         self._no_blocks: list[Block] = []   # (a placeholder: every slot is filled before returning)
+        # a lookup's answer before it is filled, copied (a list copy costs less than a
+        # list multiplied)
+        self._no_hits: list[list[Block]] = [self._no_blocks] * len(specs)
         self.full_alone = -1   # full attention's hit alone in the last lookup (-1: unknown)
         self.unitary = False
         self.partial_hits = False
@@ -384,7 +387,7 @@ class HybridCoordinator(Coordinator):
             hit_length = curr
             if simple:
                 break
-        out: list[list[Block]] = [self._no_blocks] * len(self.specs)
+        out: list[list[Block]] = self._no_hits.copy()
         for idx in range(ng):
             g = groups[idx]
             got = found[idx]
