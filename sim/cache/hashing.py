@@ -336,37 +336,16 @@ class PrefixKeys:
 
     def locate(self, e: i64) -> i64:
         """The run holding token ``e - 1`` (``0 < e <= total``): ``begins[r] < e <=
-        begins[r + 1]``.  Walks are local, so it looks next to the last run
-        asked for before searching.  (``run_at`` repeats this body: change both.)"""
-        begins = self.begins
-        last: i64 = len(begins) - 1
-        r: i64 = self.cursor
-        if r > last:
-            r = last
-        if r < last and begins[r + 1] < e:
-            # forward: a few runs by scanning (block-end keys of a walk often skip
-            # one or two short runs), then by bisection
-            r += 1
-            steps: i64 = 0
-            while r < last and begins[r + 1] < e:
-                if steps == 4:
-                    r = _last_below(begins, e, r + 1, last)
-                    break
-                r += 1
-                steps += 1
-        elif begins[r] >= e:
-            r -= 1
-            if begins[r] >= e:
-                r = _last_below(begins, e, 0, r - 1)
-        self.cursor = r
-        return r
+        begins[r + 1]`` (``run_at``'s search, which keeps the run it found)."""
+        self.run_at(e)
+        return self.cursor
 
     def run_at(self, e: i64) -> tuple[i64, i64, i64]:
         """What a key ending at token ``e`` needs of the run holding token ``e - 1``:
         ``(pre, begin, end)``; every key ending in ``(begin, end]`` is
         ``unit_end(pre, key end - begin)``, so walks over consecutive keys search the
         runs once per run (``keys_at``, and the lookups in ``managers``)."""
-        # (``locate``, inline: a method call a key is most of what a walk costs)
+        # (walks are local: look next to the last run asked for before searching)
         begins = self.begins
         last: i64 = len(begins) - 1
         r: i64 = self.cursor
