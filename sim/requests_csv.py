@@ -170,7 +170,7 @@ def write_fields(f: IO[str], fields: list[tuple[str, Sequence[Any]]]) -> None:
 
 _TYPECODE = {INT_FIELD: "q", FLOAT_FIELD: "d"}
 _KIND = {INT_FIELD: csv_bytes.INT, FLOAT_FIELD: csv_bytes.FLOAT}
-# what csv.writer would quote, NUL aside (``_rows_text`` counts NULs itself)
+# what csv.writer would quote, NUL aside (``rows_text`` counts NULs itself)
 _QUOTED = re.compile('[,"\r\n]')
 _QUOTED_BYTES = re.compile(b'[,"\r\n\x00]')
 

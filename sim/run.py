@@ -351,15 +351,16 @@ def _positive(values) -> int:
 def _ttfts_makespan(rows) -> tuple[Sequence[float], float]:
     """The TTFTs in increasing order (summed left to right by the caller: a list) and
     the makespan (last finish - first arrival): of arrays of doubles by numpy (a sort
-    and an elementwise sum: the same doubles), else value by value (and with a NaN,
-    whose place in a sort Python and numpy do not agree on)."""
+    and an elementwise sum: the same doubles; stable, as sorted is, for -0.0 beside 0.0),
+    else value by value (and with a NaN, whose place in a sort Python and numpy do not
+    agree on)."""
     ttft, arrivals, e2e = (_col(rows, c) for c in ("ttft_s", "arrival_s", "e2e_s"))
     if all(isinstance(c, array) and c.typecode == "d" and len(c) for c in (ttft, arrivals, e2e)):
         import numpy as np
 
         t, a, e = (np.frombuffer(c, dtype="d") for c in (ttft, arrivals, e2e))
         if not (np.isnan(t).any() or np.isnan(a).any() or np.isnan(e).any()):
-            return np.sort(t).tolist(), float((a + e).max()) - float(a.min())
+            return np.sort(t, kind="stable").tolist(), float((a + e).max()) - float(a.min())
     makespan = (max(map(operator.add, arrivals, e2e), default=0.0) - min(arrivals, default=0.0))
     return sorted(ttft), makespan
 
