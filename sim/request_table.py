@@ -29,7 +29,7 @@ from sim.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS, RequestRecor
 from sim.csv_bytes import FLOAT as CSV_FLOAT
 from sim.csv_bytes import INT as CSV_INT
 from sim.requests_csv import (FLOAT_FIELD, INT_FIELD, TEXT_FIELD, any_text, float_texts,
-                              int_texts)
+                              int_texts, number_bytes)
 
 INT_CODES = ("b", "h", "i", "q")        # 1, 2, 4, 8 bytes: a column takes the narrowest
 WIDTH = 1 + len(REQUEST_COLUMNS)   # a recorder tuple: arrival index, then every column
@@ -57,15 +57,12 @@ def _widened(data: array, code: str) -> array:
     return out
 
 
-def _np_bytes(data: array, code: str, pos: Any) -> bytes:
-    """An array's numbers (those at ``pos``, or all) as bytes of ``code`` ("q": int64,
-    "d": double), widened by numpy."""
+def _np_picked(data: array, code: str, pos: Any) -> bytes:
+    """An array's numbers at ``pos`` (row positions) as bytes of ``code`` ("q": int64,
+    "d": double), widened by numpy (all of them: ``requests_csv.number_bytes``)."""
     import numpy as np
 
-    got = np.frombuffer(data, dtype=data.typecode)
-    if pos is not None:
-        got = got[np.frombuffer(pos, dtype="q") if isinstance(pos, array) else list(pos)]
-    return got.astype(code).tobytes()
+    return np.frombuffer(data, dtype=data.typecode)[pos].astype(code).tobytes()
 
 
 def _np_take(buf: Any, code: str, perm: Any) -> bytes:
@@ -345,11 +342,8 @@ class _Column:
             code = "q" if kind == "i" else "d"
             if self.blank and self.blank == len(data):
                 return ("c", "")
-            if pos is None:
-                raw = data[lo:hi]
-                raw = raw.tobytes() if raw.typecode == code else _np_bytes(raw, code, None)
-            else:
-                raw = _np_bytes(data, code, pos[lo:hi])
+            raw = number_bytes(data[lo:hi], code) if pos is None else \
+                _np_picked(data, code, pos[lo:hi])
             flags = b""
             if self.blank:
                 bl = self.blanks

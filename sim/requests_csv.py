@@ -188,7 +188,7 @@ def _bytes_rows(fields: list[tuple[str, Sequence[Any]]], n: int) -> str | None:
             elif spec == TEXT_FIELD:
                 items.append(("t", vals))
             else:
-                items.append(("n", _KIND[spec], _raw(vals, _TYPECODE[spec]), b""))
+                items.append(("n", _KIND[spec], number_bytes(vals, _TYPECODE[spec]), b""))
     except (OverflowError, TypeError):
         return None
     return rows_text(items, n)
@@ -249,7 +249,7 @@ def rows_text(items: list[tuple], n: int) -> str | None:
     return csv_bytes.rows_bytes(kinds, literals, data, aux, widths, n).decode("utf-8")
 
 
-def _raw(vals: Sequence[Any], code: str) -> bytes:
+def number_bytes(vals: Sequence[Any], code: str) -> bytes:
     """``vals`` as the bytes of an ``array(code)`` (a narrower array widened by numpy:
     no Python int a value)."""
     if isinstance(vals, array):

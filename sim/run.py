@@ -33,7 +33,7 @@ from sim.config.errors import CapacityError, ConfigError
 from sim.config.gpus import get_gpu, kv_budget
 from sim.config.scenario import Scenario
 from sim.engine.engine import Engine
-from sim.engine.record import Recorder, RequestMaker, StepSampler
+from sim.engine.record import ROW_FIELDS, Recorder, RequestMaker, StepSampler
 from sim.engine.scheduler import TOO_LONG_FOR_POOL, Scheduler, SimRequest
 from sim.models.layout import derive_layout
 from sim.cache.policies import PoolShape, get_policy
@@ -329,23 +329,26 @@ def _col(rows, name: str):
     return [getattr(r, name) for r in rows]
 
 
-def _isum(values) -> int:
-    """``sum`` of a column of ints: an integer array's by numpy (exact in int64: token
-    counts), anything else by ``sum`` (no int object a value for the arrays)."""
+def _int_array(values):
+    """A column of ints held in an integer array, as a numpy view of it (no int object
+    a value); None for any other column (a list: read it value by value)."""
     if isinstance(values, array) and values.typecode in "bhilq":
         import numpy as np
 
-        return int(np.frombuffer(values, dtype=values.typecode).sum(dtype=np.int64))
-    return sum(values)
+        return np.frombuffer(values, dtype=values.typecode)
+    return None
+
+
+def _isum(values) -> int:
+    """``sum`` of a column of ints (an integer array's exact in int64: token counts)."""
+    a = _int_array(values)
+    return int(a.sum(dtype="q")) if a is not None else sum(values)
 
 
 def _positive(values) -> int:
-    """How many values of a column of ints are > 0 (an integer array's by numpy)."""
-    if isinstance(values, array) and values.typecode in "bhilq":
-        import numpy as np
-
-        return int(np.count_nonzero(np.frombuffer(values, dtype=values.typecode) > 0))
-    return sum(1 for h in values if h > 0)
+    """How many values of a column of ints are > 0."""
+    a = _int_array(values)
+    return int((a > 0).sum()) if a is not None else sum(1 for h in values if h > 0)
 
 
 def _ttfts_makespan(rows) -> tuple[Sequence[float], float]:
@@ -548,8 +551,8 @@ def memory_fields(sampler: StepSampler) -> list[tuple[str, Sequence]]:
 
     # (the rows' columns by numpy, in arrays: the same numbers as the rows' tuples --
     # a time below 2**53 ns is exact as a double, times 1e-9 the same product)
-    d = np.frombuffer(raw, dtype="<i8").reshape(-1, 6)
-    t, a, m, in_use, running, waiting = (d[:, k] for k in range(6))
+    d = np.frombuffer(raw, dtype="<i8").reshape(-1, ROW_FIELDS)
+    t, a, m, in_use, running, waiting = (d[:, k] for k in range(ROW_FIELDS))
     secs = array("d", (t.astype(np.float64) * 1e-9).tobytes())
     counts = [array("q", c.astype("<i8").tobytes())
               for c in (a, m, in_use, a + m - in_use, running, waiting)]

@@ -162,10 +162,10 @@ class Coordinator:
         self.retention = retention
         self.retention_zero = retention is not None and retention == 0
         self._one_full = False
-        self._no_blocks: list[Block] = []   # (a placeholder: every slot is filled before returning)
-        # a lookup's answer before it is filled, copied (a list copy costs less than a
-        # list multiplied)
-        self._no_hits: list[list[Block]] = [self._no_blocks] * len(specs)
+        # a lookup's answer before it is filled (one placeholder list in every slot, each
+        # slot filled before returning), copied (a list copy costs less than a list
+        # multiplied)
+        self._no_hits: list[list[Block]] = [[]] * len(specs)
         self.full_alone = -1   # full attention's hit alone in the last lookup (-1: unknown)
         self.unitary = False
         self.partial_hits = False
