@@ -53,6 +53,8 @@ NATIVE_MODULES = (
     "sim.cache.evictions",
     "sim.cache.attribution",
     "sim.engine.scheduler",
+    "sim.engine.arrivals",
+    "sim.engine.gate",
     "sim.engine.engine",
     "sim.engine.record",
     "sim.csv_bytes",

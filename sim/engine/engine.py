@@ -1,45 +1,39 @@
-"""The SimPy replay: the engine is a SimPy process, a loop of steps; arrivals
-come off the engine's own heap.
+"""The SimPy replay of one replica: the engine is a SimPy process, a loop of steps.
 
 The engine process runs the scheduler one step at a time; each step lasts what
 the backend says.  While the batch is pure decode and nothing can change (no
 arrival, no finish, no block boundary, no waiting request) the engine advances
 many steps in one jump instead of one event per step.
 
-Arrivals are not SimPy processes (one process per request cost ~6 SimPy events
-each).  The engine reads the workload lazily, as a feeder process would, and
-keeps the events a process-per-request replay would schedule -- the feeder's
-wake-ups, a follow-up turn's think time (it starts ``think_s`` after its
-previous turn *finishes*: closed loop), the done event of each finished or
-rejected turn -- on a heap of virtual events keyed as SimPy keys its queue
-(time, priority, creation order).  Wherever the engine would take its next
-event (the end of a step another event precedes, a finish, a wait) it first
-handles every virtual event SimPy would have run before that one, so each
-schedule() and update sees the same requests, added in the same order, at the
-same integer-ns instants, as with one process per request (ties included: a
-request arriving as a step ends joins before the next schedule(); a follow-up
-turn whose previous turn finishes at that instant with no think time arrives
-then, after the step planned at that instant).  SimPy carries the engine's waits
-(idle, nothing fits) and its clock follows when arrivals were handled; a step
+Arrivals come off a heap of virtual events ordered as SimPy orders them
+(``sim/engine/arrivals.py``).  The engine's clock runs ahead of the time of the event
+it last resumed on while nothing else can happen; wherever it would take its next
+event (the end of a step another event precedes, a finish, a wait) the arrivals
+ordered before that event are handled first, so every schedule() and update sees the
+requests a process per request would have added by then.  SimPy carries the engine's
+waits (idle, nothing fits) and its clock follows when arrivals were handled; a step
 that only finishes requests costs it nothing.
+
+In a fleet (``sim/cluster``) several engines share one heap on one SimPy environment
+through a ``Gate`` (``sim/engine/gate.py``): the heap's events run as SimPy events at
+their exact keys, and an engine runs ahead only while no arrival (and, when follow-up
+turns close the loop, no other engine's step end) comes first; otherwise it takes its
+next event as a SimPy event at its key.  Each replica then steps exactly as it would
+alone on the arrivals it was handed.
 
 Each step the engine hands the backend a step plan (``backends.base.StepPlan``: the
 scheduled items, with the drafts each accepts, the tokens it keeps and whether it finishes)
 and gets the step's duration back; the backend sees nothing else of the engine or the
-scheduler.
+scheduler.  Observers (``EngineObserver``) see each step and each finish; none costs
+nothing.
 
 Time is kept in integer nanoseconds so that a jump over k steps lands on
 exactly the instant k single steps would reach (float sums are not
 associative); outputs convert back to seconds.
-
-(Over ~600 lines on purpose: the step loop and the arrival heap decide together which
-event runs first at an instant; split, the ordering rules would live in two places.)
 """
 from __future__ import annotations
 
-import heapq
-import math
-from typing import Any, Callable, Final, Generator, Iterable, Iterator, Protocol, cast
+from typing import Any, Callable, Final, Generator, Iterable, Protocol, cast
 
 import simpy
 from mypy_extensions import i64
@@ -47,12 +41,13 @@ from mypy_extensions import i64
 from backends.analytical import CostModel, DecodeTimes
 from backends.base import StepBackend, StepItem, StepPlan
 from sim.config.errors import CapacityError
+from sim.engine.arrivals import (NEVER, NORMAL, WAKE_ARMED, WAKE_NONE, Arrival, Arrivals, Inlet,
+                                 Turn, ns)
+from sim.engine.gate import Gate
 from sim.engine.record import Recorder, RequestMaker, StepSampler
 from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
 
 Process = Generator[simpy.Event, Any, None]
-NEVER: Final = (1 << 62) - 1   # "no such time" on the integer-ns clock (146 years; the
-                               # largest machine-size int of the compiled build)
 # Empty steps in a row, with no other event pending, after which the replay cannot
 # progress: a retry sees the same state (the one thing an empty step changes is a Mamba
 # state cached in the step before, handed out one step later; a request that preempted
@@ -60,67 +55,23 @@ NEVER: Final = (1 << 62) - 1   # "no such time" on the integer-ns clock (146 yea
 STALL_LIMIT: Final = 3
 
 
-def ns(seconds: float) -> int:
-    """``round(seconds * 1e9)`` exactly (Python's round: halves to even), without
-    the generic ``round`` call, which costs ~650 CPU instructions a time in the
-    compiled build (this runs once per engine step).  ``x - floor(x)`` is exact
-    for every float, so the three cases decide as ``round`` does."""
-    x = seconds * 1e9
-    f = math.floor(x)
-    d = x - f
-    if d > 0.5:
-        return f + 1
-    if d < 0.5:
-        return f
-    return f + (f & 1)
+class EngineObserver(Protocol):
+    """What watches an engine: each step as planned (its items, start and end ns, how
+    many steps it stands for) and each finished request.  Held as a list; an empty list
+    costs nothing."""
 
+    def on_step(self, items: list[ScheduledItem], start: int, end: int, k: int) -> None: ...
 
-class Arrival(Protocol):
-    """What the engine reads of a workload record (``workloads.base.TraceRequest``)."""
-
-    request_id: str
-    arrival_s: float
-    after: str | None
-    think_s: float
-
-
-# SimPy's event priorities, and the kinds of virtual events (see Engine, "arrivals")
-URGENT: Final = 0
-NORMAL: Final = 1
-FEED: Final = 0       # the feeder wakes at the next record's arrival
-DONE: Final = 1       # a finished turn's done event
-ARRIVE: Final = 2     # a follow-up turn's think time is over: it arrives
-REJECTED: Final = 3   # the done event of a turn rejected on arrival
-RESUME: Final = 4     # a follow-up whose previous turn had already finished resumes
-START: Final = 5      # the turns of the feeder's first run (before the engine's start)
-STALE: Final = 6      # the engine's timeout, unused: its wait ended on an arrival
-# the engine's wait for an arrival: none, waiting, woken, ended otherwise (a wake-up is a no-op)
-WAKE_NONE: Final = 0
-WAKE_ARMED: Final = 1
-WAKE_FIRED: Final = 2
-WAKE_LATE: Final = 3
-
-
-class _Turn:
-    """One workload record on its way in: the request's process of a
-    process-per-request replay, as state (its follow-ups wait in ``waiters``)."""
-
-    __slots__ = ("trace", "index", "prev", "waiters", "batch")
-
-    def __init__(self, trace: Arrival, index: int):
-        self.trace = trace
-        self.index = index
-        self.prev: _Turn | None = None            # the previous turn it waits for
-        self.waiters: list[_Turn] | None = None   # follow-ups waiting for this one
-        self.batch: list[_Turn] | None = None     # (START: the feeder's first run)
+    def on_finish(self, req: SimRequest, now: int) -> None: ...
 
 
 class Engine:
     def __init__(self, scheduler: Scheduler, backend: StepBackend,
                  make_request: Callable[[Any, int], SimRequest],
                  on_finish: Callable[[SimRequest], None], jump: bool = True,
-                 progress: Callable[[int], None] | None = None):
-        self.env = simpy.Environment()
+                 progress: Callable[[int], None] | None = None,
+                 env: simpy.Environment | None = None):
+        self.env = env if env is not None else simpy.Environment()
         self.sched = scheduler
         self.backend = backend
         # The analytical model is called natively (a call through the protocol costs ~550
@@ -136,29 +87,17 @@ class Engine:
         self.on_finish = on_finish
         self.jump = jump and backend.jumps
         self.progress = progress
-        self.next_arrival = NEVER   # time of the next known arrival (ns)
-        self.pending_followups: list[int] = []   # heap of known follow-up arrival times (ns)
-        # arrivals (see "arrivals" below): the virtual events, their creation count,
-        # the turns not yet finished by request id, the feeder's state
-        self.vq: list[tuple[int, int, int, int, _Turn]] = []
-        self.seq = 0
-        self.done_events: dict[str, _Turn] = {}
-        self.feed: Iterator[Arrival] = iter(())
-        self.feed_index = 0
-        self.vq_now = 0             # time of the latest virtual event handled
-        self.cur_t = 0              # key (time, seq) of the event the engine resumed on
-        self.cur_s = 0
-        self.noop_t = -1            # key of the latest no-op event (see _noop)
-        self.noop_s = -1
-        self.wake_state = WAKE_NONE
-        self.wake_t = 0             # key of the wake-up event, once fired
-        self.wake_s = 0
-        self.done_quiet = False     # a turn's done event was handled at once (see _done)
-        self.nobody = _Turn(cast(Arrival, None), -1)   # (payload of STALE events)
+        # arrivals: the heap of virtual events (this engine's own, or a fleet's shared one)
+        # and this engine's door to it
+        self.inlet = Inlet(scheduler, None, make_request)
+        self.arrivals = Arrivals(self.inlet)
+        self.gate: Gate | None = None   # a fleet's (sim/engine/gate.py); None: alone
         self.steps = 0
+        self.busy_ns: i64 = 0       # the steps' durations, summed (a fleet's per-replica busy)
         self.finished = 0
-        self.rejected: list[SimRequest] = []   # refused on arrival (see Scheduler.add)
+        self.rejected: list[SimRequest] = self.inlet.rejected   # refused on arrival
         self.on_step: Callable[[list[ScheduledItem], int, int, int], None] | None = None
+        self.observers: list[EngineObserver] = []   # each step and finish (empty: no cost)
         # ``sim run``'s own request maker, recorder and step sampler, when set, are called
         # natively: instead of ``make_request`` and ``on_finish``, and before ``on_step``
         # (a call through a callable costs ~1,000 CPU instructions in the compiled
@@ -210,288 +149,98 @@ class Engine:
         plan.start_ns = now
         return plan
 
-    # ---------------------------------------------------------------- arrivals --
-    # Arrivals run off SimPy's queue, on the engine's own heap ``self.vq`` of virtual
-    # events ``(time ns, priority, seq, kind, turn)``, ordered as SimPy would order
-    # the events of a process-per-request replay (time, then URGENT before NORMAL,
-    # then creation order: ``seq`` counts creations as SimPy's event ids do, the
-    # engine's own included).  The engine handles them ("drains" the heap) up to the
-    # key of each event it would resume on (``_sync``, ``_await_arrival``), so every
-    # schedule() and update sees exactly the requests a process per request would
-    # have added by then, in the same order.  Events that only occupied SimPy's
-    # queue (a process's end: ``_noop``; an unused timeout: STALE) are kept too: the
-    # progress guard and the engine's run-ahead look at the next event's time.
-    def _feed(self, t: int, turn: _Turn | None) -> list[_Turn]:
-        """The feeder at ``t``: ``turn`` (the record it waited for; None: its first
-        run) and every following record due by ``t`` or following up a previous turn,
-        read lazily; returns them, in trace order, and arms its next wake-up."""
-        batch: list[_Turn] = []
-        if turn is None:
-            turn = self._next_turn(t)
-        done = self.done_events
-        while turn is not None:
-            trace = turn.trace
-            if trace.after:   # (a follow-up turn: it waits for the previous one to finish)
-                prev = done.get(trace.after)
-                if prev is None:   # previous turn already finished: it resumes at once
-                    self.seq += 1
-                    heapq.heappush(self.vq, (t, NORMAL, self.seq, RESUME, turn))
-                else:
-                    turn.prev = prev
-            # registered now, not when the turn arrives: the next record may be its follow-up
-            done[trace.request_id] = turn
-            batch.append(turn)
-            turn = self._next_turn(t)
-        return batch
-
-    def _next_turn(self, t: int) -> _Turn | None:
-        """The feeder's next record, when it joins at ``t``; None when it arrives later
-        (the feeder's wake-up is armed) or the workload is over."""
-        nxt = next(self.feed, None)
-        if nxt is None:
-            self.next_arrival = NEVER
-            self._noop(t)   # (the feeder process's end)
-            return None
-        turn = _Turn(nxt, self.feed_index)
-        self.feed_index += 1
-        if nxt.after is None:
-            arrival = ns(nxt.arrival_s)
-            if arrival > t:
-                self.next_arrival = arrival
-                self.seq += 1
-                heapq.heappush(self.vq, (arrival, NORMAL, self.seq, FEED, turn))
-                return None
-        return turn
-
-    def _noop(self, t: int) -> None:
-        """An event that only occupies SimPy's queue (a process's end, an unused wake):
-        remembered for ``_peek`` (the progress guard sees it)."""
-        self.seq += 1
-        self.noop_t = t
-        self.noop_s = self.seq
-
-    def _start(self, t: int, batch: list[_Turn]) -> None:
-        """The turns the feeder released at ``t``, in order: a first turn arrives; a
-        follow-up registers with its previous turn (or waits for its own resume)."""
-        for turn in batch:
-            prev = turn.prev
-            if prev is not None:
-                if prev.waiters is None:
-                    prev.waiters = [turn]
-                else:
-                    prev.waiters.append(turn)
-                turn.prev = None
-            elif not turn.trace.after:
-                self._arrive(t, turn)
-
-    def _arrive(self, t: int, turn: _Turn) -> None:
-        maker = self.maker
-        r = (maker.make(turn.trace, turn.index) if maker is not None
-             else self.make_request(turn.trace, turn.index))
-        r.arrival_ns = t
-        r.done_event = turn
-        if not self.sched.add(r):
-            # rejected on arrival (prompt too long for max_model_len): never scheduled;
-            # a follow-up turn still comes after its think time
-            r.done_event = None
-            self.rejected.append(r)
-            self.seq += 1
-            heapq.heappush(self.vq, (t, NORMAL, self.seq, REJECTED, turn))
-            rid = turn.trace.request_id
-            if rid in self.done_events:   # (in + del: dict.pop is a generic call when compiled)
-                del self.done_events[rid]
-            self._noop(t)
-        else:
-            w = self.wake_state
-            if w == WAKE_ARMED:           # the engine waits for an arrival: resume it here
-                self.seq += 1
-                self.wake_t = t
-                self.wake_s = self.seq
-                self.wake_state = WAKE_FIRED
-            elif w == WAKE_LATE:          # its wait already ended: the wake-up is a no-op
-                self._noop(t)
-                self.wake_state = WAKE_FIRED
-
-    def _resume_followups(self, t: int, waiters: list[_Turn]) -> None:
-        """Previous turn finished at ``t``: each follow-up arrives its think time later."""
-        for turn in waiters:
-            a = t + ns(turn.trace.think_s)
-            heapq.heappush(self.pending_followups, a)
-            self.seq += 1
-            heapq.heappush(self.vq, (a, NORMAL, self.seq, ARRIVE, turn))
-
-    def _handle(self, ev: tuple[int, int, int, int, _Turn]) -> None:
-        t, _, _, kind, turn = ev
-        if t > self.vq_now:
-            self.vq_now = t
-        if kind == FEED:
-            self._start(t, self._feed(t, turn))
-        elif kind == DONE:   # a finished turn's done event: its process ends, follow-ups resume
-            rid = turn.trace.request_id
-            if rid in self.done_events:
-                del self.done_events[rid]
-            self._noop(t)
-            if turn.waiters is not None:
-                self._resume_followups(t, turn.waiters)
-        elif kind == ARRIVE:
-            heapq.heappop(self.pending_followups)
-            self._arrive(t, turn)
-        elif kind == REJECTED:
-            if turn.waiters is not None:
-                self._resume_followups(t, turn.waiters)
-        elif kind == RESUME:
-            self._resume_followups(t, [turn])
-        elif kind == STALE:
-            pass
-        else:   # START: the first run's turns (behind the engine's own start)
-            batch = turn.batch
-            turn.batch = None
-            if batch is not None:
-                self._start(t, batch)
-
-    def _drain(self, t: int, prio: int, s: int) -> bool:
-        """Handle every virtual event ordered before ``(t, prio, s)``; False if none."""
-        vq = self.vq
-        handled = False
-        while vq:
-            e = vq[0]
-            et = e[0]
-            if et > t or (et == t and (e[1] > prio or (e[1] == prio and e[2] > s))):
-                break
-            heapq.heappop(vq)
-            self._handle(e)
-            handled = True
-        return handled
-
-    def _sync(self, t: int) -> bool:
-        """The engine's timeout to ``t`` (the event it resumes on): the arrivals ordered
-        before it are handled first.  True when there were any (SimPy's clock follows
-        then; otherwise nothing but the engine ran in between)."""
-        self.seq += 1
-        s = self.seq
-        handled = self._drain(t, NORMAL, s)
-        self.cur_t = t
-        self.cur_s = s
-        if self.done_quiet:   # (the ends of the processes of turns done at once)
-            self.done_quiet = False
-            self._noop(t)
-        return handled
-
-    def _await_arrival(self, limit: int) -> int:
-        """Handle arrivals until one wakes the engine (``wake``; with ``limit`` >= 0,
-        ``wake | timeout`` to ``limit``, that timeout being the newest event); returns
-        the time the engine resumes, -1 when nothing will ever wake it."""
-        s_lim = self.seq
-        self.wake_state = WAKE_ARMED
-        vq = self.vq
-        while vq:
-            e = vq[0]
-            if limit >= 0:
-                et = e[0]
-                if et > limit or (et == limit and e[1] == NORMAL and e[2] > s_lim):
-                    break
-            heapq.heappop(vq)
-            self._handle(e)
-            # (a wake-up at the timeout's instant is the newer event: the timeout resumes)
-            if self.wake_state == WAKE_FIRED and self.wake_t != limit:
-                t = self.wake_t
-                s = self.wake_s
-                self._drain(t, NORMAL, s)
-                if limit >= 0:   # the condition event, scheduled as the wake is handled
-                    self.seq += 1
-                    s = self.seq
-                    self._drain(t, NORMAL, s)
-                self.cur_t = t
-                self.cur_s = s
-                self.wake_state = WAKE_NONE
-                return t
-        if limit < 0:
-            self.wake_state = WAKE_NONE
-            return -1
-        # the timeout fires first: the condition event is scheduled then (a wake-up
-        # from now on, before the engine resumes, is a no-op)
-        if self.wake_state == WAKE_ARMED:
-            self.wake_state = WAKE_LATE
-        self.seq += 1
-        s = self.seq
-        self._drain(limit, NORMAL, s)
-        self.cur_t = limit
-        self.cur_s = s
-        self.wake_state = WAKE_NONE
-        return limit
-
-    def _peek(self) -> int:
-        """The time of the next event a process-per-request replay would have on
-        SimPy's queue (NEVER: none): the virtual events (an unused timeout of the
-        engine's included) and a no-op not yet handled."""
-        vq = self.vq
-        t = vq[0][0] if vq else NEVER
-        if self.noop_t == self.cur_t and self.noop_s > self.cur_s and self.noop_t < t:
-            t = self.noop_t
-        return t
-
     # ------------------------------------------------------------------ engine --
     def _loop(self) -> Process:
         env = self.env
         sched = self.sched
+        A = self.arrivals
+        inlet = self.inlet
+        gate = self.gate
         # The engine's clock.  It runs ahead of the time of the event it last resumed
-        # on (``cur_t``) while nothing else can happen: when the next event (``_peek``)
+        # on (``cur_t``) while nothing else can happen: when the next event (``peek``)
         # lies after the end of a step, that step's timeout would be the next event
         # anyway, so the engine applies the step at once and keeps going; it takes
-        # its next event (``_sync``, which first handles the arrivals ordered before
+        # its next event (``sync``, which first handles the arrivals ordered before
         # it) before anything a request could see: a finish (its done event), an
         # idle wait, or an event due by the end of the next step.  Every schedule()
         # and update sees the time it would have seen stepping one event at a time.
         # SimPy's clock follows when an arrival was handled, and carries every wait.
-        now = self.cur_t
+        # (In a fleet, ``sync`` and the waits go through the gate: see _fleet_*.)
+        now = inlet.cur_t
         stalls = 0
         while True:
             if not sched.has_work():
-                if now > self.cur_t and self._sync(now):
-                    yield env.timeout(now - int(env.now))
-                t = self._await_arrival(-1)   # (``yield wake``: the next arrival)
-                if t < 0:   # nothing will ever arrive: the replay is over
-                    t = self.vq_now if self.vq_now > self.cur_t else self.cur_t
-                    if t > env.now:
-                        yield env.timeout(t - int(env.now))
-                    return
-                yield env.timeout(t - int(env.now))
+                if gate is None:
+                    if now > inlet.cur_t and A.sync(now):
+                        yield env.timeout(now - int(env.now))
+                    t = A.await_arrival(-1)   # (``yield wake``: the next arrival)
+                    if t < 0:   # nothing will ever arrive: the replay is over
+                        t = A.vq_now if A.vq_now > inlet.cur_t else inlet.cur_t
+                        if t > env.now:
+                            yield env.timeout(t - int(env.now))
+                        return
+                    yield env.timeout(t - int(env.now))
+                else:
+                    if now > inlet.cur_t and self._fleet_sync(now):
+                        yield gate.at(inlet.cur_t, NORMAL, inlet.cur_s)
+                    t = yield from self._fleet_wait(-1)
+                    if t < 0:   # nothing will ever arrive in the fleet: the replay is over
+                        inlet.pend_t = NEVER
+                        t = inlet.cur_t
+                        if t > env.now:
+                            yield env.timeout(t - int(env.now))
+                        return
                 now = t
             items = sched.schedule(now)
             if not items:
                 # Nothing fits this step (e.g. waiting on a state cached this
                 # step): let time pass one step's overhead and retry.
-                if now > self.cur_t and self._sync(now):
-                    yield env.timeout(now - int(env.now))
+                if now > inlet.cur_t:
+                    if gate is None:
+                        if A.sync(now):
+                            yield env.timeout(now - int(env.now))
+                    elif self._fleet_sync(now):
+                        yield gate.at(inlet.cur_t, NORMAL, inlet.cur_s)
                 # The progress guard: nothing else will ever happen (no arrival, no
                 # follow-up turn, nothing finishing) and retries keep scheduling nothing.
                 # vLLM would keep the request waiting forever; stop and say why.
-                if self._peek() == NEVER:
+                if (A.peek() if gate is None else gate.quiet(inlet)) == NEVER:
                     stalls += 1
                     if stalls >= STALL_LIMIT:
                         raise CapacityError(self.stuck_reason())
                 else:
                     stalls = 0
+                inlet.stalls = stalls
                 # (``wake | timeout``: the step's overhead, or an arrival before it)
                 limit = now + self.step_time(self.no_items, now)
-                self.seq += 1   # (the timeout)
-                s = self.seq
-                t = self._await_arrival(limit)
-                if t < limit:   # (the timeout stays queued, to no effect)
-                    heapq.heappush(self.vq, (limit, NORMAL, s, STALE, self.nobody))
-                yield env.timeout(t - int(env.now))
+                if gate is None:
+                    A.seq += 1   # (the timeout)
+                    s = A.seq
+                    t = A.await_arrival(limit)
+                    if t < limit:   # (the timeout stays queued, to no effect)
+                        A.stale(limit, s)
+                    yield env.timeout(t - int(env.now))
+                else:
+                    t = yield from self._fleet_wait(limit)
                 now = t
                 continue
             stalls = 0
             k, total = self._jump_steps(items, now) if self.jump else (1, 0)
             end = now + (total if k > 1 else self.step_time(items, now))
+            self.busy_ns += end - now
             sampler = self.sampler
             if sampler is not None:
                 sampler.step(items, now, end, k)
             if self.on_step is not None: self.on_step(items, now, end, k)  # noqa: E701 (planned)
+            if self.observers:
+                for o in self.observers:
+                    o.on_step(items, now, end, k)
             # another event is due by the end of this step: take the step's end as an event
-            if end >= self._peek() and self._sync(end):
-                yield env.timeout(end - int(env.now))
+            if gate is None:
+                if end >= A.peek() and A.sync(end):
+                    yield env.timeout(end - int(env.now))
+            elif end >= gate.bound(inlet) and self._fleet_sync(end):
+                yield gate.at(end, NORMAL, inlet.cur_s)
             now = end
             if k > 1:
                 self._run_jump(items, k)
@@ -499,8 +248,12 @@ class Engine:
                 self.steps += 1
                 finished = sched.update_from_output(items, now)
                 if finished:
-                    if now > self.cur_t and self._sync(now):   # finish at its time
-                        yield env.timeout(now - int(env.now))
+                    if now > inlet.cur_t:   # finish at its time
+                        if gate is None:
+                            if A.sync(now):
+                                yield env.timeout(now - int(env.now))
+                        elif self._fleet_sync(now):
+                            yield gate.at(now, NORMAL, inlet.cur_s)
                     for r in finished:
                         self.finished += 1
                         if self.cost is None:   # (a backend that reads plans)
@@ -510,7 +263,10 @@ class Engine:
                             rec.finish(r)
                         else:
                             self.on_finish(r)
-                        self._done(now, cast(_Turn, r.done_event))
+                        if self.observers:
+                            for o in self.observers:
+                                o.on_finish(r, now)
+                        A.done(inlet, now, cast(Turn, r.done_event))
                         r.done_event = None   # (the turn holds its record: let it go)
                         # (and the request and its step item, which point at each other,
                         # go by reference counting, not as cyclic garbage)
@@ -522,24 +278,55 @@ class Engine:
             # event already queued for this instant runs first (done events
             # included).  (When the clock ran ahead, nothing is due before the
             # next step's end.)
-            if now == self.cur_t and (self.done_quiet or self._peek() <= now) \
-                    and self._sync(now):
-                yield env.timeout(now - int(env.now))
+            if now == inlet.cur_t:
+                if gate is None:
+                    if (inlet.done_quiet or A.peek() <= now) and A.sync(now):
+                        yield env.timeout(now - int(env.now))
+                elif (inlet.done_quiet or gate.bound(inlet) <= now) and self._fleet_sync(now):
+                    yield gate.at(now, NORMAL, inlet.cur_s)
 
-    def _done(self, t: int, turn: _Turn) -> None:
-        """The done event of ``turn``, finished at ``t``.  Handled at once when nobody
-        could be waiting for it (no follow-up registered, no feeder wake-up due at
-        ``t`` that could register one): its one effect, besides the end of the turn's
-        process (a no-op after the next event, ``done_quiet``), is that a later
-        follow-up record finds the turn finished."""
-        if turn.waiters is None and self.next_arrival != t:
-            rid = turn.trace.request_id
-            if rid in self.done_events:
-                del self.done_events[rid]
-            self.done_quiet = True
+    # ------------------------------------------------------------------ fleet --
+    def _fleet_sync(self, t: int) -> bool:
+        """In a fleet: the engine's timeout to ``t`` (the event it resumes on), created now;
+        True when it must be taken as a SimPy event at its key (an arrival, or with
+        follow-up turns another engine's step end, comes first: the gate runs those),
+        False when nothing comes first and the engine goes on at once."""
+        A = self.arrivals
+        inlet = self.inlet
+        gate = cast(Gate, self.gate)
+        A.seq += 1
+        s = A.seq
+        inlet.cur_t = t
+        inlet.cur_s = s
+        if inlet.done_quiet:   # (the ends of the processes of turns done at once)
+            inlet.done_quiet = False
+            A.noop(t)
+        if gate.bound(inlet) <= t:
+            inlet.pend_t = t
+            inlet.pend_s = s
+            return True
+        return False
+
+    def _fleet_wait(self, limit: int) -> Generator[simpy.Event, Any, int]:
+        """In a fleet: wait for an arrival (``limit`` < 0), or for an arrival or the
+        timeout to ``limit``; returns the time the engine resumes (the gate sets its
+        key), -1 when nothing will ever arrive."""
+        inlet = self.inlet
+        gate = cast(Gate, self.gate)
+        inlet.bell = simpy.Event(self.env)
+        inlet.wake_state = WAKE_ARMED
+        if limit >= 0:
+            A = self.arrivals
+            A.seq += 1   # (the timeout)
+            gate.wait(inlet, limit, A.seq)
         else:
-            self.seq += 1
-            heapq.heappush(self.vq, (t, NORMAL, self.seq, DONE, turn))
+            gate.wait(inlet, -1, 0)
+        ended = yield inlet.bell
+        inlet.wake_state = WAKE_NONE
+        inlet.wait_limit = -2
+        if ended:
+            return -1
+        return inlet.cur_t
 
     def stuck_reason(self) -> str:
         """One line naming the request the replay is stuck on, and why."""
@@ -610,9 +397,7 @@ class Engine:
         n = len(items)
         T = n * t
         TT = n * t * (t + 1)
-        horizon: i64 = self.next_arrival
-        if self.pending_followups and self.pending_followups[0] < horizon:
-            horizon = self.pending_followups[0]
+        horizon: i64 = self.arrivals.horizon() if self.gate is None else self.gate.bound(self.inlet)
         # (machine integers: a Python int's addition is a call where the compiler does
         # not inline it)
         start: i64 = now
@@ -666,15 +451,14 @@ class Engine:
         self.steps += k
 
     def run(self, traces: Iterable[Arrival]) -> None:
-        self.feed = iter(traces)
-        # (SimPy would start the feeder's process, then the engine's: event ids 1, 2)
-        self.seq = 2
-        self.cur_t = 0
-        self.cur_s = 2
-        batch = self._feed(0, None)
-        if batch:   # the first run's turns start behind the engine's own start (URGENT)
-            self.seq += 1
-            batch[0].batch = batch
-            heapq.heappush(self.vq, (0, URGENT, self.seq, START, batch[0]))
+        """Replay ``traces`` alone on this engine's own SimPy environment."""
+        self.inlet.maker = self.maker
+        self.arrivals.start(iter(traces))
         self.env.process(self._loop())
         self.env.run()
+
+    def process(self) -> simpy.Process:
+        """Start this engine's loop as a process on its environment (a fleet's, shared):
+        the gate has started the shared arrivals."""
+        self.inlet.maker = self.maker
+        return self.env.process(self._loop())
