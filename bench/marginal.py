@@ -3,6 +3,8 @@
     python bench/marginal.py                                  # the Mooncake scenario, 2,000 -> 6,000
     python bench/marginal.py --top 40 --inclusive             # functions by inclusive cost
     python bench/marginal.py --scenario scenarios/athena.yaml --low 500 --high 2000
+    python bench/marginal.py --set cluster.replicas=16 --set workload.time_scale=0.125
+                                                              # a 16-replica fleet (#40)
 
 Runs the whole ``sim run SCENARIO --requests N --no-report`` process twice under
 valgrind's callgrind (``OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0``: the same instructions
@@ -99,13 +101,16 @@ def by_function(costs: dict[str, float], inclusive: bool) -> dict[str, float]:
     return dict(out)
 
 
-def count(scenario: Path, n: int, work: Path, inclusive: bool) -> tuple[int, dict[str, int]]:
-    """Instructions of one whole ``sim run`` of ``n`` requests, and per function."""
+def count(scenario: Path, n: int, work: Path, inclusive: bool,
+          sets: list[str] = ()) -> tuple[int, dict[str, int]]:
+    """Instructions of one whole ``sim run`` of ``n`` requests, and per function;
+    ``sets``: ``--set`` overrides of the scenario."""
     out_file = work / f"callgrind.{n}.out"
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONHASHSEED="0")
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
            sys.executable, "-m", "sim", "run", str(scenario), "--requests", str(n),
-           "--no-report", "--out", str(work / f"run{n}"), "-q"]
+           "--no-report", "--out", str(work / f"run{n}"), "-q",
+           *(a for kv in sets for a in ("--set", kv))]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -128,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--top", type=int, default=25, help="functions to list (25; 0: none)")
     ap.add_argument("--inclusive", action="store_true",
                     help="list functions by inclusive cost (with their callees), not own cost")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a scenario field for both runs (repeatable)")
     ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
                     help="keep the callgrind files (callgrind.N.out) in DIR for callgrind_annotate")
     args = ap.parse_args(argv)
@@ -155,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         runs = {}
         for n in (args.low, args.high):
             print(f"  callgrind: sim run --requests {n:,} ...", file=sys.stderr, flush=True)
-            runs[n] = count(args.scenario.resolve(), n, work, args.inclusive)
+            runs[n] = count(args.scenario.resolve(), n, work, args.inclusive, args.set)
         if kept:
             try:
                 args.keep.mkdir(parents=True, exist_ok=True)

@@ -75,6 +75,11 @@ def memory_figure(cols: dict[str, list[float]], block_bytes: float, pool_bytes: 
     ``memory_frame``, built ahead (else built here); ``into``: a binary file object the
     PNG goes to instead (``style.save``)."""
     gib = block_bytes / style.GIB
+    if "replica" in cols:       # a fleet's memory.csv: replica 0's rows
+        n = max(cols["replica"], default=0) + 1
+        keep = [i for i, r in enumerate(cols["replica"]) if r == 0]
+        cols = {k: [v[i] for i in keep] for k, v in cols.items()}
+        title = f"{title} (replica 0 of {n})"
     t = cols["time_s"]
     with style.rc():
         fig, (ax, bx) = frame or memory_frame()
@@ -112,9 +117,10 @@ def as_read(fields) -> dict[str, list[float]]:
     from sim.records import MEMORY_COLUMNS
     from sim.requests_csv import FLOAT_FIELD
 
+    names = MEMORY_COLUMNS + (("replica",) if len(fields) > len(MEMORY_COLUMNS) else ())
     return {name: ([float(FLOAT_FIELD % v) for v in vals] if spec == FLOAT_FIELD
                    else list(vals))
-            for name, (spec, vals) in zip(MEMORY_COLUMNS, fields)}
+            for name, (spec, vals) in zip(names, fields)}
 
 
 def _inputs(folder: Path, s: dict, fields=None) -> tuple[Path, float, float] | None:
@@ -125,6 +131,10 @@ def _inputs(folder: Path, s: dict, fields=None) -> tuple[Path, float, float] | N
     if (fields is None and not path.is_file()) or not s.get("pool_bytes") \
             or not s.get("num_gpu_blocks"):
         return None
+    per = s.get("per_replica")
+    if per:     # a fleet: the figure shows replica 0 (every replica's rows: memory.csv)
+        pool = float(per[0]["pool_bytes"])
+        return path, pool, pool / per[0]["num_gpu_blocks"]
     pool = float(s["pool_bytes"])
     return path, pool, pool / s["num_gpu_blocks"]
 

@@ -292,18 +292,20 @@ def load_rows(folder: Path, rows: list | None = None) -> list:
 
 
 # the report's figures, by stem: ``draw`` renders any of them, in any process
-FIGURES = ("ttft_cdf", "hit_hist", "miss_waterfall", "memory")
+FIGURES = ("ttft_cdf", "hit_hist", "miss_waterfall", "memory", "replicas")
 
 
 def frames(stems) -> dict:
     """The figures ``stems`` built before their data (figure and axes, ticks made:
     ``style.ready``), by stem, for ``draw``: a report worker builds its figures while
     the simulation runs (``reports/workers.py``)."""
+    from reports.fleet_figure import replicas_frame
     from reports.memory_figure import memory_frame
     from reports.miss_figure import waterfall_frame
 
     build = {"ttft_cdf": ttft_frame, "hit_hist": hist_frame,
-             "miss_waterfall": waterfall_frame, "memory": memory_frame}
+             "miss_waterfall": waterfall_frame, "memory": memory_frame,
+             "replicas": replicas_frame}
     out = {}
     with style.rc():
         for stem in stems:
@@ -346,6 +348,13 @@ def draw(folder: Path, stems=FIGURES, s: dict | None = None, h: dict | None = No
                       built.pop("miss_waterfall", None))
     if "memory" in stems:
         draw_memory(folder, s, memory, built.pop("memory", None), drawn)
+    if "replicas" in stems:
+        from reports.fleet_figure import has_fleet, replicas_figure
+
+        if has_fleet(s):
+            with style.rc():
+                replicas_figure(s, folder, f"{name}: {s['replicas']} replicas behind "
+                                           f"{s['router']}", built.pop("replicas", None))
 
 
 def write_report(folder: Path, stems=FIGURES, rows: list | None = None,
@@ -400,6 +409,8 @@ def write_report(folder: Path, stems=FIGURES, rows: list | None = None,
     ]
     from reports.miss_figure import miss_markdown  # why requests missed (attribution)
     lines += miss_markdown(folder, s, rows, name, draw="miss_waterfall" in stems)
+    from reports.fleet_figure import fleet_markdown  # a fleet's replicas side by side
+    lines += fleet_markdown(folder, s, h, draw="replicas" in stems)
     from reports.memory_figure import memory_markdown  # the pool over time (memory.csv)
     lines += memory_markdown(folder, s, draw="memory" in stems, fields=memory)
     (folder / "report.md").write_text("\n".join(lines))

@@ -68,10 +68,26 @@ USED = MemoryAxis(lambda p: p.mamba_gib, "mamba_state_bytes_peak",
                   False)
 
 
+FLEET = MemoryAxis(lambda p: p.m("pool_bytes") / style.GIB, "pool_bytes",
+                   "provisioned cache memory, whole fleet (GiB: replicas x pool)",
+                   "provisioned cache memory of the fleet", True)
+
+
+def _fleet(points: list[Point]) -> bool:
+    """Points of fleets (``cluster:``): ``pool_bytes`` is every replica's pool, summed."""
+    try:
+        return any(style.finite(p.m("replicas")) for p in points)
+    except (KeyError, AttributeError, TypeError, ValueError):
+        return False
+
+
 def memory_axis(points: list[Point]) -> MemoryAxis:
-    """Provisioned memory when ``sweep_data.provisioned`` says so (a sweep of budgets),
-    else peak Mamba-state memory (see there: the frontier tables read the same)."""
-    return PROVISIONED if provisioned(points) else USED
+    """Provisioned memory when ``sweep_data.provisioned`` says so (a sweep of budgets,
+    or of a fleet's replicas: the whole fleet's), else peak Mamba-state memory (see
+    there: the frontier tables read the same)."""
+    if provisioned(points):
+        return FLEET if _fleet(points) else PROVISIONED
+    return USED
 
 
 def frontier_items(points: list[Point], axis: MemoryAxis):

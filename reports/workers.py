@@ -48,8 +48,9 @@ PRELUDE = "memory prelude"   # the first item of a prelude message (``ReportWork
 # what each worker draws (figure stems, and report.md), by the CPUs this process may
 # use: two parts (one a core beside the main process's writing) balanced on a 2-CPU
 # machine; one figure each with four or more
-PLANS = {2: (("miss_waterfall", "memory"), (REPORT_MD, "ttft_cdf", "hit_hist")),
-         4: (("miss_waterfall",), ("memory",), ("hit_hist",), (REPORT_MD, "ttft_cdf"))}
+PLANS = {2: (("miss_waterfall", "memory", "replicas"), (REPORT_MD, "ttft_cdf", "hit_hist")),
+         4: (("miss_waterfall", "replicas"), ("memory",), ("hit_hist",),
+             (REPORT_MD, "ttft_cdf"))}
 
 
 def plan() -> tuple[tuple[str, ...], ...]:

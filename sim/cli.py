@@ -312,6 +312,12 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
                    f"lost {s['lost_token_rate']:.2%}  TTFT p50 {s['ttft_p50_s']:.3f}s "
                    f"p99 {s['ttft_p99_s']:.3f}s{slo}  ({s['sim_requests_per_s']:,.0f} req/s simulated)"
                    f"  -> {folder}/")
+        if "per_replica" in s:     # a fleet (cluster:)
+            per = s["per_replica"]
+            hits = [p["token_hit_rate"] for p in per]
+            typer.echo(f"{s['replicas']} replicas behind {s['router']}: requests imbalance "
+                       f"{s['imbalance_requests']:.2f}x, token hit per replica "
+                       f"{min(hits):.2%} to {max(hits):.2%}  -> {folder}/replicas.csv")
         if getattr(dep, "kv_events", None) is not None:
             typer.echo(f"{dep.kv_events.summary()}  -> {folder}/kv_events.jsonl")
 

@@ -240,7 +240,7 @@ def _quiet_gc():
 def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: bool = True,
              fast_decode: bool = True, plant: str | None = None,
              prepare: Callable[[Deployment, Scheduler, Engine], None] | None = None,
-             replayed: Callable[[Deployment], None] | None = None):
+             replayed: Callable[[Deployment], None] | None = None, traces=None):
     """Run the scenario; returns (deployment, records, summary dict).  ``records`` are the
     served requests in arrival order, ``deployment.records`` every request, those refused
     on arrival included (what ``write_run`` writes): both ``sim.request_table.RequestTable``,
@@ -251,9 +251,18 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     (``sim explain`` watches one request's admission there and stops the replay);
     ``replayed(dep)`` once the replay is over and some request finished, before the
     requests are put in arrival order and summarized (``sim run`` hands its report
-    workers the memory figure's inputs there: ``memory_prelude``)."""
+    workers the memory figure's inputs there: ``memory_prelude``).  ``traces``: the
+    workload records to replay instead of the scenario's workload (an iterable of
+    ``workloads.TraceRequest`` in arrival order)."""
     from workloads import build_workload
 
+    if getattr(sc, "cluster", None) is not None:   # a fleet (sim/cluster)
+        if prepare is not None:
+            raise ConfigError("cluster", "this command replays one replica; a fleet is "
+                              "replayed by sim run")
+        from sim.cluster.fleet import run_fleet
+
+        return run_fleet(sc, progress, jump, fast_decode, plant, replayed, traces)
     t_wall = time.perf_counter()
     dep = build_deployment(sc)
     kv = dep.kv
@@ -268,7 +277,8 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     on_finish: Callable[[SimRequest], None] = rec.finish
 
     base_dir = sc.path.parent
-    traces = build_workload(sc.workload, sc.seed, base_dir)
+    if traces is None:
+        traces = build_workload(sc.workload, sc.seed, base_dir)
     backend = build_backend(sc, dep, plant)   # by backend.kind (torch imported only for torch)
     from sim.kv_events import attach as attach_kv_events   # (vLLM's KV events: opt-in)
     dep.kv_events = attach_kv_events(sc, kv, sched)   # (no decode jumps: exact event steps)
@@ -531,6 +541,8 @@ def run_header(sc: Scenario, dep) -> dict:
                        f"mean accepted {sc.speculative.mean_accepted_tokens}",
         "gpu": f"{sc.gpu.count} x {sc.gpu.type}",
         "workload": describe(sc.workload),
+        **({"replicas": sc.cluster.replicas, "router": sc.cluster.router.policy}
+           if getattr(sc, "cluster", None) is not None else {}),
     }
 
 
@@ -566,10 +578,11 @@ def memory_prelude(sc: Scenario, dep) -> tuple | None:
     the scenario's name (summary.json's ``scenario``: the figure's title); None without a
     sampler or a pool (no memory figure)."""
     fields = _memory_of(dep)
-    if fields is None or not dep.num_blocks or not dep.num_blocks * dep.block_bytes:
+    one = dep.replicas[0].dep if hasattr(dep, "replicas") else dep   # (a fleet: replica 0's)
+    if fields is None or not one.num_blocks or not one.num_blocks * one.block_bytes:
         return None
-    pool = float(dep.num_blocks * dep.block_bytes)
-    return fields, pool, pool / dep.num_blocks, sc.name
+    pool = float(one.num_blocks * one.block_bytes)
+    return fields, pool, pool / one.num_blocks, sc.name
 
 
 def _memory_of(dep) -> list | None:
@@ -578,7 +591,12 @@ def _memory_of(dep) -> list | None:
     (``ReportWorkers.submit`` then does not send them twice)."""
     sampler = getattr(dep, "sampler", None)
     if getattr(dep, "memory", None) is None and sampler is not None:
-        dep.memory = memory_fields(sampler)
+        if hasattr(dep, "replicas"):    # a fleet: every replica's rows, and which
+            from sim.cluster.outputs import memory_fields as fleet_memory
+
+            dep.memory = fleet_memory(dep)
+        else:
+            dep.memory = memory_fields(sampler)
     return getattr(dep, "memory", None)
 
 
@@ -586,7 +604,8 @@ def write_memory_csv(path: Path, fields: list[tuple[str, Sequence]]) -> None:
     """``memory.csv`` from its ``memory_fields`` (as ``csv.writer`` writes each row: at
     most MEMORY_ROWS rows, one %-formatting)."""
     with open(path, "w", newline="") as f:
-        csv.writer(f, lineterminator="\n").writerow(MEMORY_COLUMNS)
+        extra = ("replica",) if len(fields) > len(MEMORY_COLUMNS) else ()   # (a fleet's)
+        csv.writer(f, lineterminator="\n").writerow(MEMORY_COLUMNS + extra)
         requests_csv.write_fields(f, fields)
 
 
@@ -649,11 +668,15 @@ def _write_files(tmp: Path, sc: Scenario, dep, rows, summary, command, workers,
     if fields is not None:
         write_memory_csv(tmp / "memory.csv", fields)
     (tmp / "run.json").write_text(run_text)
+    if "per_replica" in summary:     # a fleet: one row per replica
+        from sim.cluster.outputs import write_replicas_csv
+
+        write_replicas_csv(tmp / "replicas.csv", summary["per_replica"])
     with open(tmp / "requests.csv", "w", newline="") as f:
         # column by column, a chunk of rows at a time: csv.writer's bytes (a list of
         # records has no storage kinds: every column formatted value by value)
         if isinstance(recs, RequestTable):
-            requests_csv.write_table(f, list(REQUEST_COLUMNS), recs)
+            requests_csv.write_table(f, recs.names(), recs)
         else:
             requests_csv.write_rows(f, list(REQUEST_COLUMNS), recs,
                                     ["o"] * len(REQUEST_COLUMNS))

@@ -310,7 +310,8 @@ def write_points_csv(path: Path, sweep: Sweep, results: list[dict]) -> None:
     metrics: list[str] = []
     for r in results:
         if r["status"] == "ok":
-            metrics = [k for k in r["summary"] if k not in TIMING]
+            metrics = [k for k, v in r["summary"].items()
+                       if k not in TIMING and not isinstance(v, (list, dict))]
             break
     with open(path, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from workloads.base import Dist, Fields, TraceRequest, WorkloadError, check_int, output_stream
+from workloads.base import Dist, Fields, TraceRequest, WorkloadError, check_int, output_stream, show
 from workloads.trace_records import request_id
 
 WHERE = "workload"
@@ -49,15 +49,43 @@ def _int_dist(f: Fields, key: str, minimum: int, default: Any = None) -> Dist:
 # --------------------------------------------------------------------------- system_prompt
 
 @dataclass(frozen=True, slots=True)
+class Tenant:
+    """One tenant of a multi-tenant ``system_prompt`` workload: its own system prompts
+    (streams ``sys/<tenant>/<k>``), their popularity, and its own Poisson rate."""
+
+    name: str
+    num_system_prompts: int
+    system_prompt_tokens: tuple[int, ...] | Dist
+    rate_per_s: float
+    popularity: str = "uniform"
+    zipf_s: float = 1.1
+
+
+TENANT_KEYS = ("name", "count", "num_system_prompts", "system_prompt_tokens", "popularity",
+               "zipf_s", "rate_per_s")
+# keys a tenant list replaces at the top of the workload
+PER_TENANT = ("num_system_prompts", "system_prompt_tokens", "popularity", "zipf_s",
+              "arrival", "rate_per_s", "cv")
+
+
+@dataclass(frozen=True, slots=True)
 class SystemPromptConfig:
     """``kind: system_prompt`` — K shared system prompts (stream ``sys/<k>``), each
-    request = one of them + a private suffix (stream ``u/<request id>``)."""
+    request = one of them + a private suffix (stream ``u/<request id>``).
+
+    Multi-tenant: ``tenants:`` lists tenant groups instead of the prompts and the rate,
+    each ``{name, count: N, num_system_prompts, system_prompt_tokens, popularity, zipf_s,
+    rate_per_s}``; a group stands for ``count`` tenants (``<name>-<i>``), each with its own
+    system prompts (drawn once per tenant when ``system_prompt_tokens`` is a
+    distribution) and its own Poisson rate; the workload is their superposition (the
+    next arrival of any tenant, that tenant with probability rate / total rate).  Suffix
+    and output lengths, ``num_requests`` and ``duration_s`` stay at the top."""
 
     KIND: ClassVar[str] = "system_prompt"
     KEYS: ClassVar[tuple[str, ...]] = (
         "kind", "num_system_prompts", "system_prompt_tokens", "popularity", "zipf_s",
         "suffix_tokens", "output_tokens", "arrival", "rate_per_s", "cv", "num_requests",
-        "duration_s")
+        "duration_s", "tenants")
 
     num_system_prompts: int
     system_prompt_tokens: tuple[int, ...] | Dist   # K lengths, or sampled once per prompt
@@ -68,10 +96,13 @@ class SystemPromptConfig:
     zipf_s: float = 1.1
     num_requests: int | None = None
     duration_s: float | None = None
+    tenants: tuple[Tenant, ...] | None = None
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any], where: str = WHERE) -> SystemPromptConfig:
         f = Fields(m, where, cls.KEYS)
+        if f.has("tenants"):
+            return cls._multi_tenant(f)
         k = f.int("num_system_prompts", minimum=1)
         spt = f.raw("system_prompt_tokens")
         if isinstance(spt, (list, tuple)):
@@ -99,15 +130,104 @@ class SystemPromptConfig:
             arrival=arrival, popularity=popularity, zipf_s=zipf_s,
             num_requests=num_requests, duration_s=duration_s)
 
+    @classmethod
+    def _multi_tenant(cls, f: Fields) -> SystemPromptConfig:
+        for key in PER_TENANT:
+            if f.has(key):
+                raise WorkloadError(f"{f.name(key)}: set per tenant under tenants: (a tenant "
+                                    f"list replaces {', '.join(PER_TENANT)})")
+        raw = f.raw("tenants")
+        where = f.name("tenants")
+        if not isinstance(raw, list) or not raw:
+            raise WorkloadError(f"{where}: expected a non-empty list of tenant groups "
+                                f"({{name, count, num_system_prompts, system_prompt_tokens, "
+                                f"rate_per_s}}), got {show(raw)}")
+        tenants: list[Tenant] = []
+        names: set[str] = set()
+        for i, g in enumerate(raw):
+            tf = Fields(g, f"{where}[{i}]", TENANT_KEYS)
+            name = tf.str("name", f"t{i}")
+            count = tf.int("count", 1, minimum=1)
+            k = tf.int("num_system_prompts", 1, minimum=1)
+            spt = tf.raw("system_prompt_tokens")
+            if isinstance(spt, (list, tuple)):
+                if len(spt) != k:
+                    raise WorkloadError(f"{tf.name('system_prompt_tokens')}: has {len(spt)} "
+                                        f"lengths but num_system_prompts is {k}")
+                lengths: tuple[int, ...] | Dist = tuple(
+                    check_int(v, f"{tf.name('system_prompt_tokens')}[{j}]", 1)
+                    for j, v in enumerate(spt))
+            else:
+                lengths = Dist.parse(spt, tf.name("system_prompt_tokens"), integer=True,
+                                     minimum=1)
+            popularity = tf.str("popularity", "uniform", ("uniform", "zipf"))
+            zipf_s = tf.number("zipf_s", 1.1, positive=True)
+            rate = tf.number("rate_per_s", positive=True)
+            for c in range(count):
+                t = name if count == 1 else f"{name}-{c}"
+                if t in names:
+                    raise WorkloadError(f"{tf.name('name')}: tenant {t!r} twice")
+                names.add(t)
+                tenants.append(Tenant(t, k, lengths, rate, popularity, zipf_s))
+        if len(tenants) > 100_000:
+            raise WorkloadError(f"{where}: {len(tenants):,} tenants: at most 100,000")
+        num_requests = f.int("num_requests", None, minimum=0)
+        duration_s = f.number("duration_s", None, minimum=0.0)
+        if num_requests is None and duration_s is None:
+            raise WorkloadError(f"{f.name('num_requests')}: missing (give num_requests or duration_s)")
+        total = sum(t.rate_per_s for t in tenants)
+        return cls(num_system_prompts=sum(t.num_system_prompts for t in tenants),
+                   system_prompt_tokens=(), suffix_tokens=_int_dist(f, "suffix_tokens", 0),
+                   output_tokens=_int_dist(f, "output_tokens", 1),
+                   arrival=Arrivals("poisson", total), num_requests=num_requests,
+                   duration_s=duration_s, tenants=tuple(tenants))
+
     def popularity_weights(self) -> np.ndarray:
         """Probability of each system prompt (zipf: ``p_k ∝ 1/(k+1)^s``)."""
-        k = self.num_system_prompts
-        if self.popularity == "uniform":
-            return np.full(k, 1.0 / k)
-        w = 1.0 / np.arange(1, k + 1, dtype=float) ** self.zipf_s
-        return w / w.sum()
+        return _weights(self.num_system_prompts, self.popularity, self.zipf_s)
+
+    def _tenant_requests(self, seed: int) -> Iterator[TraceRequest]:
+        rng = np.random.default_rng(seed)
+        tenants = self.tenants or ()
+        lengths = []
+        cdfs = []
+        for t in tenants:        # each tenant's prompts, drawn once, in tenant order
+            if isinstance(t.system_prompt_tokens, tuple):
+                lengths.append(list(t.system_prompt_tokens))
+            else:
+                lengths.append([t.system_prompt_tokens.sample(rng)
+                                for _ in range(t.num_system_prompts)])
+            c = np.cumsum(_weights(t.num_system_prompts, t.popularity, t.zipf_s))
+            c[-1] = 1.0
+            cdfs.append(c)
+        pick = np.cumsum([t.rate_per_s for t in tenants], dtype=float)
+        pick /= pick[-1]
+        pick[-1] = 1.0
+        gaps = self.arrival.gaps(rng)
+        t_s = 0.0
+        i = 0
+        while self.num_requests is None or i < self.num_requests:
+            t_s += next(gaps)
+            if self.duration_s is not None and t_s > self.duration_s:
+                return
+            j = min(int(np.searchsorted(pick, rng.random(), side="right")), len(tenants) - 1)
+            ten = tenants[j]
+            k = ten.num_system_prompts
+            p = min(int(np.searchsorted(cdfs[j], rng.random(), side="right")), k - 1) \
+                if k > 1 else 0
+            suffix = self.suffix_tokens.sample(rng)
+            out = self.output_tokens.sample(rng)
+            rid = request_id(i)
+            segs = [(f"sys/{ten.name}/{p}", 0, lengths[j][p])]
+            if suffix > 0:
+                segs.append((f"u/{rid}", 0, suffix))
+            yield TraceRequest(rid, t_s, segs, out)
+            i += 1
 
     def requests(self, seed: int) -> Iterator[TraceRequest]:
+        if self.tenants is not None:
+            yield from self._tenant_requests(seed)
+            return
         rng = np.random.default_rng(seed)
         k = self.num_system_prompts
         if isinstance(self.system_prompt_tokens, tuple):
@@ -135,6 +255,14 @@ class SystemPromptConfig:
             i += 1
 
     def describe(self) -> str:
+        if self.tenants is not None:
+            stop = [f"{self.num_requests} requests"] if self.num_requests is not None else []
+            if self.duration_s is not None:
+                stop.append(f"{self.duration_s:g} s")
+            return (f"system_prompt: {len(self.tenants)} tenants, {self.num_system_prompts} "
+                    f"prompts in all, suffix {self.suffix_tokens.describe()}, output "
+                    f"{self.output_tokens.describe()}, poisson {self.arrival.rate_per_s:g}/s in "
+                    f"all, {' or '.join(stop)}")
         lengths = (",".join(map(str, self.system_prompt_tokens))
                    if isinstance(self.system_prompt_tokens, tuple)
                    else self.system_prompt_tokens.describe())
@@ -147,6 +275,14 @@ class SystemPromptConfig:
         return (f"system_prompt: {self.num_system_prompts} prompts ({pop}) of {lengths} tokens,"
                 f" suffix {self.suffix_tokens.describe()}, output {self.output_tokens.describe()},"
                 f" {self.arrival.describe()}, {' or '.join(stop)}")
+
+
+def _weights(k: int, popularity: str, zipf_s: float) -> np.ndarray:
+    """Probability of each of ``k`` prompts (zipf: ``p_k ∝ 1/(k+1)^s``)."""
+    if popularity == "uniform":
+        return np.full(k, 1.0 / k)
+    w = 1.0 / np.arange(1, k + 1, dtype=float) ** zipf_s
+    return w / w.sum()
 
 
 def _arrivals(f: Fields) -> Arrivals:

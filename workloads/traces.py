@@ -57,26 +57,37 @@ class MooncakeConfig:
     are ignored, as the trace's README says: expand the blocks and truncate to
     ``input_length``).  Should ``input_length``
     exceed ``block_tokens * len(hash_ids)``, the rest is a private stream
-    ``("mcu/<request id>", 0, rest)``.  Arrival = ``timestamp / 1000 * time_scale``."""
+    ``("mcu/<request id>", 0, rest)``.  Arrival = ``timestamp / 1000 * time_scale``.
+
+    ``sessions: chain`` gives each record a session (requests.csv's ``session``; what a
+    router's session affinity keys on): the trace's hash ids are prefix-chained (an equal
+    id at position i means an equal prefix through block i), so a record whose ids extend
+    all of an earlier record's ids continues that record's conversation; it joins the
+    session of the longest such earlier record, else starts one named after itself.
+    ``sessions: none`` (the default) leaves the column blank."""
 
     KIND: ClassVar[str] = "mooncake"
     KEYS: ClassVar[tuple[str, ...]] = ("kind", "path", "time_scale", "num_requests",
-                                       "block_tokens")
+                                       "block_tokens", "sessions")
 
     path: str
     time_scale: float = 1.0
     num_requests: int | None = None     # the first N records (default: all)
     block_tokens: int = 512
+    sessions: str = "none"              # none | chain
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any], where: str = WHERE) -> MooncakeConfig:
         f = Fields(m, where, cls.KEYS)
         path, time_scale, num_requests = _trace_fields(f)
-        return cls(path, time_scale, num_requests, f.int("block_tokens", 512, minimum=1))
+        return cls(path, time_scale, num_requests, f.int("block_tokens", 512, minimum=1),
+                   f.str("sessions", "none", ("none", "chain")))
 
     def requests(self, base_dir: Path | None = None) -> Iterator[TraceRequest]:
         path = resolve(self.path, base_dir)
         check_file(path, f"{WHERE}.path")
+        if self.sessions == "chain":
+            return chain_sessions(self._read(path))
         return self._read(path)
 
     def _read(self, path: Path) -> Iterator[TraceRequest]:
@@ -111,7 +122,46 @@ class MooncakeConfig:
 
     def describe(self) -> str:
         blk = "" if self.block_tokens == 512 else f", block {self.block_tokens}"
-        return f"mooncake: {self.path}{blk}{_suffix(self.num_requests, self.time_scale)}"
+        ses = ", sessions by hash-id chain" if self.sessions == "chain" else ""
+        return f"mooncake: {self.path}{blk}{ses}{_suffix(self.num_requests, self.time_scale)}"
+
+
+def chain_sessions(records: Iterator[TraceRequest]) -> Iterator[TraceRequest]:
+    """Each record with the session of the conversation it continues, or a new session
+    named after itself (``MooncakeConfig``, ``sessions: chain``).
+
+    A conversation's next turn sends the whole history again: the previous prompt, its
+    answer, a new message.  So record B continues an earlier record A when B's hash ids
+    extend all of A's *full* blocks (the trace's ids are prefix-chained: equal ids at
+    position i mean an equal prefix through block i; A's partial last block is completed
+    by its answer in B, so its id differs) and B's prompt is at least A's prompt plus A's
+    answer long.  Only the earlier record with the most full blocks that B extends is
+    asked (the latest of them): a B too short to continue it is a new conversation that
+    shares its prefix (a system prompt, say), not a continuation of a shorter record.  A
+    record with no full block continues nothing and is never continued.  A heuristic: the
+    trace holds no session ids."""
+    by_last: dict[int, tuple[str, int]] = {}   # last full block's id -> (session, tokens)
+    for rec in records:
+        seg = rec.segments
+        ids = seg.ids
+        n = seg.used
+        length = rec.prompt_tokens
+        full = length // seg.block if seg.block else 0
+        if full > n:
+            full = n
+        session = None
+        for k in range(full - 1, -1, -1):
+            got = by_last.get(ids[k])
+            if got is not None:       # the longest earlier prefix it extends decides
+                if length >= got[1]:
+                    session = got[0]
+                break
+        if session is None:
+            session = f"s{rec.request_id}"
+        if full:
+            by_last[ids[full - 1]] = (session, length + rec.output_tokens)
+        rec.session = session
+        yield rec
 
 
 # --------------------------------------------------------------------------- azure

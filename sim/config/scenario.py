@@ -24,7 +24,8 @@ from sim.config.slo import SLOSection
 from sim.config.speculative import SpeculativeSection
 
 TOP_KEYS = {"name", "description", "seed", "model", "kv_cache", "gpu", "cache", "scheduler",
-            "speculative", "workload", "backend", "output", "slo", "kv_events", "attribution"}
+            "speculative", "workload", "backend", "output", "slo", "kv_events", "attribution",
+            "cluster"}
 
 
 class ScenarioError(InputError):
@@ -50,6 +51,8 @@ class Scenario:
     kv_events: KVEventsSection = field(default_factory=KVEventsSection)
     # miss attribution (requests.csv *_tokens classes, summary miss_*): false turns it off
     attribution: bool = True
+    # a fleet of replicas behind a router (sim/cluster/config.py); None: one replica
+    cluster: Any = None
     raw: dict = field(default_factory=dict, repr=False)
 
 
@@ -226,8 +229,11 @@ def scenario_from_mapping(data, path: Path) -> Scenario:
     attribution = data.get("attribution", True)
     if not isinstance(attribution, bool):
         raise ConfigError("attribution", f"must be true or false, got {show(attribution)}")
+    from sim.cluster.config import parse_cluster
+
+    cluster = parse_cluster(data.get("cluster"))
     return Scenario(path=path, name=str(name), description=desc or "",
                     seed=seed, model=model, kv_cache=kv, gpu=gpu, cache=cache, scheduler=sched,
                     speculative=spec, workload=wl, backend=backend, output=out, slo=slo,
                     kv_events=KVEventsSection.from_value(data.get("kv_events")),
-                    attribution=attribution, raw=data)
+                    attribution=attribution, cluster=cluster, raw=data)

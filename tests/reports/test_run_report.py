@@ -9,6 +9,9 @@ from reports import run_report, style
 from tests.reports.builders import Req, write_run
 
 TTFTS = [0.1 * (i + 1) for i in range(10)]          # 0.1 .. 1.0 s
+# the figures of a run of one replica (a fleet adds replicas.png)
+SINGLE = tuple(s for s in run_report.FIGURES if s != "replicas")
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -131,7 +134,7 @@ def test_run_figures_cut_to_their_pixels_match_the_tight_box(tmp_path, monkeypat
 
     cut = tmp_path / "cut"
     shutil.copytree(athena_run, cut)
-    stems = run_report.FIGURES
+    stems = SINGLE
     clipped = []
     real_cut = style.Trim.cut
 
@@ -196,12 +199,12 @@ def test_figures_built_ahead_draw_the_same_bytes(tmp_path, athena_run):
     scratch = athena_run
     ahead = tmp_path / "ahead"
     shutil.copytree(scratch, ahead)
-    built = run_report.frames(run_report.FIGURES)
-    assert sorted(built) == sorted(run_report.FIGURES)
+    built = run_report.frames(SINGLE)
+    assert sorted(built) == sorted(SINGLE)
     assert not workers._frames(("report.md",))        # (no figure: nothing built)
-    run_report.draw(ahead, run_report.FIGURES, built=built)
+    run_report.draw(ahead, SINGLE, built=built)
     assert built == {}                                # each one used
-    for stem in run_report.FIGURES:
+    for stem in SINGLE:
         assert (ahead / f"{stem}.png").read_bytes() == (scratch / f"{stem}.png").read_bytes(), \
             stem
 
@@ -223,7 +226,27 @@ def test_titles_placed_once_land_where_the_search_puts_them(tmp_path, athena_run
     shutil.copytree(athena_run, searched)
     monkeypatch.setattr(style, "fixed_titles", contextlib.nullcontext)
     assert run_report.frames(("ttft_cdf",))["ttft_cdf"][1]._autotitlepos is True
-    run_report.draw(searched, run_report.FIGURES)
-    for stem in run_report.FIGURES:
+    run_report.draw(searched, SINGLE)
+    for stem in SINGLE:
         assert (searched / f"{stem}.png").read_bytes() == \
             (athena_run / f"{stem}.png").read_bytes(), stem
+
+
+def test_a_fleet_run_draws_its_replicas_panel(tmp_path):
+    """A fleet's report has the per-replica panel, cut to its pixels like the others,
+    and a Fleet section naming the router; a single replica's has neither."""
+    from sim.config.scenario import load_scenario
+    from sim.run import simulate, write_run
+
+    sc = load_scenario(ROOT / "scenarios" / "athena-tiny.yaml",
+                       {"cluster.replicas": 3, "cluster.router.policy": "least_outstanding"})
+    out = write_run(tmp_path / "fleet", sc, *simulate(sc))
+    assert (out / "replicas.png").stat().st_size > 0
+    md = (out / "report.md").read_text()
+    assert "## Fleet" in md and "`least_outstanding`" in md and "replicas.png" in md
+    again = tmp_path / "again"
+    import shutil
+
+    shutil.copytree(out, again)
+    run_report.write_report(again)          # (sim report DIR: the same bytes)
+    assert (again / "replicas.png").read_bytes() == (out / "replicas.png").read_bytes()

@@ -1,0 +1,275 @@
+"""Build and run a fleet: N replicas on one SimPy environment behind a router.
+
+Each replica is built exactly as ``sim run`` builds its one replica (``sim.run``:
+deployment, scheduler, request maker, recorder, step sampler, backend, engine); the
+replicas share one heap of arrivals through a ``Gate`` (``sim/engine/gate.py``), which the
+router's choice at each arrival feeds.  All replicas' finished requests go to one request
+table (rows keyed by the fleet's arrival order), with the replica each went to beside it.
+"""
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import simpy
+
+from sim.cluster.routers import ROUTERS
+from sim.cluster.routers.base import RouteRequest, Stateless
+from sim.cluster.view import ReplicaView
+from sim.config.errors import CapacityError, ConfigError
+from sim.engine.arrivals import Arrivals, Inlet
+from sim.engine.gate import Gate
+
+# workload kinds whose records may follow up a previous turn (``after``): their arrivals
+# depend on finishes, so replicas also wait for each other's steps (``Gate.closed_loop``)
+CLOSED_LOOP_KINDS = ("multi_turn", "jsonl")
+
+
+@dataclass
+class Replica:
+    """One replica's parts (what ``sim.run.simulate`` builds for a run alone)."""
+
+    index: int
+    scenario: Any
+    dep: Any                    # sim.run.Deployment
+    sched: Any
+    maker: Any
+    sampler: Any
+    recorder: Any
+    backend: Any
+    engine: Any
+    view: ReplicaView
+
+
+@dataclass
+class FleetDeployment:
+    """What a fleet resolves to, as ``sim.run.Deployment`` for one replica: the writers and
+    the report read the same names (``layout``, ``num_blocks``, ``block_bytes``,
+    ``records``, ``sampler``, ``kv_events``, ``memory``), for the fleet as a whole."""
+
+    replicas: list[Replica]
+    router: str
+    layout: Any
+    groups: tuple[str, ...]
+    num_blocks: int             # the fleet's pool blocks, every replica's summed
+    block_bytes: int            # replica 0's block (the same for identical replicas)
+    pool_bytes: int             # every replica's pool, summed
+    sampler: Any = None         # a merged view of the replicas' step samplers
+    records: Any = field(default_factory=list)
+    kv_events: Any = None
+    memory: list | None = None
+    replica_of: array = field(default_factory=lambda: array("q"))   # by arrival index
+    wall_s: float = 0.0
+    verify: list | None = None
+
+    @property
+    def kv(self):
+        return self.replicas[0].dep.kv
+
+
+class _Door:
+    """The router's side of the shared arrivals (``Arrivals.router``): names the inlet of
+    each arrival, then records where it went and keeps the views' counters."""
+
+    def __init__(self, router, replicas: list[Replica], replica_of: array):
+        self.router = router
+        self.replicas = replicas
+        self.inlets = [r.engine.inlet for r in replicas]
+        self.replica_of = replica_of
+        self.keeps_counters = type(router).finished is not Stateless.finished
+        self.routed: dict[int, RouteRequest] = {}
+        self.pending: RouteRequest | None = None
+
+    def route(self, t: int, trace: Any) -> Inlet:
+        req = RouteRequest(trace.request_id, trace.session, trace.segments,
+                           trace.prompt_tokens, trace.output_tokens, t, -1)
+        i = self.router.choose(req)
+        self.pending = req
+        return self.inlets[i]
+
+    def placed(self, inlet: Inlet, r: Any, ok: bool) -> None:
+        i = inlet.replica
+        rep = self.replicas[i]
+        req = self.pending
+        self.pending = None
+        ro = self.replica_of
+        while len(ro) <= r.index:
+            ro.append(-1)
+        ro[r.index] = i
+        view = rep.view
+        view.routed += 1
+        if ok:
+            view.outstanding_tokens += r.cache.num_prompt_tokens + r.max_tokens
+            if self.keeps_counters and req is not None:
+                req.index = r.index
+                self.routed[r.index] = req
+
+    def finished(self, replica: int, r: Any) -> None:
+        view = self.replicas[replica].view
+        view.outstanding_tokens -= r.cache.num_prompt_tokens + r.max_tokens
+        view.finished += 1
+        if self.keeps_counters:
+            req = self.routed.pop(r.index, None)
+            if req is not None:
+                self.router.finished(replica, req)
+
+
+class _FinishWatch:
+    """An engine observer: a replica's finished requests reach the router's counters."""
+
+    __slots__ = ("door", "replica")
+
+    def __init__(self, door: _Door, replica: int):
+        self.door = door
+        self.replica = replica
+
+    def on_step(self, items, start: int, end: int, k: int) -> None:
+        pass
+
+    def on_finish(self, req, now: int) -> None:
+        self.door.finished(self.replica, req)
+
+
+def replica_scenarios(sc) -> list:
+    """Each replica's scenario: the fleet's, with its group's ``set`` applied."""
+    from sim.config.scenario import ScenarioError, apply_overrides, scenario_from_mapping
+
+    made: dict[tuple, Any] = {}
+    out = []
+    for i, sets in enumerate(sc.cluster.replica_sets()):
+        key = tuple(sorted((k, repr(v)) for k, v in sets.items()))
+        if key not in made:
+            if not sets:
+                made[key] = sc
+            else:
+                raw = {k: v for k, v in sc.raw.items() if k != "cluster"}
+                try:
+                    made[key] = scenario_from_mapping(apply_overrides(raw, sets), sc.path)
+                except ConfigError as e:
+                    raise ScenarioError(f"{sc.path}: cluster.replicas (replica {i}): {e}") \
+                        from None
+                object.__setattr__(made[key], "cluster", sc.cluster)
+        out.append(made[key])
+    return out
+
+
+def build_replica(i: int, sc, env: simpy.Environment, kept, jump: bool, fast_decode: bool,
+                  plant: str | None, streams) -> Replica:
+    """One replica, as ``sim.run.simulate`` builds its one (on the fleet's environment).
+    ``streams``: the fleet's one registry of token streams, so that a prompt has the same
+    block keys on every replica (as vLLM's block hashes do), which a router matching
+    replicas' KV events needs; a replica's hits depend only on which keys are equal."""
+    from backends.base import build_backend
+    from sim.engine.engine import Engine
+    from sim.engine.record import Recorder, RequestMaker, StepSampler
+    from sim.engine.scheduler import Scheduler
+    from sim.kv_events import attach as attach_kv_events
+    from sim.run import build_deployment
+
+    dep = build_deployment(sc)
+    kv = dep.kv
+    sched = Scheduler(sc.scheduler, kv, accepted_per_step=sc.speculative.mean_accepted_tokens
+                      if sc.speculative.method else 0.0, fast_decode=fast_decode,
+                      reject_unservable=True)
+    maker = RequestMaker(kv, streams)
+    sampler = StepSampler(sched)
+    dep.sampler = sampler
+    rec = Recorder(maker, sampler, kept.add, kept.add_batch)
+    backend = build_backend(sc, dep, plant)
+    dep.kv_events = attach_kv_events(sc, kv, sched)
+    eng = Engine(sched, backend, maker.make, rec.finish,
+                 jump=jump and dep.kv_events is None, env=env)
+    eng.maker, eng.recorder, eng.sampler = maker, rec, sampler
+    if getattr(sc, "attribution", True):
+        from sim.cache.attribution import MissAttribution
+
+        sched.attribution = MissAttribution(kv)
+    return Replica(i, sc, dep, sched, maker, sampler, rec, backend, eng, ReplicaView(i, sched))
+
+
+def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = True,
+              fast_decode: bool = True, plant: str | None = None,
+              replayed: Callable[[Any], None] | None = None, traces=None):
+    """Replay the scenario's workload through its fleet; returns (fleet deployment,
+    served rows, summary), as ``sim.run.simulate`` does for one replica."""
+    from sim.request_table import RequestColumns
+    from sim.run import _quiet_gc, why_rejected
+    from workloads import build_workload
+
+    t_wall = time.perf_counter()
+    cl = sc.cluster
+    env = simpy.Environment()
+    kept = RequestColumns()
+    scenarios = replica_scenarios(sc)
+    from sim.cache.prompt import StreamRegistry
+
+    streams = StreamRegistry()
+    replicas = [build_replica(i, s, env, kept, jump, fast_decode, plant, streams)
+                for i, s in enumerate(scenarios)]
+    views = [r.view for r in replicas]
+    router = ROUTERS[cl.router.policy].build(cl.router.options, cl.router.seed, views)
+    replica_of = array("q")
+    door = _Door(router, replicas, replica_of)
+    arrivals = Arrivals(replicas[0].engine.inlet)
+    gate = Gate(env, arrivals, closed_loop=sc.workload.get("kind") in CLOSED_LOOP_KINDS)
+    arrivals.router = door
+    finished = [0]
+
+    def count(_n: int) -> None:
+        finished[0] += 1
+        progress(finished[0])
+
+    for rep in replicas:
+        eng = rep.engine
+        eng.arrivals = arrivals
+        eng.gate = gate
+        gate.add(eng.inlet)
+        eng.observers.append(_FinishWatch(door, rep.index))
+        if progress is not None:
+            eng.progress = count
+    if traces is None:
+        traces = build_workload(sc.workload, sc.seed, sc.path.parent)
+    arrivals.start(iter(traces), engines=len(replicas))
+    gate.start()
+    for rep in replicas:
+        rep.engine.process()
+    with _quiet_gc():
+        env.run()
+    for rep in replicas:
+        if rep.dep.kv_events is not None:
+            rep.dep.kv_events.finish()
+    rejected = [r for rep in replicas for r in rep.engine.rejected]
+    if not any(rep.recorder.pending for rep in replicas) and not kept.n and rejected:
+        first = min(rejected, key=lambda r: r.index)
+        rep = replicas[replica_of[first.index]]
+        raise CapacityError(f"every request was rejected ({len(rejected):,}); the first: "
+                            f"{why_rejected(rep.sched, first)}")
+    fdep = _fleet_deployment(sc, replicas, replica_of)
+    if replayed is not None:
+        replayed(fdep)
+    for rep in replicas:
+        for r in rep.engine.rejected:
+            rep.recorder.reject(r)
+        rep.recorder.flush()
+    from sim.cluster.outputs import fleet_summary, with_replica_column
+
+    fdep.records = with_replica_column(kept.table(sc.slo), replica_of)
+    rows = fdep.records.served()
+    fdep.wall_s = time.perf_counter() - t_wall
+    summary = fleet_summary(sc, fdep, rows)
+    return fdep, rows, summary
+
+
+def _fleet_deployment(sc, replicas: list[Replica], replica_of: array) -> FleetDeployment:
+    from sim.cluster.outputs import MergedSampler
+
+    d0 = replicas[0].dep
+    return FleetDeployment(
+        replicas=replicas, router=sc.cluster.router.policy, layout=d0.layout,
+        groups=d0.groups, num_blocks=sum(r.dep.num_blocks for r in replicas),
+        block_bytes=d0.block_bytes,
+        pool_bytes=sum(r.dep.num_blocks * r.dep.block_bytes for r in replicas),
+        sampler=MergedSampler([r.sampler for r in replicas]),
+        kv_events=None, replica_of=replica_of)

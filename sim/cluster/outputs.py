@@ -1,0 +1,209 @@
+"""What a fleet adds to a run folder, and the fleet's summary.
+
+* ``requests.csv``: the ``replica`` column (after the single-replica columns);
+* ``summary.json``: every single-replica field, for the fleet as a whole (counts, tokens
+  and pool bytes summed over the replicas, latencies over all requests, peaks summed
+  replica by replica: the most each held, not at one instant), then the fleet's own:
+  ``replicas``, ``router``, the imbalance of the replicas' loads (max / mean of requests
+  and of prompt tokens routed) and ``per_replica`` (one mapping a replica);
+* ``replicas.csv``: one row per replica (``REPLICA_COLUMNS``);
+* ``memory.csv``: every replica's step rows in time order, with a ``replica`` column.
+With one replica every single-replica field equals the run without ``cluster``.
+"""
+from __future__ import annotations
+
+import csv
+from array import array
+from pathlib import Path
+from typing import Any, Sequence
+
+from sim.records import SUMMARY_FIELDS
+from sim.stats import percentiles
+
+REPLICA_COLUMNS = ("replica", "gpu", "requests", "rejected_requests", "prompt_tokens",
+                   "hit_tokens", "token_hit_rate", "ttft_p50_s", "ttft_p99_s", "busy_s",
+                   "busy_fraction", "num_gpu_blocks", "pool_bytes", "evictions",
+                   "preemptions", "steps")
+FLEET_FIELDS = ("replicas", "router", "imbalance_requests", "imbalance_prompt_tokens",
+                "per_replica")
+
+
+class MergedSampler:
+    """The replicas' step samplers read as one (``sim.run.latency_fields`` reads the
+    inter-token latencies of all of them; the peaks are each replica's, summed)."""
+
+    def __init__(self, samplers: list):
+        self.samplers = samplers
+
+    @property
+    def itl_count(self) -> int:
+        return sum(s.itl_count for s in self.samplers)
+
+    @property
+    def itl_sum_ns(self) -> int:
+        return sum(s.itl_sum_ns for s in self.samplers)
+
+    @property
+    def itl_sparse(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for s in self.samplers:
+            for k, v in s.itl_sparse.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def itl_dense_bytes(self) -> bytes:
+        import numpy as np
+
+        parts = [np.frombuffer(s.itl_dense_bytes(), dtype="<i8") for s in self.samplers]
+        n = max((len(p) for p in parts), default=0)
+        total = np.zeros(n, dtype="<i8")
+        for p in parts:
+            total[:len(p)] += p
+        return total.tobytes()
+
+    @property
+    def occupied_peak(self) -> int:
+        return sum(s.occupied_peak for s in self.samplers)
+
+    @property
+    def in_use_peak(self) -> int:
+        return sum(s.in_use_peak for s in self.samplers)
+
+
+def with_replica_column(table, replica_of: array):
+    """The fleet's request table with the replica of each request (by arrival order)."""
+    return table.with_column("replica", replica_of[:len(table)])
+
+
+def _ratio(values: Sequence[float]) -> float:
+    m = sum(values) / len(values) if values else 0.0
+    return max(values) / m if m > 0 else 0.0
+
+
+def fleet_summary(sc, fdep, rows) -> dict:
+    """summary.json of a fleet: ``SUMMARY_FIELDS`` for the fleet, then ``FLEET_FIELDS``."""
+    from sim.run import (_col, _isum, _positive, _ttfts_makespan, latency_fields,
+                         miss_fields, rate_fields)
+
+    reps = fdep.replicas
+    n = len(rows)
+    prompt = _isum(_col(rows, "prompt_tokens"))
+    hit = _isum(_col(rows, "hit_tokens"))
+    lost = _isum(_col(rows, "lost_tokens"))
+    out_tokens = _isum(_col(rows, "output_tokens"))
+    ttfts, makespan = _ttfts_makespan(rows)
+    d0 = reps[0].dep
+    summary = {
+        "scenario": sc.name,
+        "model": sc.model.name,
+        "policy": sc.cache.policy,
+        "block_size": d0.layout.block_size,
+        "hash_block_size": d0.kv.hash_block_size,
+        "num_gpu_blocks": fdep.num_blocks,
+        "requests": n,
+        "rejected_requests": sum(len(r.engine.rejected) for r in reps),
+        "prompt_tokens": prompt,
+        "hit_tokens": hit,
+        "token_hit_rate": hit / prompt if prompt else 0.0,
+        "request_hit_rate": _positive(_col(rows, "hit_tokens")) / n if n else 0.0,
+        "lost_tokens": lost,
+        "lost_token_rate": lost / prompt if prompt else 0.0,
+        "ttft_mean_s": sum(ttfts) / n if n else float("nan"),
+        **dict(zip(("ttft_p50_s", "ttft_p90_s", "ttft_p99_s"), percentiles(ttfts, (50, 90, 99)))),
+        "output_tokens": out_tokens,
+        "makespan_s": makespan,
+        "throughput_tok_s": out_tokens / makespan if makespan > 0 else 0.0,
+        "mamba_state_bytes_peak": sum(r.dep.kv.peak_blocks("mamba") * r.dep.block_bytes
+                                      for r in reps),
+        "kv_bytes_peak": sum(r.dep.kv.peak_blocks("full") * r.dep.block_bytes for r in reps),
+        "evictions": sum(r.dep.kv.evicted_keys for r in reps),
+        "preemptions": sum(r.sched.preemptions for r in reps),
+        "steps": sum(r.engine.steps for r in reps),
+        **latency_fields(rows, fdep.sampler),
+        **rate_fields(sc, fdep, rows, makespan),
+        "pool_bytes": fdep.pool_bytes,
+        "occupied_bytes_peak": sum(r.sampler.occupied_peak * r.dep.block_bytes for r in reps),
+        "in_use_bytes_peak": sum(r.sampler.in_use_peak * r.dep.block_bytes for r in reps),
+        **miss_fields(rows, prompt),
+        "wall_s": fdep.wall_s,
+        "sim_requests_per_s": n / fdep.wall_s if fdep.wall_s > 0 else 0.0,
+    }
+    assert tuple(summary) == SUMMARY_FIELDS
+    per = per_replica(fdep, rows, makespan)
+    summary["replicas"] = len(reps)
+    summary["router"] = fdep.router
+    summary["imbalance_requests"] = _ratio([p["requests"] + p["rejected_requests"] for p in per])
+    summary["imbalance_prompt_tokens"] = _ratio([p["prompt_tokens"] for p in per])
+    summary["per_replica"] = per
+    return summary
+
+
+def per_replica(fdep, rows, makespan: float) -> list[dict]:
+    """One mapping a replica (``REPLICA_COLUMNS``), from the served rows' ``replica``."""
+    from sim.run import _col
+
+    reps = fdep.replicas
+    k = len(reps)
+    which = _col(rows, "replica")
+    prompt = _col(rows, "prompt_tokens")
+    hits = _col(rows, "hit_tokens")
+    ttft = _col(rows, "ttft_s")
+    req = [0] * k
+    pt = [0] * k
+    ht = [0] * k
+    tt: list[list[float]] = [[] for _ in range(k)]
+    for i, p, h, t in zip(which, prompt, hits, ttft):
+        req[i] += 1
+        pt[i] += p
+        ht[i] += h if h != "" else 0
+        tt[i].append(t)
+    out = []
+    for r in reps:
+        i = r.index
+        p50, p99 = percentiles(sorted(tt[i]), (50, 99)) if tt[i] else (0.0, 0.0)
+        busy = r.engine.busy_ns * 1e-9
+        out.append({
+            "replica": i, "gpu": f"{r.scenario.gpu.count} x {r.scenario.gpu.type}",
+            "requests": req[i], "rejected_requests": len(r.engine.rejected),
+            "prompt_tokens": pt[i], "hit_tokens": ht[i],
+            "token_hit_rate": ht[i] / pt[i] if pt[i] else 0.0,
+            "ttft_p50_s": p50, "ttft_p99_s": p99, "busy_s": busy,
+            "busy_fraction": busy / makespan if makespan > 0 else 0.0,
+            "num_gpu_blocks": r.dep.num_blocks, "pool_bytes": r.dep.num_blocks * r.dep.block_bytes,
+            "evictions": r.dep.kv.evicted_keys, "preemptions": r.sched.preemptions,
+            "steps": r.engine.steps,
+        })
+    return out
+
+
+def write_replicas_csv(path: Path, per: list[dict]) -> None:
+    """``replicas.csv``: one row per replica (floats with six significant digits)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(REPLICA_COLUMNS)
+        for p in per:
+            w.writerow([f"{p[c]:.6g}" if isinstance(p[c], float) else p[c]
+                        for c in REPLICA_COLUMNS])
+
+
+def memory_fields(fdep) -> list[tuple[str, Sequence[Any]]]:
+    """memory.csv's fields for a fleet: every replica's rows (``sim.run.memory_fields``),
+    merged in time order (replica order on ties), then the ``replica`` column."""
+    import numpy as np
+
+    from sim import requests_csv
+    from sim.run import memory_fields as one
+
+    parts = [(r.index, one(r.sampler)) for r in fdep.replicas]
+    cols = len(parts[0][1])
+    data = []
+    for c in range(cols):
+        arrays = [np.asarray(f[c][1], dtype="d" if c == 0 else "q") for _, f in parts]
+        data.append(np.concatenate(arrays) if arrays else np.zeros(0))
+    which = np.concatenate([np.full(len(f[0][1]), i, dtype="q") for i, f in parts])
+    order = np.lexsort((which, data[0]))
+    out = [(requests_csv.FLOAT_FIELD, array("d", data[0][order].tobytes()))]
+    for c in range(1, cols):
+        out.append((requests_csv.INT_FIELD, array("q", data[c][order].astype("q").tobytes())))
+    out.append((requests_csv.INT_FIELD, array("q", which[order].tobytes())))
+    return out

@@ -1,0 +1,65 @@
+"""What a router is given and what it answers.
+
+A router sees each arriving request (``RouteRequest``: what a front end knows of it) and
+the replicas through read-only views (``sim.cluster.view.ReplicaView``: load counters;
+cache views come with the routers that read them), and names a replica.  It never reaches
+into a replica's scheduler or cache.  ``finished`` tells it a request it routed has
+finished (a front end sees the response end), for routers that keep counters of their own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A policy that adds no keys of its own under ``cluster.router:``."""
+
+
+@dataclass(slots=True)
+class RouteRequest:
+    """One arrival as the router sees it."""
+
+    request_id: str
+    session: str | None
+    prompt: Any                 # the workload record's segments (or hash-id prompt)
+    prompt_tokens: int
+    output_tokens: int
+    arrival_ns: int
+    index: int                  # the fleet's arrival order
+
+
+class Router(Protocol):
+    """Picks a replica (its index) for each arrival, in arrival order."""
+
+    def choose(self, req: RouteRequest) -> int: ...
+
+    def finished(self, replica: int, req: RouteRequest) -> None: ...
+
+
+class RouterPolicy(Protocol):
+    """One router policy: a name, its own ``cluster.router`` keys, how it builds a router."""
+
+    name: str
+    options: type[Any]
+
+    def build(self, options: Any, seed: int, views: Sequence[Any]) -> Router: ...
+
+
+class Stateless:
+    """A router that keeps no counters of its own (``finished`` is a no-op)."""
+
+    def finished(self, replica: int, req: RouteRequest) -> None:
+        pass
+
+
+def least(views: Sequence[Any], load) -> int:
+    """The replica of least ``load(view)``, the lowest index on ties."""
+    best = 0
+    best_load = load(views[0])
+    for i in range(1, len(views)):
+        v = load(views[i])
+        if v < best_load:
+            best, best_load = i, v
+    return best
