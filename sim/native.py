@@ -41,6 +41,7 @@ NATIVE_MODULES = (
     "sim.cache.specs",
     "sim.cache.key_map",
     "sim.cache.block_pool",
+    "sim.cache.mirror_pool",
     "sim.cache.utility_pool",
     "sim.cache.hashing",
     "sim.cache.prompt",

@@ -49,6 +49,7 @@ class TraceRequest:
     after: str | None = None         # request_id of the previous turn: this request arrives
     think_s: float = 0.0             # think_s after that one FINISHES (closed loop)
     priority: int = 0                # scheduler.policy priority: lower is served first (vLLM)
+    index: int = -1                  # a fleet's arrival order, set when a router pre-routes it
 
     @property
     def prompt_tokens(self) -> int:

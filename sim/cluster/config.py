@@ -9,6 +9,9 @@
         policy: round_robin       # a name of sim/cluster/routers (ROUTERS)
         seed: 0                   # every random draw of the router
         # ... and the policy's own keys (its ``options`` dataclass)
+      hindsight: false            # ask every replica's manager at each arrival what it would
+                                  # reuse: regret, routed-away misses (costs a lookup a
+                                  # replica a request; the replicas then meet at arrivals)
 
 A group's ``set`` overrides dotted fields of the scenario for its replicas only (the
 deployment: model, kv_cache, gpu, cache, scheduler, speculative, backend); the workload,
@@ -43,6 +46,7 @@ class ClusterSection:
 
     groups: tuple[tuple[int, tuple[tuple[str, Any], ...]], ...] = ((1, ()),)
     router: RouterSection = field(default_factory=RouterSection)
+    hindsight: bool = False
 
     @property
     def replicas(self) -> int:
@@ -64,10 +68,13 @@ def parse_cluster(value: Any) -> ClusterSection | None:
         return None
     if not isinstance(value, dict):
         raise ConfigError("cluster", f"expected a mapping (replicas, router), got {show(value)}")
-    unknown = set(value) - {"replicas", "router"}
+    unknown = set(value) - {"replicas", "router", "hindsight"}
     if unknown:
         raise ConfigError(f"cluster.{sorted(map(str, unknown))[0]}",
-                          "unknown key (known: replicas, router)")
+                          "unknown key (known: hindsight, replicas, router)")
+    hindsight = value.get("hindsight", False)
+    if not isinstance(hindsight, bool):
+        raise ConfigError("cluster.hindsight", f"must be true or false, got {show(hindsight)}")
     groups = _groups(value.get("replicas", 1))
     r = value.get("router") or {}
     if not isinstance(r, dict):
@@ -90,7 +97,7 @@ def parse_cluster(value: Any) -> ClusterSection | None:
     validate = getattr(options, "validate", None)
     if validate is not None:
         validate("cluster.router.")
-    return ClusterSection(groups, RouterSection(name, seed, options))
+    return ClusterSection(groups, RouterSection(name, seed, options), hindsight)
 
 
 def _groups(value: Any) -> tuple[tuple[int, tuple[tuple[str, Any], ...]], ...]:

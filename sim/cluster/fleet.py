@@ -69,11 +69,56 @@ class FleetDeployment:
         return self.replicas[0].dep.kv
 
 
+def _put(a: array, k: int, v: int) -> None:
+    """``a[k] = v``, growing ``a`` (with -1) to hold it."""
+    while len(a) <= k:
+        a.append(-1)
+    a[k] = v
+
+
+class FleetContext:
+    """What a router is built with (``RouterPolicy.build``): the replicas, their load views
+    (``loads``), the fleet's one registry of token streams, and cache views made on demand
+    and shared (``view``: ``sim/cluster/views.py``)."""
+
+    def __init__(self, sc, replicas: list[Replica], streams):
+        self.sc = sc
+        self.replicas = replicas
+        self.loads = [r.view for r in replicas]
+        self.streams = streams
+        self._views: dict = {}
+
+    def view(self, name: str, lag_ms: float = 0.0):
+        from sim.cluster.views import EventsView, OracleView, attach_events
+
+        key = (name, lag_ms)
+        got = self._views.get(key)
+        if got is None:
+            if name == "oracle":
+                got = OracleView(self.replicas)
+            elif name == "events":
+                for r in self.replicas:
+                    if r.scenario.cache.policy != "vllm":
+                        raise ConfigError("cluster.router.view", f"events: replica {r.index} "
+                                          f"runs cache.policy {r.scenario.cache.policy}; the "
+                                          f"events index mirrors vLLM's pool (cache.policy "
+                                          f"vllm)")
+                got = EventsView(self.replicas, int(round(lag_ms * 1e6)))
+                attach_events(got, self.replicas, self.sc)
+            else:
+                raise ConfigError("cluster.router.view", f"unknown view {name!r}")
+            self._views[key] = got
+        return got
+
+
 class _Door:
     """The router's side of the shared arrivals (``Arrivals.router``): names the inlet of
     each arrival, then records where it went and keeps the views' counters."""
 
-    def __init__(self, router, replicas: list[Replica], replica_of: array):
+    def __init__(self, router, replicas: list[Replica], replica_of: array, fleet: FleetContext,
+                 hindsight: bool):
+        from sim.cluster.views import Prompt
+
         self.router = router
         self.replicas = replicas
         self.inlets = [r.engine.inlet for r in replicas]
@@ -81,11 +126,34 @@ class _Door:
         self.keeps_counters = type(router).finished is not Stateless.finished
         self.routed: dict[int, RouteRequest] = {}
         self.pending: RouteRequest | None = None
+        self.prompt_of = Prompt
+        self.streams = fleet.streams
+        self.needs_prompt = getattr(router, "needs_prompt", False) or hindsight
+        self.placed_hook = getattr(router, "placed", None)
+        # what the router believed its replica would reuse (-1: no belief), by arrival
+        self.predicts = hasattr(router, "needs_prompt")
+        self.predicted = array("q")
+        # hindsight (``cluster.hindsight``): every replica's hit at the arrival, asked of
+        # its own manager: the best one and where
+        self.oracle = fleet.view("oracle") if hindsight else None
+        self.best = array("q")
+        self.best_at = array("q")
+        self.others = array("q")      # the best of the replicas not chosen
+        self.at_arrival = array("q")  # the chosen replica's own, at the arrival
 
     def route(self, t: int, trace: Any) -> Inlet:
         req = RouteRequest(trace.request_id, trace.session, trace.segments,
                            trace.prompt_tokens, trace.output_tokens, t, -1)
+        if self.needs_prompt:
+            req.prompt = self.prompt_of(trace, self.streams)
+        hits = None
+        if self.oracle is not None:
+            hits = [self.oracle.hybrid_hit(k, req.prompt) for k in range(len(self.inlets))]
         i = self.router.choose(req)
+        if hits is not None:
+            b = max(range(len(hits)), key=lambda k: (hits[k], -k))
+            req.best = (hits[b], b, max((h for k, h in enumerate(hits) if k != i), default=0),
+                        hits[i])
         self.pending = req
         return self.inlets[i]
 
@@ -94,17 +162,26 @@ class _Door:
         rep = self.replicas[i]
         req = self.pending
         self.pending = None
-        ro = self.replica_of
-        while len(ro) <= r.index:
-            ro.append(-1)
-        ro[r.index] = i
+        k = r.index
+        _put(self.replica_of, k, i)
+        if self.predicts:
+            _put(self.predicted, k, req.predicted if req is not None else -1)
+        if self.oracle is not None and req is not None:
+            best, at, others, mine = req.best
+            _put(self.best, k, best)
+            _put(self.best_at, k, at)
+            _put(self.others, k, others)
+            _put(self.at_arrival, k, mine)
         view = rep.view
         view.routed += 1
+        if req is not None:
+            req.index = k
         if ok:
             view.outstanding_tokens += r.cache.num_prompt_tokens + r.max_tokens
             if self.keeps_counters and req is not None:
-                req.index = r.index
-                self.routed[r.index] = req
+                self.routed[k] = req
+        if self.placed_hook is not None and req is not None:
+            self.placed_hook(i, req, r, ok)
 
     def finished(self, replica: int, r: Any) -> None:
         view = self.replicas[replica].view
@@ -114,6 +191,39 @@ class _Door:
             req = self.routed.pop(r.index, None)
             if req is not None:
                 self.router.finished(replica, req)
+
+
+class _Splitter:
+    """The trace read once and dealt to the replicas by a router that reads no replica
+    state (``oblivious``): each replica's feed takes its records in trace order, reading
+    further (and routing, in arrival order) while it has none queued."""
+
+    def __init__(self, trace, router, replicas: list[Replica], replica_of: array):
+        from collections import deque
+
+        self.trace = trace
+        self.router = router
+        self.views = [r.view for r in replicas]
+        self.queues: list = [deque() for _ in replicas]
+        self.replica_of = replica_of
+
+    def feed(self, i: int):
+        q = self.queues[i]
+        while True:
+            if q:
+                yield q.popleft()
+                continue
+            rec = next(self.trace, None)
+            if rec is None:
+                return
+            k = len(self.replica_of)
+            req = RouteRequest(rec.request_id, rec.session, rec.segments, -1,
+                               rec.output_tokens, -1, k)
+            j = self.router.choose(req)
+            rec.index = k
+            self.replica_of.append(j)
+            self.views[j].routed += 1
+            self.queues[j].append(rec)
 
 
 class _FinishWatch:
@@ -208,33 +318,49 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
     streams = StreamRegistry()
     replicas = [build_replica(i, s, env, kept, jump, fast_decode, plant, streams)
                 for i, s in enumerate(scenarios)]
-    views = [r.view for r in replicas]
-    router = ROUTERS[cl.router.policy].build(cl.router.options, cl.router.seed, views)
+    fleet = FleetContext(sc, replicas, streams)
+    router = ROUTERS[cl.router.policy].build(cl.router.options, cl.router.seed, fleet)
     replica_of = array("q")
-    door = _Door(router, replicas, replica_of)
-    arrivals = Arrivals(replicas[0].engine.inlet)
-    gate = Gate(env, arrivals, closed_loop=sc.workload.get("kind") in CLOSED_LOOP_KINDS)
-    arrivals.router = door
+    closed = sc.workload.get("kind") in CLOSED_LOOP_KINDS
     finished = [0]
 
     def count(_n: int) -> None:
         finished[0] += 1
         progress(finished[0])
 
-    for rep in replicas:
-        eng = rep.engine
-        eng.arrivals = arrivals
-        eng.gate = gate
-        gate.add(eng.inlet)
-        eng.observers.append(_FinishWatch(door, rep.index))
-        if progress is not None:
-            eng.progress = count
     if traces is None:
         traces = build_workload(sc.workload, sc.seed, sc.path.parent)
-    arrivals.start(iter(traces), engines=len(replicas))
-    gate.start()
-    for rep in replicas:
-        rep.engine.process()
+    hindsight = cl.hindsight
+    door = None
+    if getattr(router, "oblivious", False) and not closed and not hindsight:
+        # A router that reads no replica decides the same at any time: each record is
+        # routed as the trace is read, and each replica runs alone on its share (its own
+        # heap of arrivals, on the fleet's clock), as fast as one replica alone.
+        split = _Splitter(iter(traces), router, replicas, replica_of)
+        for rep in replicas:
+            eng = rep.engine
+            if progress is not None:
+                eng.progress = count
+            eng.arrivals.indexed = True
+            eng.arrivals.start(split.feed(rep.index))
+            eng.process()
+    else:
+        door = _Door(router, replicas, replica_of, fleet, hindsight)
+        arrivals = Arrivals(replicas[0].engine.inlet)
+        gate = Gate(env, arrivals, closed_loop=closed)
+        arrivals.router = door
+        for rep in replicas:
+            eng = rep.engine
+            eng.arrivals = arrivals
+            eng.gate = gate
+            gate.add(eng.inlet)
+            eng.observers.append(_FinishWatch(door, rep.index))
+            if progress is not None:
+                eng.progress = count
+        arrivals.start(iter(traces), engines=len(replicas))
+        gate.start()
+        for rep in replicas:
+            rep.engine.process()
     with _quiet_gc():
         env.run()
     for rep in replicas:
@@ -256,6 +382,10 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
     from sim.cluster.outputs import fleet_summary, with_replica_column
 
     fdep.records = with_replica_column(kept.table(sc.slo), replica_of)
+    if door is not None:
+        from sim.cluster.outputs import with_routing_columns
+
+        fdep.records = with_routing_columns(fdep.records, door)
     rows = fdep.records.served()
     fdep.wall_s = time.perf_counter() - t_wall
     summary = fleet_summary(sc, fdep, rows)

@@ -25,6 +25,11 @@ REPLICA_COLUMNS = ("replica", "gpu", "requests", "rejected_requests", "prompt_to
                    "busy_fraction", "num_gpu_blocks", "pool_bytes", "evictions",
                    "preemptions", "steps")
 FLEET_FIELDS = ("replicas", "router", "imbalance_requests", "imbalance_prompt_tokens",
+                # the router's beliefs (routers that predict a hit) and, with hindsight,
+                # its regret (``routing_fields``)
+                "over_predicted_share", "under_predicted_share", "mean_over_prediction_tokens",
+                "over_predicted_tokens", "regret_tokens", "regret_token_rate",
+                "best_token_hit_rate", "routed_away_tokens", "routed_away_token_rate",
                 "per_replica")
 
 
@@ -73,6 +78,60 @@ class MergedSampler:
 def with_replica_column(table, replica_of: array):
     """The fleet's request table with the replica of each request (by arrival order)."""
     return table.with_column("replica", replica_of[:len(table)])
+
+
+def with_routing_columns(table, door):
+    """The table with what the router believed (``routed_hit_tokens``, when the router
+    predicts a hit) and, with ``cluster.hindsight``, every replica's hit at the arrival:
+    the chosen replica's (``arrival_hit_tokens``: its hit had it been admitted then), the
+    best (``best_hit_tokens``, on ``best_replica``) and the tokens the request missed
+    although another replica held them in every group (``routed_away_tokens``: the best
+    of the replicas not chosen, less the hit).  Rejected requests: blank."""
+    n = len(table)
+    hits = table.column("hit_tokens")
+    rejected = table.column("rejected")
+
+    def col(a: array) -> list:
+        return ["" if rejected[k] else (a[k] if k < len(a) else "") for k in range(n)]
+
+    if door.predicts:
+        table = table.with_column("routed_hit_tokens", col(door.predicted))
+    if door.oracle is not None:
+        table = table.with_column("arrival_hit_tokens", col(door.at_arrival))
+        table = table.with_column("best_hit_tokens", col(door.best))
+        table = table.with_column("best_replica", col(door.best_at))
+        table = table.with_column("routed_away_tokens", [
+            "" if rejected[k] else max(door.others[k] - hits[k], 0) for k in range(n)])
+    return table
+
+
+def routing_fields(rows) -> dict:
+    """summary.json's fields on the router's beliefs and its regret (those its run has)."""
+    from sim.run import _col
+
+    out: dict = {}
+    names = rows.names() if hasattr(rows, "names") else []
+    hit = list(_col(rows, "hit_tokens"))
+    prompt = sum(_col(rows, "prompt_tokens"))
+    n = len(hit)
+    if "routed_hit_tokens" in names:
+        pred = list(_col(rows, "routed_hit_tokens"))
+        over = [p - h for p, h in zip(pred, hit) if p > h]
+        under = [h - p for p, h in zip(pred, hit) if p < h]
+        out["over_predicted_share"] = len(over) / n if n else 0.0
+        out["under_predicted_share"] = len(under) / n if n else 0.0
+        out["mean_over_prediction_tokens"] = sum(over) / len(over) if over else 0.0
+        out["over_predicted_tokens"] = sum(over)
+    if "best_hit_tokens" in names:
+        best = list(_col(rows, "best_hit_tokens"))
+        regret = [max(b - h, 0) for b, h in zip(best, hit)]
+        away = sum(_col(rows, "routed_away_tokens"))
+        out["regret_tokens"] = sum(regret)
+        out["regret_token_rate"] = sum(regret) / prompt if prompt else 0.0
+        out["best_token_hit_rate"] = sum(best) / prompt if prompt else 0.0
+        out["routed_away_tokens"] = away
+        out["routed_away_token_rate"] = away / prompt if prompt else 0.0
+    return out
 
 
 def _ratio(values: Sequence[float]) -> float:
@@ -134,6 +193,7 @@ def fleet_summary(sc, fdep, rows) -> dict:
     summary["router"] = fdep.router
     summary["imbalance_requests"] = _ratio([p["requests"] + p["rejected_requests"] for p in per])
     summary["imbalance_prompt_tokens"] = _ratio([p["prompt_tokens"] for p in per])
+    summary.update(routing_fields(rows))
     summary["per_replica"] = per
     return summary
 

@@ -76,6 +76,7 @@ class Arrival(Protocol):
     arrival_s: float
     after: str | None
     think_s: float
+    index: int
 
 
 class Turn:
@@ -133,6 +134,9 @@ class Arrivals:
         self.done_events: dict[str, Turn] = {}   # turns not yet finished, by request id
         self.feed: Iterator[Arrival] = iter(())
         self.feed_index = 0
+        # a fleet's pre-routed feed: each record carries its place in the fleet's arrival
+        # order (``index``), the order its request is kept in
+        self.indexed = False
         self.vq_now = 0             # time of the latest virtual event handled
         self.noop_t = -1            # key of the latest no-op event (see noop)
         self.noop_s = -1
@@ -190,7 +194,7 @@ class Arrivals:
             self.next_arrival = NEVER
             self.noop(t)   # (the feeder process's end)
             return None
-        turn = Turn(nxt, self.feed_index)
+        turn = Turn(nxt, nxt.index if self.indexed else self.feed_index)
         self.feed_index += 1
         if nxt.after is None:
             arrival = ns(nxt.arrival_s)

@@ -147,6 +147,7 @@ class Scheduler:
             raise ValueError("mean accepted tokens exceed num_speculative_tokens")
         self.acc_num, self.acc_den = frac.numerator, frac.denominator
         self.step_index = 0
+        self.publish_time: i64 = 0      # when the latest KV events were published (ns)
         self.accept_list: list[int] | None = None   # per-step acceptance (step cases)
         self.step_accepted = 0   # drafts a decode item accepts in the step being scheduled
         # ``sim steps --per-step`` (and the step tester): each step's decisions as
@@ -667,4 +668,11 @@ class Scheduler:
             for r in finished:
                 r.mamba_states_written += kv.states_written(r.cache)
                 kv.free(r.cache)
+        if kv.pool.events is not None:
+            # vLLM publishes a step's KV events once its outputs are processed (the
+            # engine core's take_events after update_from_output): a router indexing them
+            # sees this step's from now on (the batch and its step are those published
+            # at the next step's start otherwise: the same stream)
+            self.publish_time = now
+            kv.pool.events.flush()
         return finished

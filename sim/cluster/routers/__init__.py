@@ -2,8 +2,9 @@
 
 A router is one file in this folder: a policy class with ``name``, ``options`` (a frozen
 dataclass of the keys it adds under ``cluster.router:``, named as its upstream names them)
-and ``build(options, seed, views)``, which returns the ``Router`` that picks a replica for
-each arrival (``base.Router``).  Register it below as ``"module:Class"`` (imported when a
+and ``build(options, seed, fleet)``, which returns the ``Router`` that picks a replica for
+each arrival (``base.Router``); ``fleet`` (``sim/cluster/fleet.py`` ``FleetContext``) gives
+the replicas' load views (``loads``) and cache views (``view(name, lag_ms)``).  Register it below as ``"module:Class"`` (imported when a
 scenario names it).  Each module's docstring cites the upstream rule it runs.
 """
 from __future__ import annotations
@@ -43,6 +44,10 @@ ROUTERS = RouterRegistry({
     "least_tokens": f"{_HERE}.least_loaded:LeastTokens",
     "power_of_two": f"{_HERE}.power_of_two:PowerOfTwo",
     "session_affinity": f"{_HERE}.session_affinity:SessionAffinity",
+    "cache_aware": f"{_HERE}.cache_aware:CacheAware",
+    "kv_router": f"{_HERE}.kv_router:KvRouter",
+    "llmd_scorers": f"{_HERE}.llmd_scorers:LlmdScorers",
+    "hybrid_aware": f"{_HERE}.hybrid_aware:HybridAware",
 })
 
 __all__ = ["NoOptions", "ROUTERS", "RouteRequest", "Router", "RouterPolicy", "RouterRegistry"]

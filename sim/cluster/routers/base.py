@@ -23,15 +23,21 @@ class RouteRequest:
 
     request_id: str
     session: str | None
-    prompt: Any                 # the workload record's segments (or hash-id prompt)
-    prompt_tokens: int
+    segments: Any               # the workload record's segments (or hash-id prompt)
+    prompt_tokens: int          # (-1 for a router that reads no replica: ``oblivious``)
     output_tokens: int
-    arrival_ns: int
+    arrival_ns: int             # (-1 likewise: it is routed as the trace is read)
     index: int                  # the fleet's arrival order
+    prompt: Any = None          # sim.cluster.views.Prompt: keys per hash configuration
+    predicted: int = -1         # the hit (tokens) the router believed its replica would give
+    best: Any = None            # hindsight: (best hit, its replica, best of the others, own)
 
 
 class Router(Protocol):
-    """Picks a replica (its index) for each arrival, in arrival order."""
+    """Picks a replica (its index) for each arrival, in arrival order; a router that
+    predicts a hit sets ``req.predicted`` (requests.csv ``routed_hit_tokens``).
+    ``placed`` (optional) hears where the request went and whether the replica took it,
+    with the replica's request; ``finished`` that it finished."""
 
     def choose(self, req: RouteRequest) -> int: ...
 
@@ -44,7 +50,7 @@ class RouterPolicy(Protocol):
     name: str
     options: type[Any]
 
-    def build(self, options: Any, seed: int, views: Sequence[Any]) -> Router: ...
+    def build(self, options: Any, seed: int, fleet: Any) -> Router: ...
 
 
 class Stateless:

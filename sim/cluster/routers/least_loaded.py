@@ -24,13 +24,13 @@ class LeastOutstanding:
     name = "least_outstanding"
     options = NoOptions
 
-    def build(self, options, seed, views):
-        return _Least(views, lambda v: v.outstanding)
+    def build(self, options, seed, fleet):
+        return _Least(fleet.loads, lambda v: v.outstanding)
 
 
 class LeastTokens:
     name = "least_tokens"
     options = NoOptions
 
-    def build(self, options, seed, views):
-        return _Least(views, lambda v: v.outstanding_tokens)
+    def build(self, options, seed, fleet):
+        return _Least(fleet.loads, lambda v: v.outstanding_tokens)

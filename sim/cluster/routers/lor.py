@@ -27,5 +27,5 @@ class LeastOutstandingRequests:
     name = "lor"
     options = NoOptions
 
-    def build(self, options, seed, views):
-        return _Lor(views)
+    def build(self, options, seed, fleet):
+        return _Lor(fleet.loads)

@@ -53,5 +53,5 @@ class PowerOfTwo:
     name = "power_of_two"
     options = PowerOfTwoOptions
 
-    def build(self, options, seed, views):
-        return _PowerOfTwo(views, seed, options.load)
+    def build(self, options, seed, fleet):
+        return _PowerOfTwo(fleet.loads, seed, options.load)

@@ -13,6 +13,7 @@ from sim.cluster.routers.base import NoOptions, RouteRequest, Stateless
 
 
 class _Random(Stateless):
+    oblivious = True        # (reads no replica: decided as the trace is read, see fleet.py)
     def __init__(self, n: int, seed: int):
         self.n = n
         self.rng = random.Random(seed)
@@ -25,5 +26,5 @@ class RandomPick:
     name = "random"
     options = NoOptions
 
-    def build(self, options, seed, views):
-        return _Random(len(views), seed)
+    def build(self, options, seed, fleet):
+        return _Random(len(fleet.loads), seed)

@@ -11,6 +11,7 @@ from sim.cluster.routers.base import NoOptions, RouteRequest, Stateless
 
 
 class _RoundRobin(Stateless):
+    oblivious = True        # (reads no replica: decided as the trace is read, see fleet.py)
     def __init__(self, n: int):
         self.n = n
         self.counter = 0
@@ -25,5 +26,5 @@ class RoundRobin:
     name = "round_robin"
     options = NoOptions
 
-    def build(self, options, seed, views):
-        return _RoundRobin(len(views))
+    def build(self, options, seed, fleet):
+        return _RoundRobin(len(fleet.loads))

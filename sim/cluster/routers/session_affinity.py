@@ -53,9 +53,11 @@ class _SessionAffinity(Stateless):
         self.n = len(views)
         self.max_outstanding = max_outstanding
         self.tokens = tokens
+        # without a load cap it reads no replica: decided as the trace is read (fleet.py)
+        self.oblivious = max_outstanding is None
 
     def choose(self, req: RouteRequest) -> int:
-        key = req.session if req.session else "p|" + prefix_key(req.prompt, self.tokens)
+        key = req.session if req.session else "p|" + prefix_key(req.segments, self.tokens)
         h = int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"),
                                            digest_size=8).digest(), "big")
         i = h % self.n
@@ -69,5 +71,5 @@ class SessionAffinity:
     name = "session_affinity"
     options = SessionAffinityOptions
 
-    def build(self, options, seed, views):
-        return _SessionAffinity(views, options.max_outstanding, options.affinity_tokens)
+    def build(self, options, seed, fleet):
+        return _SessionAffinity(fleet.loads, options.max_outstanding, options.affinity_tokens)

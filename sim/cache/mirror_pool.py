@@ -1,0 +1,49 @@
+"""A replica's cached keys as its KV cache events tell them: a block pool of keys alone.
+
+A router that indexes a replica's ``BlockStored`` / ``BlockRemoved`` events (as llm-d's and
+Dynamo's indexers do) knows which (prefix key, group) pairs the replica's pool holds, and
+at which token each key ends, but nothing of the blocks themselves.  ``MirrorPool`` holds
+exactly that: one stand-in block per stored key (a key stored twice, as vLLM does when a
+recomputed prefix is cached beside its old copy, is held twice and survives one
+``BlockRemoved``), with the pool's hash map and per-position counts kept as the real pool
+keeps them.  A ``KVCacheManager`` built over it (``pool_factory=MirrorPool``) looks a
+request up with the very code the replica runs (``find_longest_cache_hit``): the hit the
+events allow, every group and the Mamba states included.  It never allocates.
+"""
+from __future__ import annotations
+
+from sim.cache.block_pool import Block, BlockPool
+
+
+class MirrorPool(BlockPool):
+    """Keys only (see the module docstring); ``num_blocks`` is not held: blocks are made
+    as keys are stored."""
+
+    def __init__(self, num_blocks: int, hash_block_size: int, lookahead: int = 0):
+        super().__init__(2, hash_block_size, lookahead)   # the null block and one spare
+        self.spare: list[Block] = [self.blocks[1]]
+        self._pop_front()           # (no free queue: nothing is ever allocated here)
+
+    def store(self, pool_key: int, end: int) -> None:
+        """A ``BlockStored`` key: held once more, ending at token ``end``."""
+        if self.spare:
+            b = self.spare.pop()
+        else:
+            b = Block(len(self.blocks))
+            self.blocks.append(b)
+        self.insert_key(pool_key, b, end)
+
+    def remove(self, pool_key: int) -> None:
+        """A ``BlockRemoved`` key: held once less (a key not held: nothing)."""
+        bid = self.key_map.first(pool_key)
+        if bid >= 0:
+            b = self.blocks[bid]
+            self._unmap_keys(b, None)
+            self.spare.append(b)
+
+    def clear(self) -> None:
+        """``AllBlocksCleared``."""
+        for b in self.blocks[1:]:
+            if b.key >= 0:
+                self._unmap_keys(b, None)
+                self.spare.append(b)

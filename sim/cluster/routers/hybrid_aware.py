@@ -1,0 +1,115 @@
+"""``hybrid_aware`` (ours): Dynamo's cost, knowing the prefix a replica would *resume*.
+
+Every router above scores a replica by attention-block overlap, which for a hybrid model
+over-promises: a replica resumes a prefix only where it kept a Mamba state, after the EAGLE
+drop and the reconciliation of every KV-cache group.  This router asks, per replica, for
+that reconciled hit -- the lookup the replica's own cache manager runs, every group and its
+align / retention / EAGLE / junction rules included -- and combines it with load as
+``kv_router`` does (``load_book.py``: ``overlap_score_weight x prefill tokens / block size
++ decode blocks``, least cost, ``router_temperature``):
+
+* the overlap it scores is the resumable hit plus ``attention_credit`` x the attention
+  blocks held beyond it (default 1: all of them).  A replica holding a prefix's attention
+  blocks without a state there is where the prefix's requests ran: sending the next one
+  there puts the states it leaves (its prompt's end, the next turn's resume point) where
+  the prefix lives.  Scoring the resumable hit alone (credit 0) scatters a prefix's
+  requests while no replica has a state for it yet, and reuses less (measured on the athena
+  and Mooncake fleets: README);
+* ties go to the replica that would resume the most now, then Dynamo's rule (the smaller
+  index, then at random): where attention-only routers see equals, this one does not;
+* its belief (``routed_hit_tokens``) is the resumable hit: it never over-promises.
+
+``view: events`` (default) answers from the KV events each replica publishes alone
+(``sim/cluster/views.py``: the Mamba groups' events say where states live), delivered
+``event_lag_ms`` after each step; ``view: oracle`` asks each replica's manager directly:
+the upper bound of any view.  With the events on time (lag 0) and ``kv_events.fix_emit``
+the two agree; what vLLM 0.33.0's own events cannot tell a router is in the README.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from sim.cluster.routers.base import RouteRequest
+from sim.cluster.routers.kv_router import prompt_blocks
+from sim.cluster.routers.load_book import LoadBook, pick_by_cost
+from sim.config.errors import ConfigError
+
+VIEWS = ("events", "oracle")
+
+
+@dataclass(frozen=True)
+class HybridAwareOptions:
+    view: str = "events"
+    event_lag_ms: float = 0.0
+    overlap_score_weight: float = 1.0
+    router_temperature: float = 0.0
+    attention_credit: float = 1.0
+
+    def validate(self, prefix: str) -> None:
+        if not 0 <= self.attention_credit <= 1:
+            raise ConfigError(prefix + "attention_credit", f"must be in [0, 1], got "
+                              f"{self.attention_credit}")
+        if self.view not in VIEWS:
+            raise ConfigError(prefix + "view", f"must be one of {', '.join(VIEWS)} for "
+                              f"hybrid_aware, got {self.view!r}")
+        for name in ("event_lag_ms", "overlap_score_weight", "router_temperature"):
+            if getattr(self, name) < 0:
+                raise ConfigError(prefix + name, f"must be >= 0, got {getattr(self, name)}")
+
+
+class _HybridAware:
+    needs_prompt = True
+    uses_view = True
+
+    def __init__(self, opts: HybridAwareOptions, seed: int, fleet):
+        from sim.cluster.views import block_size_of
+
+        self.o = opts
+        self.n = len(fleet.replicas)
+        self.rng = random.Random(seed)
+        self.book = LoadBook(self.n)
+        self.kv0 = fleet.replicas[0].dep.kv
+        self.bs = block_size_of(self.kv0)
+        self.view = fleet.view(opts.view, opts.event_lag_ms)
+        self._blocks: list[int] = []
+        self._over = 0.0
+
+    def choose(self, req: RouteRequest) -> int:
+        keys = req.prompt.keys_for(self.kv0)
+        blocks = prompt_blocks(self.kv0, keys, req.prompt_tokens)
+        self.book.refresh()
+        view = self.view
+        view.advance(req.arrival_ns)
+        hits = [view.hybrid_hit(i, req.prompt) for i in range(self.n)]
+        credit = self.o.attention_credit
+        if credit > 0:
+            att = [view.attention_blocks(i, req.prompt) * self.bs for i in range(self.n)]
+            over = [h + credit * max(a - h, 0) for h, a in zip(hits, att)]
+        else:
+            over = hits
+        costs = [self.book.cost(i, req.prompt_tokens, over[i], blocks, self.bs,
+                                self.o.overlap_score_weight) for i in range(self.n)]
+        # ties: the larger resumable hit, then the smaller index (Dynamo's tie rule)
+        sizes = [(-hits[i], self.view.size(i)) for i in range(self.n)]
+        i = pick_by_cost(costs, sizes, self.o.router_temperature, self.rng)
+        req.predicted = hits[i]
+        self._over = over[i]
+        self._blocks = blocks
+        return i
+
+    def placed(self, i: int, req: RouteRequest, sim_req, ok: bool) -> None:
+        if ok:
+            self.book.add(i, req.index, sim_req, req.prompt_tokens - int(self._over),
+                          self._blocks)
+
+    def finished(self, i: int, req: RouteRequest) -> None:
+        self.book.finish(i, req.index)
+
+
+class HybridAware:
+    name = "hybrid_aware"
+    options = HybridAwareOptions
+
+    def build(self, options, seed, fleet):
+        return _HybridAware(options, seed, fleet)

@@ -1,0 +1,181 @@
+"""What a router may know of the replicas' caches (``cluster.router.view``).
+
+* ``oracle``: each replica's own cache manager, asked directly (a lookup that changes
+  nothing): the upper bound of any view.  Only ``hybrid_aware`` takes it.
+* ``events``: an index built only from the KV events each replica publishes (vLLM 0.33.0's
+  ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``, with their group), delivered
+  ``event_lag_ms`` after the step that published them, in the batches vLLM publishes (one
+  per step, after its outputs).  Per replica the index is a ``MirrorPool``
+  (``sim/cache/mirror_pool.py``) under a cache manager of the replica's own configuration,
+  so the hybrid hit it answers is the one the replica's lookup would give had its pool
+  held exactly what the events said.  vLLM's event defects stay (the replica publishes
+  them) unless ``kv_events.fix_emit`` is set.
+* ``approximate``: the router's own history of what it sent where, never asking a
+  replica (``sim/cluster/approximate.py``; each router says how it keeps it).
+
+Each view answers, per replica, the *hybrid* hit (every group reconciled, Mamba state
+included, under the replica's rules) and the *attention* overlap an attention-only router
+computes: the leading whole attention blocks of the prompt the replica holds.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from sim.cache.block_pool import GROUP_BITS
+
+VIEWS = ("oracle", "events", "approximate")
+
+
+class Prompt:
+    """One arrival's prompt as the routers need it: its keys, built once per distinct
+    hash configuration among the replicas (``keys_for``), and its length."""
+
+    __slots__ = ("trace", "streams", "tokens", "_keys")
+
+    def __init__(self, trace: Any, streams: Any):
+        self.trace = trace
+        self.streams = streams
+        self.tokens = trace.prompt_tokens
+        self._keys: dict[tuple[int, int], Any] = {}
+
+    def keys_for(self, kv: Any) -> Any:
+        """The prompt's ``PrefixKeys`` under ``kv``'s hash unit and lookahead."""
+        h = kv.hasher
+        k = (h.unit, h.lookahead)
+        got = self._keys.get(k)
+        if got is None:
+            got = self._keys[k] = self.streams.keys_of(self.trace.segments, h)
+        return got
+
+
+def attention_blocks(pool: Any, kv: Any, keys: Any, tokens: int) -> int:
+    """Leading whole attention blocks of a ``tokens``-token prompt whose key ``pool``
+    holds in the first full-attention group: what an attention-only indexer (Dynamo's,
+    llm-d's) counts as the overlap (no Mamba group, no EAGLE drop)."""
+    c = kv.coordinator
+    g = next((i for i, s in enumerate(c.specs) if s.kind == "full"), -1)
+    if g < 0:
+        return 0
+    bs = c.manager_of[g].block_size
+    scale = bs // c.hash_block_size
+    n = min(tokens // bs, keys.count // scale)
+    km = pool.key_map
+    j = 0
+    while j < n and km.has((keys.key((j + 1) * scale - 1) << GROUP_BITS) | g):
+        j += 1
+    return j
+
+
+def block_size_of(kv: Any) -> int:
+    """The attention block size (tokens) of a replica's cache (its first group's when it
+    has no full attention)."""
+    c = kv.coordinator
+    for s, m in zip(c.specs, c.manager_of):
+        if s.kind == "full":
+            return m.block_size
+    return c.manager_of[0].block_size
+
+
+class OracleView:
+    """The replicas' own managers (``view: oracle``)."""
+
+    name = "oracle"
+
+    def __init__(self, replicas: list):
+        self.kvs = [r.dep.kv for r in replicas]
+
+    def advance(self, now: int) -> None:
+        pass
+
+    def hybrid_hit(self, i: int, prompt: Prompt) -> int:
+        kv = self.kvs[i]
+        keys = prompt.keys_for(kv)
+        return kv.coordinator.find_longest_cache_hit(keys, prompt.tokens - 1)[1]
+
+    def attention_blocks(self, i: int, prompt: Prompt) -> int:
+        kv = self.kvs[i]
+        return attention_blocks(kv.pool, kv, prompt.keys_for(kv), prompt.tokens)
+
+    def size(self, i: int) -> int:
+        """Keys replica ``i``'s pool holds (Dynamo's tie-break: the smaller index tree)."""
+        return len(self.kvs[i].pool.key_map)
+
+
+class EventsView:
+    """An index of each replica's cache built from its KV events (``view: events``)."""
+
+    name = "events"
+
+    def __init__(self, replicas: list, lag_ns: int):
+        from sim.cache.kv_manager import KVCacheManager
+        from sim.cache.mirror_pool import MirrorPool
+
+        self.lag_ns = lag_ns
+        self.mirrors = [KVCacheManager(r.dep.kv.cfg, pool_factory=MirrorPool) for r in replicas]
+        self.queue: deque = deque()       # (visible ns, replica, events), in publish order
+        self.batches = 0
+
+    def publish(self, i: int, now: int, events: list) -> None:
+        """Replica ``i`` published ``events`` at ``now`` (its step's outputs applied)."""
+        self.batches += 1
+        self.queue.append((now + self.lag_ns, i, events))
+
+    def advance(self, now: int) -> None:
+        """Apply every batch delivered by ``now``."""
+        from sim.cache.events import Cleared, Removed
+
+        q = self.queue
+        while q and q[0][0] <= now:
+            _, i, events = q.popleft()
+            pool = self.mirrors[i].pool
+            for ev in events:
+                if isinstance(ev, Removed):
+                    pool.remove(ev.pool_key)
+                elif isinstance(ev, Cleared):
+                    pool.clear()
+                else:
+                    g = ev.group
+                    for k, e in zip(ev.keys, ev.ends):
+                        pool.store((k << GROUP_BITS) | g, e)
+
+    def hybrid_hit(self, i: int, prompt: Prompt) -> int:
+        kv = self.mirrors[i]
+        keys = prompt.keys_for(kv)
+        return kv.coordinator.find_longest_cache_hit(keys, prompt.tokens - 1)[1]
+
+    def attention_blocks(self, i: int, prompt: Prompt) -> int:
+        kv = self.mirrors[i]
+        return attention_blocks(kv.pool, kv, prompt.keys_for(kv), prompt.tokens)
+
+    def size(self, i: int) -> int:
+        """Keys the index holds for replica ``i`` (Dynamo's tie-break: the smaller tree)."""
+        return len(self.mirrors[i].pool.key_map)
+
+
+def attach_events(view: EventsView, replicas: list, sc) -> None:
+    """Have every replica publish its KV events to ``view`` after each step, beside the
+    run's own event stream (``sim run --kv-events``) when there is one."""
+    from sim.cache.events import KVEventLog
+
+    sec = sc.kv_events
+    for i, rep in enumerate(replicas):
+        kv = rep.dep.kv
+        sched = rep.sched
+
+        def sink(step: int, events: list, i=i, sched=sched, prev=None) -> None:
+            view.publish(i, sched.publish_time, events)
+
+        log = kv.pool.events
+        if log is None:
+            log = KVEventLog(sink, clock=lambda s=sched: s.sched_time,
+                             report_mode=sec.report_mode, fix_emit=sec.fix_emit)
+            kv.enable_kv_events(log)
+        else:                      # (the run's own stream too: both get every batch)
+            first = log.sink
+
+            def tee(step: int, events: list, first=first, sink=sink) -> None:
+                first(step, events)
+                sink(step, events)
+
+            log.sink = tee
