@@ -72,7 +72,9 @@ def _read_json(path: Path) -> dict:
 def _column(path: Path, name: str) -> list[str]:
     from sim.config.errors import InputError
 
-    with open(path, newline="") as f:
+    from sim.config.loader import open_input
+
+    with open_input(path, text=True, newline="") as f:
         rd = csv.DictReader(f)
         if name not in (rd.fieldnames or []):
             raise InputError(f"{path}: missing column {name}")

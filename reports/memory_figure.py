@@ -23,7 +23,9 @@ CAPTION = ("How full is each GPU's cache pool over time? Attention KV and Mamba 
 
 def read_memory(path: Path) -> dict[str, list[float]]:
     """``memory.csv`` as columns (``time_s`` float, every other column int)."""
-    with open(path, newline="") as f:
+    from sim.config.loader import open_input
+
+    with open_input(path, text=True, newline="") as f:
         text = f.read()
     header, _, body = text.partition("\n")
     names = header.rstrip("\r").split(",")

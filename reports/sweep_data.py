@@ -225,8 +225,10 @@ def _parse_number(s: str):
 
 
 def _read_requests(path: Path) -> Requests:
+    from sim.config.loader import open_input
+
     cols: dict[str, list[float]] = {k: [] for k in REQUEST_FIELDS}
-    with open(path, newline="") as f:
+    with open_input(path, text=True, newline="") as f:
         for row in csv.DictReader(f):
             if row.get("rejected"):
                 continue        # refused on arrival: no measurements

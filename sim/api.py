@@ -60,7 +60,9 @@ def read_columns(path: Path, kinds: dict[str, str]) -> dict[str, list]:
     text; an int column's empty cell (a request refused on arrival) is None.  Every
     column of ``kinds`` is present: one the file lacks (an older run folder) is all
     None/NaN."""
-    with open(path, newline="") as f:
+    from sim.config.loader import open_input
+
+    with open_input(path, text=True, newline="") as f:
         rd = csv.reader(f)
         header = next(rd, [])
         rows = list(rd)

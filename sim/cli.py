@@ -195,10 +195,13 @@ def _expected_requests(sc) -> int | None:
         return n
     from workloads.traces import resolve
 
+    from sim.config.errors import InputError
+    from sim.config.loader import open_input
+
     try:
-        with open(resolve(path, sc.path.parent), "rb") as f:
+        with open_input(resolve(path, sc.path.parent)) as f:
             lines = sum(1 for line in f if line.strip())
-    except OSError:
+    except (OSError, InputError):
         return None
     lines -= cfg.KIND == "azure"            # the CSV header
     return lines if n is None else min(n, lines)

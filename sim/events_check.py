@@ -123,7 +123,9 @@ def _batches(path: Path) -> Iterator[tuple[int, dict]]:
         if path.suffix == ".msgpack":
             yield from _frames(path)
             return
-        with open(path, encoding="utf-8") as f:
+        from sim.config.loader import open_input
+
+        with open_input(path, EventStreamError, text=True) as f:
             for n, line in enumerate(f, 1):
                 line = line.strip()
                 if not line:
@@ -152,7 +154,9 @@ def _frames(path: Path) -> Iterator[tuple[int, dict]]:
     except ImportError:
         raise EventStreamError(f"{path}: reading msgpack frames needs the msgpack package "
                                f"(pip install msgpack)") from None
-    with open(path, "rb") as f:
+    from sim.config.loader import open_input
+
+    with open_input(path, EventStreamError) as f:
         unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=False)
         for n, frame in enumerate(unpacker, 1):
             try:

@@ -174,9 +174,12 @@ def is_run_record(path: Path) -> bool:
         return False
     if path.name == "run.json":
         return True
+    from sim.config.errors import InputError
+    from sim.config.loader import read_text
+
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_text(path))
+    except (InputError, ValueError):
         return False
     return isinstance(data, dict) and ("scenario" in data or "paths_relative_to" in data)
 
@@ -186,11 +189,12 @@ def load_run_record(path: Path, overrides: dict | None = None):
     from sim.config.errors import ConfigError
     from sim.config.scenario import ScenarioError, apply_overrides, scenario_from_mapping
 
+    from sim.config.loader import read_text
+
     path = Path(path)
+    text = read_text(path, ScenarioError)      # (a regular file, bounded, UTF-8)
     try:
-        data: Any = json.loads(path.read_text())
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read: {e.strerror}") from None
+        data: Any = json.loads(text)
     except ValueError as e:
         raise ScenarioError(f"{path}: not valid JSON: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("scenario"), dict):

@@ -73,10 +73,11 @@ class WorkloadError(InputError):
 # --------------------------------------------------------------------------- values
 
 def show(value: Any, limit: int = 60) -> str:
-    """A short one-line repr of a value for error messages."""
-    text = repr(value)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """A short one-line repr of a value for error messages (``sim.config.fields.show``:
+    never writes a large value out whole)."""
+    from sim.config.fields import show as short
+
+    return short(value, limit)
 
 
 # the largest token count (or priority magnitude) a request may carry: the compiled hot path

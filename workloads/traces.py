@@ -26,8 +26,20 @@ def resolve(path: str, base_dir: Path | None) -> Path:
 
 
 def check_file(path: Path, name: str) -> None:
-    if not path.is_file():
-        raise WorkloadError(f"{name}: no such file: {path}")
+    """A trace must be a regular file: a FIFO, a device (``/dev/zero``) or a socket
+    would hang or never end, and is refused naming the field."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        raise WorkloadError(f"{name}: no such file: {path}") from None
+    if not stat.S_ISREG(st.st_mode):
+        from sim.config.loader import file_kind
+
+        raise WorkloadError(f"{name}: {path} is {file_kind(st.st_mode)}, not a regular file: "
+                            "a trace is read from a file")
 
 
 def _trace_fields(f: Fields) -> tuple[str, float, int | None]:

@@ -11,12 +11,20 @@ wrong; subclasses exist only so callers can tell the sources apart.
 from __future__ import annotations
 
 
+#: the longest message an input error prints: values in it are shown by a short prefix
+#: (``sim.config.fields.show``); this bounds whatever else a message may have quoted
+MAX_MESSAGE = 1000
+
+
 class InputError(ValueError):
     """Bad input: one line naming file, field (or line) and the problem."""
 
     def __init__(self, message: str = ""):
-        # one line, whatever the parts that built it held
-        super().__init__(" ".join(str(message).split()))
+        # one line, whatever the parts that built it held, and never a screenful
+        text = " ".join(str(message).split())
+        if len(text) > MAX_MESSAGE:
+            text = text[:MAX_MESSAGE - 3] + "..."
+        super().__init__(text)
 
 
 class CapacityError(InputError):

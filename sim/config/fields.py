@@ -13,8 +13,22 @@ from sim.config.errors import ConfigError
 _YAML11_NUMBER = re.compile(r"^[-+]?(\d[\d_]*)?\.?\d*([eE][-+]?\d+)?$")
 
 
+def _short_repr(limit: int):
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel = 3
+    r.maxstring = r.maxlong = r.maxother = limit + 8
+    r.maxlist = r.maxtuple = r.maxset = r.maxfrozenset = r.maxdict = r.maxdeque = 8
+    r.maxarray = 8
+    return r
+
+
 def show(value: Any, limit: int = 60) -> str:
-    text = " ".join(repr(value).split())
+    """A short one-line repr of a value for a message: at most ``limit`` characters, and
+    built without ever writing out a large value whole (a long string, a deep or wide
+    structure: ``reprlib``), whatever it holds."""
+    text = " ".join(_short_repr(limit).repr(value).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

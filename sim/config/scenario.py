@@ -77,8 +77,8 @@ def where(path, field_name: str, overrides: dict | None = None, label: str = "--
     (building the deployment checks what only the whole layout can), as ``load_scenario``
     prefixes one found while loading."""
     try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError):
+        text = read_text(path)
+    except InputError:
         text = ""
     return _where(path, text, field_name, overrides, label)
 
