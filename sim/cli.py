@@ -333,8 +333,10 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
                                        help=REQUESTS_HELP + " Every point."),
           address: str = typer.Option(None, "--address", help="Ray cluster address (default: "
                                       "start a local Ray)."),
-          workers: int = typer.Option(os.cpu_count() or 1, "--workers",
-                                      help="Parallel points (local pool size / local Ray CPUs)."),
+          workers: int = typer.Option(None, "--workers", metavar="N",
+                                      help="Parallel points (local pool size / local Ray CPUs); "
+                                      "never more than the points nor the CPUs this process "
+                                      "may use (default: that many)."),
           quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary "
                                      "lines (points ok, searches, failures, capacity answers)."),
           no_report: bool = typer.Option(False, "--no-report", help="Skip the sweep report "
@@ -347,11 +349,10 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
                                        help=TARGET_HELP)
           ) -> None:
     """Run every point of a sweep; write points.csv, each point's run folder and the report."""
-    from sim.sweep import SweepError, load_sweep, run_sweep
+    from sim.sweep import SweepError, check_workers, load_sweep, run_sweep
 
     executor = Executor(executor).value
-    if workers < 1:
-        fail(f"--workers: must be >= 1, got {workers}")
+    check_workers(workers, "--workers")
     try:
         sw = load_sweep(sweep_file, _requests_override({}, requests) or None, search=search)
     except SweepError as e:
@@ -366,7 +367,8 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
     try:
         results = run_sweep(sw, folder, executor=executor, workers=workers, address=address,
                             progress=lambda done, total: update(done), report=not no_report,
-                            command=COMMAND, verbose=not quiet, target=target)
+                            command=COMMAND, verbose=not quiet, target=target,
+                            workers_label="--workers")
     except ImportError as e:
         stop()
         fail(f"--executor ray: {e} (pip install ray)")
