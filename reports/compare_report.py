@@ -140,6 +140,8 @@ def stored_flag(folder: Path) -> str:
 
 def write_compare_report(folder: Path, flag: str) -> Path:
     """(Re)write ``compare.md`` in the compare folder; returns its path."""
+    from sim.atomic import write_file
+
     path = Path(folder) / "compare.md"
-    path.write_text(compare_markdown(folder, flag))
+    write_file(path, compare_markdown(folder, flag))
     return path

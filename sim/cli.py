@@ -439,32 +439,76 @@ def report(folder: Path = typer.Argument(..., help="A run folder (requests.csv, 
            target: float = typer.Option(None, "--target", min=0.0, max=1.0, metavar="RATE",
                                         help=TARGET_HELP)) -> None:
     """Regenerate a run's, a sweep's or a comparison's report from stored results, without
-    rerunning."""
-    from reports.compare_report import is_compare_folder
+    rerunning.
 
+    The report's files land together or not at all (a full disk, a read-only folder, an
+    interrupt: one line, the folder as it was), and join the folder's marker: a run
+    folder stays one that sim run --out may replace."""
+    from reports.compare_report import is_compare_folder
+    from sim.atomic import staged_files
+
+    _check_report_inputs(folder)
     if (folder / "points.csv").is_file():
         from reports.sweep_report import write_sweep_report
 
-        files = write_sweep_report(folder, target=target)
+        with staged_files(folder):
+            files = write_sweep_report(folder, target=target)
         typer.echo(f"sweep report: {len(files)} files in {folder}/")
         _echo_capacity(folder, target)
     elif (folder / "summary.json").is_file() and (folder / "run.json").is_file():
         from reports.run_report import write_report
 
-        write_report(folder)
+        with staged_files(folder):
+            write_report(folder)
         typer.echo(f"run report: {folder}/report.md")
     elif is_compare_folder(folder):
         from reports.compare_report import stored_flag, write_compare_report
         from reports.run_report import write_report
 
         flag = stored_flag(folder)
-        for side in ("off", "on"):
-            write_report(folder / side)
-        write_compare_report(folder, flag)
+        with staged_files(folder):
+            for side in ("off", "on"):
+                write_report(folder / side)
+            write_compare_report(folder, flag)
         typer.echo(f"compare report: {folder}/compare.md ({flag}; and off/, on/ report.md)")
     else:
         fail(f"{folder}: neither a sweep folder (points.csv), a run folder (summary.json + "
              f"run.json) nor a compare folder (off/, on/, paired.csv, summary_deltas.csv)")
+
+
+def _check_report_inputs(folder: Path) -> None:
+    """``sim report``'s folder, before anything is read: a folder (not a file, a FIFO ...)
+    whose entries, and those of its subfolders (points/<id>/, off/, on/), are files or
+    folders: a FIFO or a device among what the report reads would hang it."""
+    import stat
+
+    from sim.config.loader import file_kind
+
+    try:
+        st = os.stat(folder)
+    except OSError as e:
+        fail(f"{folder}: cannot read: {e.strerror}")
+    if not stat.S_ISDIR(st.st_mode):
+        fail(f"{folder}: is {file_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'a file'}"
+             ", not a run, sweep or compare folder")
+    todo, depth = [(folder, 0)], 0
+    while todo:
+        d, depth = todo.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError as e:
+            fail(f"{d}: cannot read: {e.strerror}")
+        for e in entries:
+            try:
+                mode = e.stat().st_mode
+            except OSError:
+                continue                # (a dangling link: read as missing)
+            if stat.S_ISDIR(mode):
+                if depth < 2 and not e.name.startswith("."):
+                    todo.append((Path(e.path), depth + 1))
+            elif not stat.S_ISREG(mode):
+                fail(f"{e.path}: is {file_kind(mode)}, not a regular file: sim report reads "
+                     "files only")
 
 
 # verify · calibrate · validate · check · model · events: sim/cli_tools.py (registered on
@@ -510,6 +554,17 @@ def _on_signal(signum, frame) -> None:
 FAST_EXIT = frozenset({"run", "report"})
 
 
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that what it still buffers (and the interpreter's
+    flush at exit) cannot fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: the one place where bad input becomes one line and exit 2,
     and an interrupt becomes one line and exit 130 (SIGINT) / 143 (SIGTERM).
@@ -532,8 +587,22 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # not standalone: click would print usage boxes and eat Ctrl-C itself
         rc = app(args=argv, standalone_mode=False, prog_name="sim")
+        sys.stdout.flush()          # (a full disk under a redirected stdout shows here)
     except InputError as e:
         typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except BrokenPipeError:         # `sim case x | head -1`: the reader has had enough
+        _drop_stdout()
+        sys.exit(128 + signal.SIGPIPE)
+    except OSError as e:
+        from sim.atomic import write_failure
+
+        if not write_failure(e):
+            raise
+        if e.filename is None:      # (stdout, stderr: a redirection to a full disk ...)
+            _drop_stdout()
+        where = f"{e.filename}: " if e.filename else "cannot write the output: "
+        typer.echo(f"error: {where}{e.strerror or e}", err=True)
         sys.exit(2)
     except ClickException as e:         # usage errors: one line, click's exit code (2)
         if not e.format_message():      # bare `sim`: the help was shown already
