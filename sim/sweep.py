@@ -95,6 +95,7 @@ def load_sweep(path: str | Path, overrides: dict | None = None,
     ``sim sweep --requests``) apply to every point, after the file's own values.
     ``search`` (``sim sweep --search rate``) turns the rate search on with the file's
     ``search:`` settings, or the defaults."""
+    from sim.config.fields import control_problem, show
     from sim.config.loader import load_file
 
     p = Path(path)
@@ -109,11 +110,13 @@ def load_sweep(path: str | Path, overrides: dict | None = None,
         raise SweepError(f"{path}: base: missing (path of the base scenario)")
     if not isinstance(data["base"], str) or not data["base"].strip():
         raise SweepError(f"{path}: base: expected the path of the base scenario, "
-                         f"got {data['base']!r}")
+                         f"got {show(data['base'])}")
     name = data.get("name")
     if name is not None and (isinstance(name, bool) or not isinstance(name, (str, int))
                              or not str(name).strip()):
-        raise SweepError(f"{path}: name: must be a non-empty string, got {name!r}")
+        raise SweepError(f"{path}: name: must be a non-empty string, got {show(name)}")
+    if name is not None and control_problem(str(name)):
+        raise SweepError(f"{path}: name: {control_problem(str(name))}")
     base = (p.parent / str(data["base"])).resolve()
     if not base.is_file():
         raise SweepError(f"{path}: base: no such scenario file {base}")
@@ -145,6 +148,8 @@ def load_sweep(path: str | Path, overrides: dict | None = None,
     for i, pt in enumerate(named):
         if not isinstance(pt, dict) or set(pt) - {"name", "set"} or not isinstance(pt.get("set", {}), dict):
             raise SweepError(f"{path}: points[{i}]: expected {{name: ..., set: {{field: value}}}}")
+        if isinstance(pt.get("name"), str) and control_problem(pt["name"]):
+            raise SweepError(f"{path}: points[{i}].name: {control_problem(pt['name'])}")
         _check_paths(path, f"points[{i}].set", pt.get("set", {}))
         for k in pt.get("set", {}):
             if k not in axes:
@@ -177,7 +182,7 @@ def load_sweep(path: str | Path, overrides: dict | None = None,
             raise SweepError(f"{path}: point {pt.id} ({pt.label}): {e}") from None
     output = data.get("output")
     if output is not None and (not isinstance(output, str) or not output.strip()):
-        raise SweepError(f"{path}: output: must be a folder path, got {output!r}")
+        raise SweepError(f"{path}: output: must be a folder path, got {show(output)}")
     return Sweep(p, str(data.get("name") or p.stem), base, points, axes, output, rate_search)
 
 

@@ -32,6 +32,35 @@ def show(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# bidirectional-text controls: invisible, they reorder what a terminal or an editor shows
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def control_char(text: str, allow: str = "") -> tuple[int, str] | None:
+    """The first control character of ``text`` (C0/C1 controls, DEL, line and paragraph
+    separators, bidirectional controls) as (0-based index, character); None if none.
+    ``allow``: characters that are fine here (a description's newlines)."""
+    if text.isprintable() and not _BIDI.intersection(text):
+        return None
+    import unicodedata
+
+    for i, ch in enumerate(text):
+        if ch not in allow and (ch in _BIDI or unicodedata.category(ch) in ("Cc", "Zl", "Zp")):
+            return i, ch
+    return None
+
+
+def control_problem(text: str, allow: str = "") -> str | None:
+    """Why a name may not hold ``text`` (a control character in it), or None."""
+    got = control_char(text, allow)
+    if got is None:
+        return None
+    i, ch = got
+    return (f"holds a control character ({ch!r} at character {i + 1}), which would be "
+            "written raw into folder names, CSV files, reports and messages: use printable "
+            "characters")
+
+
 def _kinds(annotation: Any) -> set[str]:
     """``int | None`` (string or type) → {"int", "None"}; unknown parts are kept by name."""
     if isinstance(annotation, type):
