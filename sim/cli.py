@@ -23,17 +23,33 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def option_as_typed(*names: str) -> str:
+    """The spelling of an option the user typed on this command line (``--tp`` rather
+    than ``--tensor-parallel-size``); its first name when it was not typed."""
+    for arg in (COMMAND or sys.argv)[1:]:
+        for n in names:
+            if arg == n or arg.startswith(n + "="):
+                return n
+    return names[0]
+
+
+def option_message(message: str, options: dict[str, tuple[str, ...]]) -> str:
+    """A library's message about a parameter (``tp: must be ...``, ``num_layers must be
+    ...``) naming the option as the user typed it (``--tp: must be ...``)."""
+    head, sep, rest = message.partition(": ")
+    if sep and head in options:
+        return f"{option_as_typed(*options[head])}: {rest}"
+    first, _, rest = message.partition(" ")
+    if first in options:
+        return f"{option_as_typed(*options[first])}: {rest}"
+    return message
+
+
 def scenario_error(scenario: Path, e: Exception, overrides: dict | None) -> str:
-    """The one line of a scenario's input error: a ``ConfigError`` found once the layout
-    is built (no file in it yet) gets ``load_scenario``'s ``file:line:`` / ``file: --set``
-    prefix; a ``ScenarioError`` already names its file."""
-    from sim.config.errors import ConfigError
+    """The one line of a scenario's input error (``sim.config.scenario.scenario_message``)."""
+    from sim.config.scenario import scenario_message
 
-    if isinstance(e, ConfigError):
-        from sim.config.scenario import where
-
-        return f"{where(scenario, e.field_name, overrides)}{e}"
-    return str(e)
+    return scenario_message(scenario, e, overrides)
 
 
 #: the command line of this invocation (``main`` sets it), recorded in run.json
@@ -252,11 +268,10 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
     Writes requests.csv, summary.json, run.json (the resolved scenario, seed, version and
     command: `sim run FOLDER/run.json` re-runs it) and report.md (+ PNG figures) atomically.
     """
-    from sim.config.errors import ConfigError
+    from sim.config.errors import ConfigError, InputError
     from sim.provenance import load_scenario_or_run
-    from sim.run import memory_prelude, simulate, write_run
+    from sim.run import as_input_errors, memory_prelude, simulate, write_run
     from sim.config.scenario import ScenarioError
-    from workloads import WorkloadError
 
     over = _requests_override(_parse_sets(sets), requests)
     try:
@@ -283,21 +298,15 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
         update, stop = _progress(not quiet, "requests", lambda: _expected_requests(sc),
                                  delay_s=1.0)
         try:
-            dep, rows, summary = simulate(
-                sc, progress=None if update is _no_update else update,
-                # (the memory figure's inputs, to its worker as soon as the replay ends)
-                replayed=None if workers is None else
-                lambda d: workers.prelude(memory_prelude(sc, d)))
-        except WorkloadError as e:
+            with as_input_errors(scenario, over):   # (the notebook API's lines too)
+                dep, rows, summary = simulate(
+                    sc, progress=None if update is _no_update else update,
+                    # (the memory figure's inputs, to its worker as soon as the replay ends)
+                    replayed=None if workers is None else
+                    lambda d: workers.prelude(memory_prelude(sc, d)))
+        except InputError as e:
             stop()
-            fail(f"{scenario}: {e}" if str(e).startswith("workload") else
-                 f"{scenario}: workload: {e}")
-        except ConfigError as e:        # (what only the built layout can check)
-            stop()
-            fail(scenario_error(scenario, e, over))
-        except ValueError as e:
-            stop()
-            fail(f"{scenario}: {e}")
+            fail(str(e))
         stop()
         write_run(folder, sc, dep, rows, summary, report=not no_report, command=COMMAND,
                   workers=workers, git=git)

@@ -24,7 +24,8 @@ carry each request's lookup (``sim`` fields).  A stream captured from a real vLL
 neither: an event that starts at the root (no parent) and names a key already cached is
 taken for an announcement, and requests are not judged.
 Reads JSONL (our lines, or msgspec's ``[ts, events, rank]`` arrays) or the msgpack frames
-of ``kv_events.msgpack``.
+of ``kv_events.msgpack``.  An empty stream (no line or frame; blank lines only) is an
+error, exit 2: it proves nothing, and is most often a capture that failed.
 """
 from __future__ import annotations
 
@@ -277,7 +278,9 @@ def check_stream(path: str | Path) -> Report:
                 rep.misjudged.append({"req": lk.get("req"), "router": r, "cache": c,
                                       "vllm_hit": lk.get("hit", 0)})
 
+    seen = 0
     for n, obj in _batches(path):
+        seen += 1
         if "kv_events_header" in obj:
             groups = _Groups(obj["kv_events_header"])
             num_groups = max(num_groups, len(groups.groups))
@@ -343,4 +346,9 @@ def check_stream(path: str | Path) -> Report:
                 router.clear()
             else:
                 raise EventStreamError(f"{path}:{n}: event {i}: unknown type {t!r}")
+    if not seen:
+        # nothing to judge is not a sound stream: a capture that failed, a file cut to
+        # nothing, the wrong file (sim run --kv-events writes a header line at least)
+        raise EventStreamError(f"{path}: empty: no event batch (nor header) to check; a "
+                               f"stream sim run --kv-events wrote starts with its header")
     return rep

@@ -241,6 +241,28 @@ def load_profile(ppath: Path, defaults: tuple[float, float, float]) -> tuple[dic
 
 
 @contextlib.contextmanager
+def as_input_errors(scenario, overrides: dict | None):
+    """``with as_input_errors(scenario, overrides): simulate(...)``: what goes wrong once
+    the deployment is built and the workload read, as the one-line ``InputError`` sim run
+    prints (``sim run`` and ``sim.run`` alike): a workload's or trace's error, a field
+    only the built layout can check (named at its line or ``--set``), a capacity
+    error, each after the scenario's path."""
+    from sim.config.errors import InputError
+    from sim.config.scenario import scenario_message
+    from workloads import WorkloadError
+
+    try:
+        yield
+    except WorkloadError as e:
+        raise InputError(f"{scenario}: {e}" if str(e).startswith("workload") else
+                         f"{scenario}: workload: {e}") from None
+    except ConfigError as e:
+        raise InputError(scenario_message(scenario, e, overrides)) from None
+    except ValueError as e:
+        raise InputError(f"{scenario}: {e}") from None
+
+
+@contextlib.contextmanager
 def _quiet_gc():
     """Collect cyclic garbage less often during a replay.
 

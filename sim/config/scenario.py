@@ -72,6 +72,15 @@ def load_scenario(path: str | Path, overrides: dict | None = None,
             from None
 
 
+def scenario_message(scenario, e: Exception, overrides: dict | None) -> str:
+    """The one line of a scenario's input error: a ``ConfigError`` found once the layout
+    is built (no file in it yet) gets ``load_scenario``'s ``file:line:`` / ``file: --set``
+    prefix; a ``ScenarioError`` already names its file."""
+    if isinstance(e, ConfigError):
+        return f"{where(scenario, e.field_name, overrides)}{e}"
+    return str(e)
+
+
 def where(path, field_name: str, overrides: dict | None = None, label: str = "--set") -> str:
     """The ``file:line: `` / ``file: --set `` prefix of a field's error found after loading
     (building the deployment checks what only the whole layout can), as ``load_scenario``
