@@ -146,7 +146,8 @@ class Fields:
                     f"{self.name(key)}: unknown key (allowed: {', '.join(allowed)}){hint}")
 
     def name(self, key: Any) -> str:
-        return f"{self.where}.{key}"
+        text = f"{self.where}.{key}"
+        return text if len(text) <= 120 else text[:117] + "..."
 
     def has(self, key: str) -> bool:
         return key in self.m and self.m[key] is not None

@@ -14,6 +14,8 @@ from __future__ import annotations
 #: the longest message an input error prints: values in it are shown by a short prefix
 #: (``sim.config.fields.show``); this bounds whatever else a message may have quoted
 MAX_MESSAGE = 1000
+#: the longest field path a message shows (a path holds the user's keys)
+MAX_FIELD = 120
 
 
 class InputError(ValueError):
@@ -37,5 +39,8 @@ class ConfigError(InputError):
     """Invalid configuration; ``str()`` names the field and the problem."""
 
     def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
+        shown = " ".join(str(field_name).split())
+        if len(shown) > MAX_FIELD:       # (a key is the user's text too: a prefix of it)
+            shown = shown[:MAX_FIELD - 3] + "..."
+        super().__init__(f"{shown}: {message}")
         self.field_name = field_name

@@ -38,6 +38,16 @@ MAX_INPUT_BYTES = 8 * 2**20
 MAX_ALIAS_NODES = 100_000
 
 
+def _show(value: Any, limit: int = 60, quote: bool = True) -> str:
+    """A value in a message: a short prefix (``sim.config.fields.show``)."""
+    from sim.config.fields import show
+
+    if quote:
+        return show(value, limit)
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
 
@@ -112,7 +122,7 @@ def read_bytes(path: str | Path, error: type[InputError] = InputError,
 
 class _DuplicateKey(yaml.YAMLError):
     def __init__(self, key: Any, line: int, first: int):
-        super().__init__(f"duplicate key {key!r} (first given on line {first})")
+        super().__init__(f"duplicate key {_show(key)} (first given on line {first})")
         self.key = key
         self.line = line
         self.first = first
@@ -236,7 +246,7 @@ def _yaml_error(e: yaml.YAMLError, source: str, text: str) -> str:
     if isinstance(e, _AliasError):
         return f"{source}:{e.line}: {e.message}"
     if isinstance(e, _DuplicateKey):
-        return f"{source}:{e.line}: duplicate key {e.key!r} (first given on line {e.first})"
+        return f"{source}:{e.line}: duplicate key {_show(e.key)} (first given on line {e.first})"
     if isinstance(e, yaml.reader.ReaderError):
         line = text.count("\n", 0, e.position) + 1
         ch = e.character
@@ -269,7 +279,7 @@ def _no_duplicates(text: str, source: str, error: type[InputError]):
                 hits = [m.start() for m in re.finditer(re.escape(json.dumps(k)) + r"\s*:", text)]
                 where = f"{source}:{text.count(chr(10), 0, hits[1]) + 1}" if len(hits) > 1 \
                     else source
-                raise error(f"{where}: duplicate key {k!r}")
+                raise error(f"{where}: duplicate key {_show(k)}")
             out[k] = v
         return out
     return hook
@@ -328,21 +338,22 @@ def field_lines(text: str) -> dict[str, int]:
 def parse_set(item: str, error: type[InputError] = InputError) -> tuple[str, Any]:
     """``--set FIELD.PATH=VALUE`` → (path, value parsed as YAML)."""
     if "=" not in item:
-        raise error(f"--set {item!r}: expected FIELD.PATH=VALUE")
+        raise error(f"--set {_show(item)}: expected FIELD.PATH=VALUE")
     k, v = item.split("=", 1)
     k = k.strip()
     if not k:
-        raise error(f"--set {item!r}: the field path before '=' is empty "
+        raise error(f"--set {_show(item)}: the field path before '=' is empty "
                     f"(e.g. --set scheduler.max_num_seqs=64)")
     parts = k.split(".")
     if any(not p.strip() for p in parts):
-        raise error(f"--set {item!r}: field path {k!r} has an empty part "
+        raise error(f"--set {_show(item)}: field path {_show(k)} has an empty part "
                     f"(write dotted names like cache.hash_block_size)")
     if any(p != p.strip() for p in parts):
-        raise error(f"--set {item!r}: field path {k!r} has spaces around a name")
+        raise error(f"--set {_show(item)}: field path {_show(k)} has spaces around a name")
     try:
         value = yaml.load(v, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except (yaml.YAMLError, RecursionError) as e:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise error(f"--set {k}: value {v!r} is not valid YAML ({problem})") from None
+        raise error(f"--set {_show(k, 80, False)}: value {_show(v)} is not valid YAML "
+                    f"({_show(problem, 300, False)})") from None
     return k, value
