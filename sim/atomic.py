@@ -32,7 +32,8 @@ did not write itself.
   nothing half-written: the temporary files are removed.
 
 Test hook: ``HCS_TEST_PAUSE_WRITE=<seconds>`` sleeps after the files are written into
-the temporary folder and before they are moved into place (tests send signals there).
+the temporary folder (or staged) and before they are moved into place (tests send
+signals there).
 """
 from __future__ import annotations
 
@@ -257,7 +258,7 @@ def _marker_kind(folder: Path) -> str | None:
 
 
 def _write_marker(folder: Path, kind: str) -> None:
-    entries = sorted(e for e in os.listdir(folder) if e != MARKER)
+    entries = sorted(e for e in os.listdir(folder) if e not in (MARKER, WRITER))
     with open(folder / MARKER, "w") as f:
         json.dump({"written_by": "hybrid-cache-sim", "kind": kind, "entries": entries}, f)
         f.write("\n")
@@ -462,11 +463,11 @@ def atomic_folder(out: str | Path, kind: str = "run"):
             tmp = _make_temp(out.parent, f".{out.name}.")
         os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
-        os.unlink(tmp / WRITER)
         _write_marker(tmp, kind)
         pause = os.environ.get(PAUSE_ENV)
         if pause:
             time.sleep(float(pause))
+        os.unlink(tmp / WRITER)         # (the record stays until the folder lands)
         _commit(tmp, out, shown, kind)
     except BaseException as e:
         with _held_signals():
@@ -479,6 +480,9 @@ def atomic_folder(out: str | Path, kind: str = "run"):
                     pass
         if write_failure(e):
             raise _failed_write(shown, e, tmp, "nothing written") from None
+        if isinstance(e, OutputPathError) and tmp is not None and str(tmp) in str(e):
+            # (a folder written inside this one, e.g. a compare's off/: named in place)
+            raise OutputPathError(str(e).replace(str(tmp), shown.rstrip("/"))) from None
         raise
 
 
@@ -648,6 +652,9 @@ def staged_files(folder: str | Path):
             yield stage
         finally:
             _stage = outer
+        pause = os.environ.get(PAUSE_ENV)
+        if pause:
+            time.sleep(float(pause))
         with _held_signals():
             _land(stage)
     except BaseException as e:
