@@ -88,7 +88,7 @@ def parse_golden(text: str, source: str = "<golden>"
         m = _LINE.match(line)
         pairs = [] if m is None else m.group("vals").split() + (m.group("want") or "").split()
         if not m or any("=" not in kv for kv in pairs):
-            raise InputError(f"{source}:{lineno}: bad golden line {line!r} (want "
+            raise InputError(f"{source}:{lineno}: bad golden line {show(line)} (want "
                              f"'<request>: key=value ...  want: key=value')")
         vals = dict(kv.split("=", 1) for kv in m.group("vals").split())
         want = dict(kv.split("=", 1) for kv in (m.group("want") or "").split())

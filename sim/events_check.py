@@ -29,6 +29,8 @@ error, exit 2: it proves nothing, and is most often a capture that failed.
 """
 from __future__ import annotations
 
+from sim.config.fields import show  # (values in messages: a short prefix)
+
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -111,7 +113,7 @@ class Report:
         if self.error:
             e = self.error
             lines.append(f"  vLLM raised {e.get('type')} announcing the hit of request "
-                         f"{e.get('request')!r} (group {e.get('group')}): its engine dies "
+                         f"{show(e.get('request'))} (group {e.get('group')}): its engine dies "
                          f"there and the stream ends")
         return "\n".join(lines)
 
@@ -345,7 +347,7 @@ def check_stream(path: str | Path) -> Report:
                 cached.clear()
                 router.clear()
             else:
-                raise EventStreamError(f"{path}:{n}: event {i}: unknown type {t!r}")
+                raise EventStreamError(f"{path}:{n}: event {i}: unknown type {show(t)}")
     if not seen:
         # nothing to judge is not a sound stream: a capture that failed, a file cut to
         # nothing, the wrong file (sim run --kv-events writes a header line at least)

@@ -47,6 +47,7 @@ from typing import Any
 
 from sim.atomic import atomic_folder
 from sim.config.errors import ConfigError
+from sim.config.fields import show
 
 SWEEP_KEYS = {"name", "description", "base", "set", "grid", "points", "output", "search"}
 #: the most points a sweep may have: each is a whole simulation (and is validated up
@@ -95,7 +96,7 @@ def load_sweep(path: str | Path, overrides: dict | None = None,
     ``sim sweep --requests``) apply to every point, after the file's own values.
     ``search`` (``sim sweep --search rate``) turns the rate search on with the file's
     ``search:`` settings, or the defaults."""
-    from sim.config.fields import control_problem, show
+    from sim.config.fields import control_problem
     from sim.config.loader import load_file
 
     p = Path(path)
@@ -191,7 +192,7 @@ def _search_section(path, data: dict, search: str | None):
     from sim.search import parse_search
 
     if search is not None and search != "rate":
-        raise SweepError(f"--search: must be rate (the arrival-rate scale), got {search!r}")
+        raise SweepError(f"--search: must be rate (the arrival-rate scale), got {show(search)}")
     if "search" not in data and search is None:
         return None
     try:
@@ -215,7 +216,7 @@ def _check_paths(path, where: str, mapping: dict) -> None:
     """Keys of ``set`` / ``grid`` / a point's ``set`` are dotted scenario field paths."""
     for k in mapping:
         if not isinstance(k, str) or not k.strip() or any(not p.strip() for p in k.split(".")):
-            raise SweepError(f"{path}: {where}: {k!r} is not a dotted field path "
+            raise SweepError(f"{path}: {where}: {show(k)} is not a dotted field path "
                              f"(like cache.hash_block_size)")
 
 
@@ -287,8 +288,6 @@ def usable_cpus() -> int:
 def check_workers(workers, label: str = "--workers") -> int | None:
     """``workers`` as given (``--workers N``, ``sim.sweep(workers=N)``): None (as many as
     useful) or an integer >= 1, else an ``InputError`` naming ``label``."""
-    from sim.config.fields import show
-
     if workers is None:
         return None
     if isinstance(workers, bool) or not isinstance(workers, int):

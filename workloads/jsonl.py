@@ -38,7 +38,7 @@ def parse_prompt(text: str) -> list[Segment]:
             raise ValueError(f"segment name {control_problem(m.group(1))}")
         length = int(m.group(3))
         if length < 1:
-            raise ValueError(f"segment {part!r} has no tokens")
+            raise ValueError(f"segment {show(part)} has no tokens")
         segs.append((m.group(1), int(m.group(2) or 0), length))
     return segs
 
@@ -109,7 +109,7 @@ def parse_line(rec: Any, seen: set[str], last_arrival: float | None, time_scale:
         raise ValueError(f"expected a JSON object, got {show(rec)}")
     for key in rec:
         if key not in LINE_KEYS:
-            raise ValueError(f"unknown field {key!r} (allowed: {', '.join(LINE_KEYS)})")
+            raise ValueError(f"unknown field {show(key)} (allowed: {', '.join(LINE_KEYS)})")
     rid = rec.get("id")
     if not isinstance(rid, str) or not rid:
         raise ValueError(f"id must be a non-empty string, got {show(rid)}")
@@ -118,13 +118,13 @@ def parse_line(rec: Any, seen: set[str], last_arrival: float | None, time_scale:
         if isinstance(v, str) and control_problem(v):
             raise ValueError(f"{key} {control_problem(v)}")
     if rid in seen:
-        raise ValueError(f"duplicate id {rid!r}")
+        raise ValueError(f"duplicate id {show(rid)}")
     after = rec.get("after")
     if after is not None:
         if not isinstance(after, str) or not after:
             raise ValueError(f"after must be a request id string, got {show(after)}")
         if after not in seen:
-            raise ValueError(f"after {after!r} names no earlier request")
+            raise ValueError(f"after {show(after)} names no earlier request")
     session = rec.get("session")
     if session is not None and (not isinstance(session, str) or not session):
         raise ValueError(f"session must be a non-empty string, got {show(session)}")
@@ -174,7 +174,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise ValueError(f"duplicate key {k!r}")
+            raise ValueError(f"duplicate key {show(k)}")
         out[k] = v
     return out
 

@@ -103,7 +103,7 @@ class MooncakeConfig:
         """Raise the one-line error for a record that failed the fast checks."""
         for key in ("timestamp", "input_length", "output_length", "hash_ids"):
             if key not in rec:
-                raise WorkloadError(f"{where}: missing field {key!r}")
+                raise WorkloadError(f"{where}: missing field {show(key)}")
         ts = rec["timestamp"]
         if not is_number(ts) or ts < 0:
             raise WorkloadError(f"{where}: timestamp must be a number >= 0 (ms), got {show(ts)}")
@@ -141,7 +141,7 @@ def parse_azure_timestamp(text: str) -> tuple[int, float]:
     whole, _, frac = text.strip().partition(".")
     secs = calendar.timegm(time.strptime(whole, "%Y-%m-%d %H:%M:%S"))
     if frac and not frac.isdigit():
-        raise ValueError(f"bad fractional seconds {frac!r}")
+        raise ValueError(f"bad fractional seconds {show(frac)}")
     return secs, (int(frac) / 10 ** len(frac) if frac else 0.0)
 
 
@@ -208,7 +208,7 @@ class AzureConfig:
                 try:
                     ts = parse_azure_timestamp(ts_text)
                 except ValueError:
-                    raise WorkloadError(f"{where}: bad TIMESTAMP {ts_text!r}"
+                    raise WorkloadError(f"{where}: bad TIMESTAMP {show(ts_text)}"
                                         " (want YYYY-MM-DD HH:MM:SS[.fraction])") from None
                 ctx = _count(ctx_text, "ContextTokens", where)
                 gen = _count(gen_text, "GeneratedTokens", where)
@@ -242,7 +242,7 @@ def _count(text: str, column: str, where: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise WorkloadError(f"{where}: {column} must be an integer >= 1, got {text!r}") from None
+        raise WorkloadError(f"{where}: {column} must be an integer >= 1, got {show(text)}") from None
     if value < 1:
         raise WorkloadError(f"{where}: {column} must be an integer >= 1, got {value}")
     if value > MAX_COUNT:

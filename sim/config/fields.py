@@ -176,7 +176,7 @@ def check_int(prefix: str, name: str, v: Any, lo: int = 0, allow_none: bool = Fa
         return
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
         hint = _number_hint(v, True) if isinstance(v, str) else ""
-        raise ConfigError(prefix + name, f"must be an integer >= {lo}, got {v!r}{hint}")
+        raise ConfigError(prefix + name, f"must be an integer >= {lo}, got {show(v)}{hint}")
 
 
 def check_num(prefix: str, name: str, v: Any, lo: float = 0.0, hi: float | None = None,
@@ -188,4 +188,4 @@ def check_num(prefix: str, name: str, v: Any, lo: float = 0.0, hi: float | None 
             or (hi is not None and v > hi)):
         rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         hint = _number_hint(v, False) if isinstance(v, str) else ""
-        raise ConfigError(prefix + name, f"must be a finite number {rng}, got {v!r}{hint}")
+        raise ConfigError(prefix + name, f"must be a finite number {rng}, got {show(v)}{hint}")
