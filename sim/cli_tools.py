@@ -135,16 +135,16 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
               force: bool = typer.Option(False, "--force", help="Overwrite an existing profile "
                                          "file (the default path or --out).")) -> None:
     """Time the torch backend's prefill on a grid and write a profile for the analytical backend."""
-    require_torch("calibrate")
-    from backends.torch_backend.config import TorchModelConfig
-    from sim import calibrate as cal
-    from sim import models
-
     if (model is None) == (scenario is None):
         fail("give exactly one of --model NAME or --scenario FILE")
     for name, v in (("--repeats", repeats), ("--layers", layers), ("--width-div", width_div)):
         if v < 1:           # (before the model is scaled by them: named as typed)
             fail(f"{name}: must be >= 1, got {v}")
+    require_torch("calibrate")
+    from backends.torch_backend.config import TorchModelConfig
+    from sim import calibrate as cal
+    from sim import models
+
     device, dtype, grid = Device(device).value, DType(dtype).value, Grid(grid).value
     sc = None
     try:

@@ -217,11 +217,26 @@ def test_sim_model_names_the_option_as_typed(sim_inproc, tmp_path, args, name):
 
 
 def test_sim_calibrate_names_its_counts_as_typed(sim_inproc, tmp_path):
-    pytest.importorskip("torch")
-    _refused(sim_inproc, tmp_path, "calibrate", "--model", "nemotron-h-8b", "--layers", "1",
-             must=("error: --layers: must be >= 2",))
+    # (checked before PyTorch is needed, or imported)
+    _refused(sim_inproc, tmp_path, "calibrate", "--model", "nemotron-h-8b", "--layers", "0",
+             must=("error: --layers: must be >= 1",))
     _refused(sim_inproc, tmp_path, "calibrate", "--model", "nemotron-h-8b", "--width-div", "0",
              must=("error: --width-div: must be >= 1",))
+
+
+def test_a_scaled_models_message_names_the_option(monkeypatch):
+    import sim.cli
+    from sim.cli_tools import CALIBRATE_OPTIONS, MODEL_OPTIONS
+    from sim.cli import option_message
+
+    monkeypatch.setattr(sim.cli, "COMMAND", ["sim", "model", "nemotron-h-8b"])
+
+    assert option_message("num_layers must be >= 2 to hold a Mamba and an attention layer",
+                          CALIBRATE_OPTIONS) == \
+        "--layers: must be >= 2 to hold a Mamba and an attention layer"
+    assert option_message("tp: 3 does not divide", MODEL_OPTIONS) == \
+        "--tensor-parallel-size: 3 does not divide"          # (not typed: its first name)
+    assert option_message("workload.x: bad", MODEL_OPTIONS) == "workload.x: bad"
 
 
 @pytest.mark.parametrize("tol", ["-1", "0", "nan", "inf"])
