@@ -135,8 +135,20 @@ def _writer_gone(rec: dict) -> bool:
         return False
     if boot != here:
         return True
+    return _pid_gone(pid, start)
+
+
+def _pid_gone(pid: int, start: int) -> bool:
+    """No process has ``pid`` with this start time.  A process this one may not see
+    (another user's, under hidepid) counts as alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:             # (exists, another user's)
+        return False
     now = _proc_start(pid)
-    return now is None or now != start
+    return now is not None and now != start
 
 
 def _read_writer(folder: Path) -> dict | None:
@@ -191,8 +203,7 @@ def sweep_stale(parent: Path) -> list[str]:
                 start = int(m["start"])
                 if not boot:
                     continue                        # (no way to tell)
-                gone = m["boot"] != boot or (start != 0 and
-                                             _proc_start(int(m["pid"])) != start)
+                gone = m["boot"] != boot or (start != 0 and _pid_gone(int(m["pid"]), start))
                 if not gone or _written_entries(p) is None:
                     continue
                 target = parent / m["name"]
