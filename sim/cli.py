@@ -563,6 +563,20 @@ def _on_signal(signum, frame) -> None:
 FAST_EXIT = frozenset({"run", "report"})
 
 
+def _from_stdout(e: OSError) -> bool:
+    """Whether a failed write was one to stdout (a redirection to a full disk): the
+    flush at the end, or a frame on the way holding stdout (click's echo, json.dump)."""
+    if getattr(e, "from_stdout", False):
+        return True
+    outs = (sys.stdout, sys.__stdout__)
+    tb = e.__traceback__
+    while tb is not None:
+        if any(v is o for v in tb.tb_frame.f_locals.values() for o in outs):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _drop_stdout() -> None:
     """Point stdout at /dev/null, so that what it still buffers (and the interpreter's
     flush at exit) cannot fail a second time."""
@@ -596,7 +610,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # not standalone: click would print usage boxes and eat Ctrl-C itself
         rc = app(args=argv, standalone_mode=False, prog_name="sim")
-        sys.stdout.flush()          # (a full disk under a redirected stdout shows here)
+        try:
+            sys.stdout.flush()      # (a full disk under a redirected stdout shows here)
+        except OSError as e:
+            e.from_stdout = True    # type: ignore[attr-defined]
+            raise
     except InputError as e:
         typer.echo(f"error: {e}", err=True)
         sys.exit(2)
@@ -608,9 +626,10 @@ def main(argv: list[str] | None = None) -> None:
 
         if not write_failure(e):
             raise
-        if e.filename is None:      # (stdout, stderr: a redirection to a full disk ...)
+        where = f"{e.filename}: " if e.filename else "cannot write: "
+        if e.filename is None and _from_stdout(e):
             _drop_stdout()
-        where = f"{e.filename}: " if e.filename else "cannot write the output: "
+            where = "cannot write the output (standard output): "
         typer.echo(f"error: {where}{e.strerror or e}", err=True)
         sys.exit(2)
     except ClickException as e:         # usage errors: one line, click's exit code (2)

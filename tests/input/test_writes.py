@@ -138,6 +138,15 @@ def test_disk_full_during_sim_check_update_keeps_the_golden(sim_inproc, tmp_path
                "File too large")
 
 
+@needs_fsize
+def test_disk_full_while_kv_events_stream_during_the_run(tmp_path):
+    # the event stream is written (to a temporary folder) while the replay runs
+    res = _limited(4000, "run", TINY, "--kv-events", "--out", "r", "-q", "--no-report",
+                   cwd=tmp_path)
+    assert_input_error(res, "cannot write", "File too large")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
 @pytest.mark.parametrize("args", [("case", "c.yaml"), ("model", "--list"),
                                   ("events", "check", "--json", "e.jsonl")],
