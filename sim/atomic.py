@@ -268,7 +268,13 @@ def _marker_kind(folder: Path) -> str | None:
         return None
 
 
+_TEMP_FILE = re.compile(r"^\..+\.[a-z0-9_]{8}$")     # (``_replace_file``'s temporary names)
+
+
 def _write_marker(folder: Path, kind: str) -> None:
+    for e in os.listdir(folder):            # (a writer stopped mid-file: its temporary file)
+        if _TEMP_FILE.match(e) and os.path.isfile(folder / e) and e not in (MARKER, WRITER):
+            os.unlink(folder / e)
     entries = sorted(e for e in os.listdir(folder) if e not in (MARKER, WRITER))
     with open(folder / MARKER, "w") as f:
         json.dump({"written_by": "hybrid-cache-sim", "kind": kind, "entries": entries}, f)
