@@ -17,15 +17,21 @@ def load_case_file(path: str | Path):
     control character is refused here, naming the file and line (ids are printed in
     results, tables and messages)."""
     data = load_file(path, CaseError)
+    check_case_ids(data, path)
+    return data
+
+
+def check_case_ids(data, path: str | Path, error: type = CaseError) -> None:
+    """A case's request id holding a control character is refused, naming the file and
+    the request's line."""
     if isinstance(data, dict) and isinstance(data.get("requests"), list):
         from sim.config.fields import control_problem
 
         for i, r in enumerate(data["requests"]):
             rid = r.get("id") if isinstance(r, dict) else None
             if isinstance(rid, str) and control_problem(rid):
-                raise CaseError(f"{path}{_item_line(path, i)}: requests[{i}].id: "
-                                f"{control_problem(rid)}")
-    return data
+                raise error(f"{path}{_item_line(path, i)}: requests[{i}].id: "
+                            f"{control_problem(rid)}")
 
 
 def _item_line(path: str | Path, i: int) -> str:

@@ -59,6 +59,9 @@ def compute(path: Path) -> tuple[str, dict[str, dict[str, str]]]:
     data = load_file(path, InputError)
     if isinstance(data, dict) and "requests" in data and "config" in data:
         from sim.cache.case import run_case_data
+        from sim.case_files import check_case_ids
+
+        check_case_ids(data, path, InputError)
 
         out = {}
         for r in run_case_data(data, str(path)):

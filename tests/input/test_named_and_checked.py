@@ -158,10 +158,13 @@ def test_a_control_character_in_a_trace_id(sim_inproc, tmp_path, field):
              must=(f"t.jsonl:{bad_line}", "control character"))
 
 
-@pytest.mark.parametrize("command", ["case", "steps"])
+@pytest.mark.parametrize("command", ["case", "steps", "check", "explain"])
 def test_a_control_character_in_a_case_request_id(sim_inproc, tmp_path, command):
     (tmp_path / "c.yaml").write_text(CASE + "  - {id: \"b\\e[2J\", prompt: 'S:48'}\n")
-    _refused(sim_inproc, tmp_path, command, "c.yaml",
+    (tmp_path / "gold").mkdir()
+    (tmp_path / "gold" / "c.yaml.golden").write_text(GOOD)
+    extra = ("--golden", "gold") if command == "check" else ()
+    _refused(sim_inproc, tmp_path, command, "c.yaml", *extra,
              must=("c.yaml:6", "requests[1].id", "control character"))
 
 
