@@ -72,7 +72,9 @@ def _read_json(path: Path) -> dict:
 def _column(path: Path, name: str) -> list[str]:
     from sim.config.errors import InputError
 
-    with open(path, newline="") as f:
+    from sim.config.loader import open_input
+
+    with open_input(path, text=True, newline="") as f:
         rd = csv.DictReader(f)
         if name not in (rd.fieldnames or []):
             raise InputError(f"{path}: missing column {name}")
@@ -138,6 +140,8 @@ def stored_flag(folder: Path) -> str:
 
 def write_compare_report(folder: Path, flag: str) -> Path:
     """(Re)write ``compare.md`` in the compare folder; returns its path."""
+    from sim.atomic import write_file
+
     path = Path(folder) / "compare.md"
-    path.write_text(compare_markdown(folder, flag))
+    write_file(path, compare_markdown(folder, flag))
     return path

@@ -23,7 +23,9 @@ CAPTION = ("How full is each GPU's cache pool over time? Attention KV and Mamba 
 
 def read_memory(path: Path) -> dict[str, list[float]]:
     """``memory.csv`` as columns (``time_s`` float, every other column int)."""
-    with open(path, newline="") as f:
+    from sim.config.loader import open_input
+
+    with open_input(path, text=True, newline="") as f:
         text = f.read()
     header, _, body = text.partition("\n")
     names = header.rstrip("\r").split(",")
@@ -169,7 +171,9 @@ def draw_memory(folder: Path, s: dict, fields=None, frame=None, drawn=None) -> N
     title = title_of(s.get("scenario", ""))
     if drawn is not None and fields is not None and drawn[1:4] == (pool, block, title) \
             and drawn[0] == fields:
-        (Path(folder) / "memory.png").write_bytes(drawn[4])
+        from sim.atomic import write_file
+
+        write_file(Path(folder) / "memory.png", drawn[4])
         return
     memory_figure(read_memory(path) if fields is None else as_read(fields), block, pool,
                   Path(folder), title, frame)

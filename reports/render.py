@@ -87,7 +87,9 @@ def render_html(blocks, folder: Path) -> str:
         elif kind == "ul":
             out.append("<ul>" + "".join(f"<li>{_html_inline(it)}</li>" for it in b[1]) + "</ul>")
         elif kind == "img":
-            data = base64.b64encode((folder / b[1]).read_bytes()).decode("ascii")
+            from sim.atomic import read_back    # (the figure as this report wrote it)
+
+            data = base64.b64encode(read_back(folder / b[1])).decode("ascii")
             out.append(f'<img alt="{html.escape(b[2])}" src="data:image/png;base64,{data}">')
         elif kind == "table":
             t: Table = b[1]

@@ -413,4 +413,6 @@ def write_report(folder: Path, stems=FIGURES, rows: list | None = None,
     lines += fleet_markdown(folder, s, h, draw="replicas" in stems)
     from reports.memory_figure import memory_markdown  # the pool over time (memory.csv)
     lines += memory_markdown(folder, s, draw="memory" in stems, fields=memory)
-    (folder / "report.md").write_text("\n".join(lines))
+    from sim.atomic import write_file
+
+    write_file(folder / "report.md", "\n".join(lines))

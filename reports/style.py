@@ -301,16 +301,24 @@ def save(fig, folder: Path, stem: str, caption: str = "", svg: bool = True,
     ``into``: a binary file object the PNG is written to instead of ``folder`` (no SVG;
     the bytes the file would hold: a report worker draws a figure before the run
     folder exists, ``reports/workers.py``)."""
+    import io
+
+    from sim.atomic import write_file     # (whole files only: sim/atomic.py)
+
     png = Path(folder) / f"{stem}.png"
-    target = png if into is None else into
     if into is not None and svg:
         raise ValueError("save: an SVG is written to the folder only")
+    target = io.BytesIO() if into is None else into
     if not svg and isinstance(fig.canvas, PngCanvas):
         trim = Trim([(t, kw) for t, kw in ((note, NOTE_STYLE), (caption, CAPTION_STYLE)) if t])
         fig.savefig(target, format="png", dpi=DPI, bbox_inches=trim.margins(fig),
                     metadata=PNG_META, trim=trim)
         if not trim.clipped:
+            if into is None:
+                write_file(png, target.getvalue())
             return Saved([png], caption)
+        if into is None:
+            target = io.BytesIO()           # (nothing was written: drawn again below)
     renderer = fig.canvas.get_renderer()
     bb = fig.get_tightbbox(renderer)
     if note:
@@ -319,10 +327,14 @@ def save(fig, folder: Path, stem: str, caption: str = "", svg: bool = True,
         bb = _under(fig, bb, caption, renderer, **CAPTION_STYLE)
     bb = bb.padded(Trim.PAD)
     fig.savefig(target, format="png", dpi=DPI, bbox_inches=bb, metadata=PNG_META)
+    if into is None:
+        write_file(png, target.getvalue())
     out = [png]
     if svg:
         out.append(png.with_suffix(".svg"))
-        fig.savefig(out[-1], bbox_inches=bb, metadata=SVG_META)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="svg", bbox_inches=bb, metadata=SVG_META)
+        write_file(out[-1], buf.getvalue())
     return Saved(out, caption)
 
 

@@ -233,11 +233,16 @@ def capacity_blocks(sweep: Sweep, folder: Path, caption: str,
     B.append(("table", Table(["policy", "id", "GiB/GPU", "token hit", "TTFT p50 (s)",
                               "TTFT p99 (s)", "frontier"], rows, "llrrrrl")))
     path = Path(folder) / "report_capacity.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(["policy", "point", "label", "pool_bytes", "pool_gib", "token_hit_rate_pct",
-                    "ttft_p50_s", "ttft_p99_s", "on_policy_frontier"])
-        w.writerows(csv_rows)
+    import io
+
+    from sim.atomic import write_file
+
+    f = io.StringIO(newline="")
+    w = csv.writer(f, lineterminator="\n")
+    w.writerow(["policy", "point", "label", "pool_bytes", "pool_gib", "token_hit_rate_pct",
+                "ttft_p50_s", "ttft_p99_s", "on_policy_frontier"])
+    w.writerows(csv_rows)
+    write_file(path, f.getvalue())
     return B, path
 
 

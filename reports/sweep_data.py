@@ -225,8 +225,10 @@ def _parse_number(s: str):
 
 
 def _read_requests(path: Path) -> Requests:
+    from sim.config.loader import open_input
+
     cols: dict[str, list[float]] = {k: [] for k in REQUEST_FIELDS}
-    with open(path, newline="") as f:
+    with open_input(path, text=True, newline="") as f:
         for row in csv.DictReader(f):
             if row.get("rejected"):
                 continue        # refused on arrival: no measurements
@@ -257,7 +259,9 @@ def load_sweep(sweep_dir: Path) -> Sweep:
     from sim.config.errors import InputError
     from sim.config.loader import read_text
 
-    text = read_text(sweep_dir / "points.csv")          # unreadable / not UTF-8: one line
+    # unreadable / not UTF-8 / not a regular file: one line (a table of at most
+    # MAX_POINTS rows: a larger limit than a configuration file's)
+    text = read_text(sweep_dir / "points.csv", limit=64 * 2**20)
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""))
         header = list(reader.fieldnames or [])
@@ -290,9 +294,13 @@ def load_sweep(sweep_dir: Path) -> Sweep:
         if p.ok:
             req = sweep_dir / "points" / pid / "requests.csv"
             try:
+                if not req.exists():
+                    raise FileNotFoundError(req)
                 p.requests = _read_requests(req)
             except FileNotFoundError:
                 p.note = "requests.csv missing"
+            except InputError as e:          # (not a regular file, cannot read ...)
+                p.note = f"requests.csv unreadable ({str(e).rsplit(': ', 1)[-1]})"
             except (KeyError, ValueError) as e:
                 p.note = f"requests.csv unreadable ({type(e).__name__}: {e})"
             if not p.note and not p.plotted:

@@ -52,6 +52,7 @@ from reports.miss_figure import sweep_bars
 from reports.sweep_figures import figure_lost_reuse, figure_ttft_cdf, figure_ttft_vs_prompt
 from reports.sweep_pareto import figure_pareto
 from reports.sweep_tables import build_blocks
+from sim.atomic import file_exists, remove_file, write_file
 
 FIGURES = ("pareto", "ttft_cdf", "ttft_vs_prompt", "lost_reuse")
 
@@ -84,10 +85,10 @@ def write_sweep_report(sweep_dir: Path, target: float | None = None) -> list[Pat
         written += saved.files + [path]
     else:
         for stale_file in stale_capacity:       # from an earlier capacity sweep's report
-            if stale_file.exists():
-                stale_file.unlink()
-    if stale not in csvs and stale.exists():
-        stale.unlink()  # from an earlier report of a different sweep in the same folder
+            if file_exists(stale_file):
+                remove_file(stale_file)
+    if stale not in csvs and file_exists(stale):
+        remove_file(stale)  # from an earlier report of a different sweep in the same folder
     # why each point missed (miss attribution; points written without it get no section)
     saved_miss = sweep_bars([(sweep.point_label(p), p.metrics) for p in sweep.points if p.ok],
                             folder, f"{sweep.name}: why each point missed")
@@ -99,12 +100,12 @@ def write_sweep_report(sweep_dir: Path, target: float | None = None) -> list[Pat
                                "`requests.csv`)."),
                          ("img", "miss_classes.png", saved_miss.caption)]
         written += saved_miss.files
-    elif (folder / "miss_classes.png").exists():
-        (folder / "miss_classes.png").unlink()   # from an earlier report of this folder
+    elif file_exists(folder / "miss_classes.png"):
+        remove_file(folder / "miss_classes.png")   # from an earlier report of this folder
     md = folder / "report.md"
-    md.write_text(render_md(blocks), encoding="utf-8")
+    write_file(md, render_md(blocks))
     hp = folder / "report.html"
-    hp.write_text(render_html(blocks, folder), encoding="utf-8")
+    write_file(hp, render_html(blocks, folder))
     written += [md, hp]
     return sorted(written)
 

@@ -111,10 +111,15 @@ def _latency_note(sweep: Sweep) -> str:
 
 
 def _write_csv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(header)
-        w.writerows(rows)
+    import io
+
+    from sim.atomic import write_file
+
+    f = io.StringIO(newline="")
+    w = csv.writer(f, lineterminator="\n")
+    w.writerow(header)
+    w.writerows(rows)
+    write_file(path, f.getvalue())
     return path
 
 

@@ -23,9 +23,10 @@ on the same values; only the process differs.  Nothing can hang or go missing:
   then fails, if it does, exactly as an in-process report fails (same exception, same
   exit code); a worker that died or hung says so in one warning line;
 * the workers ignore SIGINT (the main process's interrupt handling stops them), the
-  first is a daemon and the second dies with it (``_die_with_parent``), both see EOF
-  and exit if the main process is gone, and ``close`` stops them in every case before
-  the temporary run folder is removed or moved into place.
+  first dies with the main process whatever ends it, SIGKILL included (Linux's
+  parent-death signal: ``sim/lifeline.py``) and the others die with the first, both
+  see EOF and exit if the main process is gone, and ``close`` stops them in every case
+  before the temporary run folder is removed or moved into place.
 
 Where ``fork`` is unavailable (not Linux), in a process running other threads, or with
 ``HCS_REPORT_WORKERS=0``, ``start`` returns None and the report is drawn in the main
@@ -108,7 +109,7 @@ def _warm() -> None:
         fig.savefig(io.BytesIO(), format="png", dpi=style.DPI, metadata=style.PNG_META)
 
 
-def _serve(conns, parents, parts) -> None:
+def _serve(conns, parents, parts, main: int | None = None) -> None:
     """The first worker: close the main process's ends of the pipes (so that every
     worker reads EOF, and exits, once the main process is gone), warm up, fork the
     other workers (warm as well: one import of matplotlib for all, none of it competing
@@ -120,6 +121,8 @@ def _serve(conns, parents, parts) -> None:
     figures, so the collector's passes over matplotlib's heap (about 1.6 % of a
     worker's instructions) would only free memory a moment before the process ends."""
     gc.disable()
+    if main is not None:
+        _die_with_parent(main)          # (a SIGKILLed main process ends it too)
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the main process handles Ctrl-C
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for c in parents:
@@ -154,15 +157,12 @@ def _serve(conns, parents, parts) -> None:
 
 
 def _die_with_parent(parent: int) -> None:
-    """Have the kernel kill this process when ``parent`` (the first worker) ends, so
-    that stopping the first worker stops all (Linux ``PR_SET_PDEATHSIG``)."""
-    import ctypes
+    """Have the kernel kill this process when ``parent`` ends (the main process, for
+    the first worker; the first worker, for the others: stopping it stops all), Linux
+    ``PR_SET_PDEATHSIG``, and end at once if it has ended already."""
+    from sim.lifeline import die_with_parent
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:      # PR_SET_PDEATHSIG
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-    if os.getppid() != parent:          # (it ended before the line above)
-        os._exit(1)
+    die_with_parent(parent)
 
 
 def _frames(part: tuple[str, ...]) -> dict:
@@ -233,7 +233,7 @@ class ReportWorkers:
         pipes = [ctx.Pipe() for _ in parts]
         self._conns = [mine for mine, _ in pipes]
         self._proc = ctx.Process(target=_serve, args=([t for _, t in pipes], self._conns,
-                                                      parts),
+                                                      parts, os.getpid()),
                                  daemon=True, name="sim-report")
         self._proc.start()
         for _, theirs in pipes:

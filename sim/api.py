@@ -15,6 +15,11 @@ the run folder with the functions ``sim run`` calls, into ``out`` or a temporary
 and reads it back as ``sim.load`` does; ``sim.sweep`` runs ``sim sweep``'s functions and
 reads ``points.csv``.  So a notebook sees exactly what the CLI wrote.
 
+Bad arguments are refused as the CLI refuses them, with the same one-line ``InputError``
+(``sim.config.errors``): ``set`` is a mapping of dotted fields to values or, as ``--set``,
+``"FIELD.PATH=VALUE"`` strings; ``requests`` and ``workers`` integers >= 1; a sweep's
+``workers`` capped as ``sim sweep --workers`` caps them.
+
 pandas is imported only when a table is first asked for (``import sim`` stays cheap);
 without it the tables raise an ``ImportError`` saying how to install it, while
 ``summary``, ``info`` and the column dictionaries (``request_columns``) still work.
@@ -60,7 +65,9 @@ def read_columns(path: Path, kinds: dict[str, str]) -> dict[str, list]:
     text; an int column's empty cell (a request refused on arrival) is None.  Every
     column of ``kinds`` is present: one the file lacks (an older run folder) is all
     None/NaN."""
-    with open(path, newline="") as f:
+    from sim.config.loader import open_input
+
+    with open_input(path, text=True, newline="") as f:
         rd = csv.reader(f)
         header = next(rd, [])
         rows = list(rd)
@@ -132,7 +139,7 @@ def load(run_dir: str | Path) -> Run:
     from sim.config.errors import InputError
     from sim.config.loader import load_file
 
-    folder = Path(run_dir)
+    folder = _path_arg("run_dir", run_dir)
     if not folder.is_dir():
         raise InputError(f"{folder}: not a run folder (no such directory)")
     summary = load_file(folder / "summary.json", fmt="json")
@@ -152,10 +159,61 @@ def load(run_dir: str | Path) -> Run:
     return Run(folder, summary, info, requests, memory)
 
 
-def _with_requests(overrides: dict | None, requests: int | None) -> dict:
+def _path_arg(name: str, value, optional: bool = False) -> Path | None:
+    """A path argument (a str or an os.PathLike), else an ``InputError`` naming it."""
+    import os
+
+    from sim.config.errors import InputError
+    from sim.config.fields import show
+
+    if value is None and optional:
+        return None
+    if isinstance(value, (str, os.PathLike)) and str(value).strip():
+        return Path(value)
+    raise InputError(f"{name}: expected a path (a str or a Path), got {show(value)}")
+
+
+def _bool_arg(name: str, value) -> bool | None:
+    from sim.config.errors import InputError
+    from sim.config.fields import show
+
+    if value is None or isinstance(value, bool):
+        return value
+    raise InputError(f"{name}: must be true or false (or None), got {show(value)}")
+
+
+def _set_arg(value) -> dict:
+    """``set=``: a mapping of dotted fields to values, or (as ``--set``) a
+    ``"FIELD.PATH=VALUE"`` string or a list of them, parsed as the CLI parses them."""
+    from sim.config.errors import InputError
+    from sim.config.fields import show
+    from sim.config.loader import parse_set
+
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        for k in value:
+            if not isinstance(k, str):
+                raise InputError(f"set: {show(k)}: field paths are strings (like "
+                                 "'cache.hash_block_size')")
+        return dict(value)
+    items = [value] if isinstance(value, str) else value
+    if isinstance(items, (list, tuple)) and all(isinstance(i, str) for i in items):
+        return dict(parse_set(i) for i in items)
+    raise InputError(f"set: expected a mapping of dotted fields to values (or, as --set, "
+                     f"'FIELD.PATH=VALUE' strings), got {show(value)}")
+
+
+def _with_requests(overrides, requests: int | None) -> dict:
     """``set`` plus ``requests`` as ``--requests`` sets it (``workload.num_requests``; an
     old name of it in the file is cleared)."""
-    out = dict(overrides or {})
+    from sim.config.errors import InputError
+    from sim.config.fields import show
+
+    out = _set_arg(overrides)
+    if requests is not None and (isinstance(requests, bool) or not isinstance(requests, int)
+                                 or requests < 1):
+        raise InputError(f"requests: must be an integer >= 1, got {show(requests)}")
     if requests is not None:
         from workloads import RENAMED
 
@@ -181,14 +239,18 @@ def run(scenario: str | Path, set: dict[str, Any] | None = None,   # noqa: A002 
     report.md and its figures (default: only when ``out`` is given)."""
     from sim.atomic import check_output_folder
     from sim.provenance import load_scenario_or_run
-    from sim.run import simulate, write_run
+    from sim.run import as_input_errors, simulate, write_run
 
+    scenario = _path_arg("scenario", scenario)
+    out = _path_arg("out", out, optional=True)
+    report = _bool_arg("report", report)
     overrides = _with_requests(set, requests)
     sc = load_scenario_or_run(Path(scenario), overrides or None)
     command = [_call("sim.run", scenario, overrides)]
     if out is not None:
         check_output_folder(Path(out))
-    dep, rows, summary = simulate(sc)
+    with as_input_errors(scenario, overrides):          # (sim run's lines)
+        dep, rows, summary = simulate(sc)
     if out is not None:
         folder = write_run(Path(out), sc, dep, rows, summary,
                            report=True if report is None else report, command=command)
@@ -211,9 +273,18 @@ def sweep(sweep_file: str | Path, set: dict[str, Any] | None = None,   # noqa: A
     per point; ``df.attrs["path"]`` is the sweep folder, or None without ``out``).
     ``set`` applies to every point; ``search="rate"`` runs the rate search."""
     from sim.atomic import check_output_folder
-    from sim.sweep import load_sweep, run_sweep
+    from sim.config.errors import InputError
+    from sim.config.fields import show
+    from sim.sweep import check_workers, load_sweep, run_sweep
 
     pd = _pandas()
+    sweep_file = _path_arg("sweep_file", sweep_file)
+    out = _path_arg("out", out, optional=True)
+    report = _bool_arg("report", report)
+    check_workers(workers, "workers")
+    if search is not None and search != "rate":
+        raise InputError(f"search: must be 'rate' (the arrival-rate scale) or None, got "
+                         f"{show(search)}")
     overrides = _with_requests(set, requests)
     sw = load_sweep(sweep_file, overrides or None, search=search)
     command = [_call("sim.sweep", sweep_file, overrides)]

@@ -18,13 +18,29 @@ did not write itself.
   a target land one after the other, each whole; if something that is not a sim folder
   took the target meanwhile, the run says so in one line and writes nothing.
 
+* A temporary folder carries a writer record (``WRITER``: the writing process's pid,
+  start time, boot and host); one left behind by a writer that is gone (SIGKILL, a
+  power cut) is swept by the next write into the same parent folder.  Nothing is
+  removed without that record, nor while its writer lives (the pid with the same
+  start time, on this host and boot); an earlier folder moved aside by a writer that
+  died mid-commit is put back when nothing took its place.
+* ``staged_files(folder)`` writes files into an existing folder (``sim report``) all
+  or nothing: every ``write_file`` inside lands in a hidden temporary folder beside it
+  and is moved into place at the end; what sim wrote there joins the folder's marker.
+* A disk that is full (or a quota, a file-size limit, a read-only filesystem) while
+  writing is one line naming the output and the file (``OutputPathError``), with
+  nothing half-written: the temporary files are removed.
+
 Test hook: ``HCS_TEST_PAUSE_WRITE=<seconds>`` sleeps after the files are written into
-the temporary folder and before they are moved into place (tests send signals there).
+the temporary folder (or staged) and before they are moved into place (tests send
+signals there).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -38,12 +54,174 @@ from pathlib import Path
 from sim.config.errors import InputError
 
 MARKER = ".hcs-output"
+WRITER = ".hcs-writer"      # in a temporary folder: who is writing it
 PAUSE_ENV = "HCS_TEST_PAUSE_WRITE"
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
+#: what the environment, not the program, makes a write fail with: one line, not a trace
+WRITE_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EFBIG", "EROFS",
+                                                     "EACCES", "EPERM", "EIO", "ENAMETOOLONG",
+                                                     "ELOOP", "EMLINK")
+                         if hasattr(errno, n))
 
 
 class OutputPathError(InputError):
     """An output path that may not be used (one line naming the path)."""
+
+
+def write_failure(e: BaseException) -> bool:
+    """Whether ``e`` is a write the environment made fail (disk full, read-only ...)."""
+    return isinstance(e, OSError) and e.errno in WRITE_ERRNOS
+
+
+def _failed_write(shown: str, e: OSError, root: Path | None, rest: str) -> OutputPathError:
+    """The one line of a write that failed: the output, the file (as inside it) and why."""
+    name = ""
+    if e.filename:
+        f = Path(str(e.filename))
+        if root is not None:
+            try:
+                name = f.relative_to(root).as_posix()
+            except ValueError:
+                name = f.name
+        else:
+            name = f.name
+        m = re.match(r"^(?P<dir>.*/)?\.(?P<name>[^/]+)\.[a-z0-9_]{8}$", name)
+        if m:                               # (a file's temporary name: the file's)
+            name = (m["dir"] or "") + m["name"]
+    what = f"cannot write {name}" if name else "cannot write"
+    return OutputPathError(f"{shown}: {what}: {e.strerror or e}; {rest}")
+
+
+# ---- who writes a temporary folder (so that a stale one can be swept) -----------------
+
+def _proc_start(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks after boot), None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _writer_record() -> dict:
+    import socket
+
+    pid = os.getpid()
+    return {"written_by": "hybrid-cache-sim", "pid": pid, "start": _proc_start(pid),
+            "boot": _boot_id(), "host": socket.gethostname()}
+
+
+def _writer_gone(rec: dict) -> bool:
+    """Whether the writer a record names has certainly ended: on this host, and its boot
+    is over, or no process has its pid with its start time.  Anything unsure: alive."""
+    import socket
+
+    if not isinstance(rec, dict) or rec.get("written_by") != "hybrid-cache-sim":
+        return False
+    pid, start, boot = rec.get("pid"), rec.get("start"), rec.get("boot")
+    if rec.get("host") != socket.gethostname() or not isinstance(pid, int) \
+            or not isinstance(start, int) or boot is None:
+        return False
+    here = _boot_id()
+    if here is None:
+        return False
+    if boot != here:
+        return True
+    return _pid_gone(pid, start)
+
+
+def _pid_gone(pid: int, start: int) -> bool:
+    """No process has ``pid`` with this start time.  A process this one may not see
+    (another user's, under hidepid) counts as alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:             # (exists, another user's)
+        return False
+    now = _proc_start(pid)
+    return now is not None and now != start
+
+
+def _read_writer(folder: Path) -> dict | None:
+    p = folder / WRITER
+    try:
+        if p.is_symlink() or not p.is_file() or p.stat().st_size > 4096:
+            return None
+        rec = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _make_temp(parent: Path, prefix: str) -> Path:
+    """A new hidden temporary folder in ``parent`` with this process's writer record."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        with open(tmp / WRITER, "w") as f:
+            json.dump(_writer_record(), f)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+_ASIDE = re.compile(r"^\.(?P<name>.+)\.old\.(?P<pid>\d+)-(?P<start>\d+)-(?P<boot>[0-9a-f]{8})\.")
+
+
+def _aside_tag() -> str:
+    pid = os.getpid()
+    return f"{pid}-{_proc_start(pid) or 0}-{(_boot_id() or '0' * 8).replace('-', '')[:8]}"
+
+
+def sweep_stale(parent: Path) -> list[str]:
+    """Remove the hidden temporary folders in ``parent`` whose writer is gone (see
+    ``_writer_gone``); put back an earlier folder a dead writer had moved aside when
+    nothing took its place (else remove it, if it is a sim folder no one added to).
+    Returns the names removed or restored.  Never raises."""
+    done: list[str] = []
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(".")]
+    except OSError:
+        return done
+    boot = (_boot_id() or "").replace("-", "")[:8]
+    for name in names:
+        p = parent / name
+        try:
+            if p.is_symlink() or not p.is_dir():
+                continue
+            m = _ASIDE.match(name)
+            if m:
+                start = int(m["start"])
+                if not boot:
+                    continue                        # (no way to tell)
+                gone = m["boot"] != boot or (start != 0 and _pid_gone(int(m["pid"]), start))
+                if not gone or _written_entries(p) is None:
+                    continue
+                target = parent / m["name"]
+                if not os.path.lexists(target):
+                    os.rename(p, target)            # the earlier folder, back in place
+                elif is_own_folder(p):
+                    shutil.rmtree(p)
+                else:
+                    continue
+                done.append(name)
+                continue
+            rec = _read_writer(p)
+            if rec is not None and _writer_gone(rec):
+                shutil.rmtree(p)
+                done.append(name)
+        except OSError:
+            continue
+    return done
 
 
 def _shown(given: str | Path) -> str:
@@ -90,8 +268,14 @@ def _marker_kind(folder: Path) -> str | None:
         return None
 
 
+_TEMP_FILE = re.compile(r"^\..+\.[a-z0-9_]{8}$")     # (``_replace_file``'s temporary names)
+
+
 def _write_marker(folder: Path, kind: str) -> None:
-    entries = sorted(e for e in os.listdir(folder) if e != MARKER)
+    for e in os.listdir(folder):            # (a writer stopped mid-file: its temporary file)
+        if _TEMP_FILE.match(e) and os.path.isfile(folder / e) and e not in (MARKER, WRITER):
+            os.unlink(folder / e)
+    entries = sorted(e for e in os.listdir(folder) if e not in (MARKER, WRITER))
     with open(folder / MARKER, "w") as f:
         json.dump({"written_by": "hybrid-cache-sim", "kind": kind, "entries": entries}, f)
         f.write("\n")
@@ -163,7 +347,7 @@ def _check(out: Path, shown: str) -> str:
         raise OutputPathError(f"{shown}: is the filesystem root; choose a new folder")
     try:
         inside = Path.cwd().resolve().is_relative_to(out.resolve())
-    except OSError:
+    except (OSError, RuntimeError):     # (a symbolic link loop: said below, in one line)
         inside = False
     if inside:
         raise OutputPathError(f"{shown}: is the current folder or contains it; choose a new "
@@ -242,7 +426,10 @@ def _commit(tmp: Path, out: Path, shown: str, kind: str) -> None:
                                       "nothing written") from None
             aside = None
             if state == "own":
-                aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=parent))
+                # (named by this process, so that should it die here, the next write in
+                # this folder puts the earlier folder back: ``sweep_stale``)
+                aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.{_aside_tag()}.",
+                                              dir=parent))
                 try:
                     os.rename(out, aside)           # replaces the empty placeholder
                 except OSError as e:
@@ -288,15 +475,18 @@ def atomic_folder(out: str | Path, kind: str = "run"):
             _, made = _nearest_existing(out.parent, shown)
             for d in made:
                 os.mkdir(d)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+            if not made:
+                sweep_stale(out.parent)     # (what writers that died left here)
+            tmp = _make_temp(out.parent, f".{out.name}.")
         os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
         _write_marker(tmp, kind)
         pause = os.environ.get(PAUSE_ENV)
         if pause:
             time.sleep(float(pause))
+        os.unlink(tmp / WRITER)         # (the record stays until the folder lands)
         _commit(tmp, out, shown, kind)
-    except BaseException:
+    except BaseException as e:
         with _held_signals():
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -305,6 +495,11 @@ def atomic_folder(out: str | Path, kind: str = "run"):
                     os.rmdir(d)
                 except OSError:
                     pass
+        if write_failure(e):
+            raise _failed_write(shown, e, tmp, "nothing written") from None
+        if isinstance(e, OutputPathError) and tmp is not None and str(tmp) in str(e):
+            # (a folder written inside this one, e.g. a compare's off/: named in place)
+            raise OutputPathError(str(e).replace(str(tmp), shown.rstrip("/"))) from None
         raise
 
 
@@ -329,13 +524,29 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     """Write a file atomically: a hidden temporary file beside it, then ``os.replace``."""
     path = Path(path)
     check_output_file(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _replace_file(path, text.encode("utf-8"))
+    except OSError as e:
+        if write_failure(e):
+            raise _failed_write(_shown(path), e, None, "the file is as it was") from None
+        raise
+
+
+def _replace_file(path: Path, data: bytes) -> None:
+    """``path`` now holds ``data``, or (on any error) is as it was: a hidden temporary
+    file beside it, then ``os.replace``; the temporary file never stays."""
     tmp: str | None = None
     try:
         with _held_signals():
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except OSError as e:
+            if e.filename is None:       # (a write's error names no file: this one)
+                raise OSError(e.errno, e.strerror, str(path)) from None
+            raise
         os.chmod(tmp, 0o666 & ~_umask())
         with _held_signals():
             os.replace(tmp, path)
@@ -348,3 +559,184 @@ def atomic_write_text(path: str | Path, text: str) -> None:
                 except OSError:
                     pass
         raise
+
+
+# ---- files written into an existing folder, all or nothing (``sim report``) ----------
+
+class _Stage:
+    """The files written into ``folder`` while ``staged_files`` runs: each in the
+    temporary folder ``tmp`` (same relative path) until ``commit``."""
+
+    def __init__(self, folder: Path, tmp: Path):
+        self.folder = folder
+        self.tmp = tmp
+        self.written: dict[str, Path] = {}      # relative path -> its staged file
+        self.removed: set[str] = set()
+
+    def rel(self, path: str | Path) -> str | None:
+        p = Path(os.path.abspath(path))
+        try:
+            rel = p.relative_to(self.folder)
+        except ValueError:
+            return None
+        return rel.as_posix() if rel.parts else None
+
+
+_stage: _Stage | None = None
+
+
+def write_file(path: str | Path, data: bytes | str) -> None:
+    """Write an output file: inside ``staged_files`` into its stage (moved into place
+    with the others at the end), else atomically (a temporary file, then a rename):
+    never half a file."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    rel = _stage.rel(path) if _stage is not None else None
+    if rel is None:
+        _replace_file(Path(path), data)
+        return
+    staged = _stage.tmp / "files" / rel
+    staged.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(staged, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        if e.filename is None:           # (a write's error names no file: this one)
+            raise OSError(e.errno, e.strerror, str(staged)) from None
+        raise
+    _stage.written[rel] = staged
+    _stage.removed.discard(rel)
+
+
+def remove_file(path: str | Path) -> None:
+    """Remove an output file (an earlier report's figure that no longer belongs): inside
+    ``staged_files`` at the end, with the rest; else now."""
+    rel = _stage.rel(path) if _stage is not None else None
+    if rel is None:
+        Path(path).unlink(missing_ok=True)
+        return
+    _stage.written.pop(rel, None)
+    _stage.removed.add(rel)
+
+
+def file_exists(path: str | Path) -> bool:
+    """Whether an output file exists, as ``staged_files`` will leave it."""
+    rel = _stage.rel(path) if _stage is not None else None
+    if rel is not None:
+        if rel in _stage.written:
+            return True
+        if rel in _stage.removed:
+            return False
+    return Path(path).exists()
+
+
+def read_back(path: str | Path) -> bytes:
+    """An output file's bytes as written (inside ``staged_files``: its staged copy)."""
+    rel = _stage.rel(path) if _stage is not None else None
+    if rel is not None and rel in _stage.written:
+        return _stage.written[rel].read_bytes()
+    return Path(path).read_bytes()
+
+
+@contextmanager
+def staged_files(folder: str | Path):
+    """``with staged_files(folder):`` every ``write_file`` / ``remove_file`` under
+    ``folder`` lands at the end, all together, or (on an error, a full disk, an
+    interrupt) not at all: the folder is then as it was.  Refused up front with one
+    line: a folder that cannot be written (read-only, no permission).  The files sim
+    writes there join the folder's marker (a run folder stays sim's to replace)."""
+    global _stage
+    shown = _shown(folder)
+    folder = Path(os.path.abspath(folder))
+    probe_in(folder, shown)
+    try:
+        same_device = os.stat(folder).st_dev == os.stat(folder.parent).st_dev
+    except OSError as e:
+        raise OutputPathError(f"{shown}: cannot use: {e.strerror}") from None
+    if not same_device:
+        raise OutputPathError(f"{shown}: is a mount point: sim writes its files beside it "
+                              "first, then moves them in; give a folder inside it")
+    sweep_stale(folder.parent)
+    try:
+        tmp = _make_temp(folder.parent, f".{folder.name}.")
+    except OSError as e:
+        raise OutputPathError(f"{shown}: cannot write beside it in {folder.parent}: "
+                              f"{e.strerror}; nothing written") from None
+    stage = _Stage(folder, tmp)
+    outer, _stage = _stage, stage
+    try:
+        try:
+            yield stage
+        finally:
+            _stage = outer
+        pause = os.environ.get(PAUSE_ENV)
+        if pause:
+            time.sleep(float(pause))
+        with _held_signals():
+            _land(stage)
+    except BaseException as e:
+        with _held_signals():
+            shutil.rmtree(tmp, ignore_errors=True)
+        if write_failure(e):
+            raise _failed_write(shown, e, tmp / "files",
+                                "nothing written (the folder is as it was)") from None
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def probe_in(folder: Path, shown: str) -> None:
+    """Refuse a folder sim cannot create files in (one line, ``OutputPathError``)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hcs-probe.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputPathError(f"{shown}: cannot write in it: {e.strerror}; nothing "
+                              "written") from None
+
+
+def _land(stage: _Stage) -> None:
+    """Move the staged files into place (a failure on the way puts back what was moved,
+    from copies kept aside), remove what was removed, and list in the marker what sim
+    wrote."""
+    folder = stage.folder
+    keep = stage.tmp / "kept"
+    moved: list[tuple[Path, Path | None]] = []     # (target, the earlier file kept aside)
+    try:
+        for rel, staged in sorted(stage.written.items()):
+            target = folder / rel
+            earlier = None
+            if os.path.lexists(target):         # (kept by a second name, to put back)
+                earlier = keep / rel
+                earlier.parent.mkdir(parents=True, exist_ok=True)
+                os.link(target, earlier, follow_symlinks=False)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(staged, 0o666 & ~_umask())
+            os.replace(staged, target)
+            moved.append((target, earlier))
+        _mark_written(folder, {rel.split("/")[0] for rel in stage.written})
+    except BaseException:
+        for target, earlier in reversed(moved):
+            try:
+                if earlier is not None:
+                    os.replace(earlier, target)
+                else:
+                    os.unlink(target)
+            except OSError:
+                pass
+        raise
+    for rel in sorted(stage.removed):
+        try:
+            (folder / rel).unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _mark_written(folder: Path, names: set[str]) -> None:
+    """Add ``names`` (entries sim wrote into ``folder``) to its marker, when it has one."""
+    written = _written_entries(folder)
+    if written is None or not names - written:
+        return
+    data = json.loads((folder / MARKER).read_text())
+    data["entries"] = sorted(written | names)
+    _replace_file(folder / MARKER, (json.dumps(data) + "\n").encode("utf-8"))

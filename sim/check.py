@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.config.errors import InputError
+from sim.config.fields import show
 
 KEYS_CASE = ("hit", "per_group", "junction")
 KEYS_SCENARIO = ("hit", "attention", "junction")
@@ -58,6 +59,9 @@ def compute(path: Path) -> tuple[str, dict[str, dict[str, str]]]:
     data = load_file(path, InputError)
     if isinstance(data, dict) and "requests" in data and "config" in data:
         from sim.cache.case import run_case_data
+        from sim.case_files import check_case_ids
+
+        check_case_ids(data, path, InputError)
 
         out = {}
         for r in run_case_data(data, str(path)):
@@ -80,17 +84,30 @@ def compute(path: Path) -> tuple[str, dict[str, dict[str, str]]]:
 def parse_golden(text: str, source: str = "<golden>"
                  ) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
     out = {}
+    lines: dict[str, int] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         m = _LINE.match(line)
         pairs = [] if m is None else m.group("vals").split() + (m.group("want") or "").split()
         if not m or any("=" not in kv for kv in pairs):
-            raise InputError(f"{source}:{lineno}: bad golden line {line!r} (want "
+            raise InputError(f"{source}:{lineno}: bad golden line {show(line)} (want "
                              f"'<request>: key=value ...  want: key=value')")
         vals = dict(kv.split("=", 1) for kv in m.group("vals").split())
         want = dict(kv.split("=", 1) for kv in (m.group("want") or "").split())
-        out[m.group("id").strip()] = (vals, want)
+        rid = m.group("id").strip()
+        if rid in out:
+            # (the later line would silently stand for both: a wrong first one passes)
+            raise InputError(f"{source}:{lineno}: request {show(rid)} has a golden line "
+                             f"already (line {lines[rid]}); give each request once")
+        for kvs, where in ((m.group("vals"), ""), (m.group("want") or "", "want: ")):
+            keys = [kv.split("=", 1)[0] for kv in kvs.split()]
+            dup = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+            if dup is not None:
+                raise InputError(f"{source}:{lineno}: {where}key {show(dup)} given twice for "
+                                 f"request {show(rid)}")
+        out[rid] = (vals, want)
+        lines[rid] = lineno
     return out
 
 
@@ -155,8 +172,19 @@ def check(paths: list[Path], golden_dir: Path, root: Path, update: bool = False)
             wants = {rid: {k: w for k, w in want.items() if values.get(rid, {}).get(k) != w}
                      for rid, want in wants.items()}
             text = render_golden(source, values, wants)
-            if not gp.exists() or gp.read_text() != text:
-                gp.parent.mkdir(parents=True, exist_ok=True)
-                gp.write_text(text)
+            if not gp.exists() or read_text(gp) != text:
+                _write_golden(gp, text)
                 res.updated.append(str(gp))
     return res
+
+
+def _write_golden(gp: Path, text: str) -> None:
+    """A golden file, whole or not at all (temporary file, then a rename); a folder that
+    cannot be written, a full disk: one line naming the file."""
+    from sim.atomic import OutputPathError, atomic_write_text
+
+    try:
+        atomic_write_text(gp, text)
+    except OutputPathError as e:
+        raise InputError(f"{gp}: cannot write the golden file: "
+                         f"{str(e).split(': ', 1)[-1]}") from None

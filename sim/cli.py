@@ -23,17 +23,33 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def option_as_typed(*names: str) -> str:
+    """The spelling of an option the user typed on this command line (``--tp`` rather
+    than ``--tensor-parallel-size``); its first name when it was not typed."""
+    for arg in (COMMAND or sys.argv)[1:]:
+        for n in names:
+            if arg == n or arg.startswith(n + "="):
+                return n
+    return names[0]
+
+
+def option_message(message: str, options: dict[str, tuple[str, ...]]) -> str:
+    """A library's message about a parameter (``tp: must be ...``, ``num_layers must be
+    ...``) naming the option as the user typed it (``--tp: must be ...``)."""
+    head, sep, rest = message.partition(": ")
+    if sep and head in options:
+        return f"{option_as_typed(*options[head])}: {rest}"
+    first, _, rest = message.partition(" ")
+    if first in options:
+        return f"{option_as_typed(*options[first])}: {rest}"
+    return message
+
+
 def scenario_error(scenario: Path, e: Exception, overrides: dict | None) -> str:
-    """The one line of a scenario's input error: a ``ConfigError`` found once the layout
-    is built (no file in it yet) gets ``load_scenario``'s ``file:line:`` / ``file: --set``
-    prefix; a ``ScenarioError`` already names its file."""
-    from sim.config.errors import ConfigError
+    """The one line of a scenario's input error (``sim.config.scenario.scenario_message``)."""
+    from sim.config.scenario import scenario_message
 
-    if isinstance(e, ConfigError):
-        from sim.config.scenario import where
-
-        return f"{where(scenario, e.field_name, overrides)}{e}"
-    return str(e)
+    return scenario_message(scenario, e, overrides)
 
 
 #: the command line of this invocation (``main`` sets it), recorded in run.json
@@ -195,10 +211,13 @@ def _expected_requests(sc) -> int | None:
         return n
     from workloads.traces import resolve
 
+    from sim.config.errors import InputError
+    from sim.config.loader import open_input
+
     try:
-        with open(resolve(path, sc.path.parent), "rb") as f:
+        with open_input(resolve(path, sc.path.parent)) as f:
             lines = sum(1 for line in f if line.strip())
-    except OSError:
+    except (OSError, InputError):
         return None
     lines -= cfg.KIND == "azure"            # the CSV header
     return lines if n is None else min(n, lines)
@@ -249,11 +268,10 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
     Writes requests.csv, summary.json, run.json (the resolved scenario, seed, version and
     command: `sim run FOLDER/run.json` re-runs it) and report.md (+ PNG figures) atomically.
     """
-    from sim.config.errors import ConfigError
+    from sim.config.errors import ConfigError, InputError
     from sim.provenance import load_scenario_or_run
-    from sim.run import memory_prelude, simulate, write_run
+    from sim.run import as_input_errors, memory_prelude, simulate, write_run
     from sim.config.scenario import ScenarioError
-    from workloads import WorkloadError
 
     over = _requests_override(_parse_sets(sets), requests)
     try:
@@ -280,21 +298,15 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
         update, stop = _progress(not quiet, "requests", lambda: _expected_requests(sc),
                                  delay_s=1.0)
         try:
-            dep, rows, summary = simulate(
-                sc, progress=None if update is _no_update else update,
-                # (the memory figure's inputs, to its worker as soon as the replay ends)
-                replayed=None if workers is None else
-                lambda d: workers.prelude(memory_prelude(sc, d)))
-        except WorkloadError as e:
+            with as_input_errors(scenario, over):   # (the notebook API's lines too)
+                dep, rows, summary = simulate(
+                    sc, progress=None if update is _no_update else update,
+                    # (the memory figure's inputs, to its worker as soon as the replay ends)
+                    replayed=None if workers is None else
+                    lambda d: workers.prelude(memory_prelude(sc, d)))
+        except InputError as e:
             stop()
-            fail(f"{scenario}: {e}" if str(e).startswith("workload") else
-                 f"{scenario}: workload: {e}")
-        except ConfigError as e:        # (what only the built layout can check)
-            stop()
-            fail(scenario_error(scenario, e, over))
-        except ValueError as e:
-            stop()
-            fail(f"{scenario}: {e}")
+            fail(str(e))
         stop()
         write_run(folder, sc, dep, rows, summary, report=not no_report, command=COMMAND,
                   workers=workers, git=git)
@@ -336,8 +348,10 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
                                        help=REQUESTS_HELP + " Every point."),
           address: str = typer.Option(None, "--address", help="Ray cluster address (default: "
                                       "start a local Ray)."),
-          workers: int = typer.Option(os.cpu_count() or 1, "--workers",
-                                      help="Parallel points (local pool size / local Ray CPUs)."),
+          workers: int = typer.Option(None, "--workers", metavar="N",
+                                      help="Parallel points (local pool size / local Ray CPUs); "
+                                      "never more than the points nor the CPUs this process "
+                                      "may use (default: that many)."),
           quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary "
                                      "lines (points ok, searches, failures, capacity answers)."),
           no_report: bool = typer.Option(False, "--no-report", help="Skip the sweep report "
@@ -350,11 +364,10 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
                                        help=TARGET_HELP)
           ) -> None:
     """Run every point of a sweep; write points.csv, each point's run folder and the report."""
-    from sim.sweep import SweepError, load_sweep, run_sweep
+    from sim.sweep import SweepError, check_workers, load_sweep, run_sweep
 
     executor = Executor(executor).value
-    if workers < 1:
-        fail(f"--workers: must be >= 1, got {workers}")
+    check_workers(workers, "--workers")
     try:
         sw = load_sweep(sweep_file, _requests_override({}, requests) or None, search=search)
     except SweepError as e:
@@ -369,7 +382,8 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
     try:
         results = run_sweep(sw, folder, executor=executor, workers=workers, address=address,
                             progress=lambda done, total: update(done), report=not no_report,
-                            command=COMMAND, verbose=not quiet, target=target)
+                            command=COMMAND, verbose=not quiet, target=target,
+                            workers_label="--workers")
     except ImportError as e:
         stop()
         fail(f"--executor ray: {e} (pip install ray)")
@@ -440,32 +454,76 @@ def report(folder: Path = typer.Argument(..., help="A run folder (requests.csv, 
            target: float = typer.Option(None, "--target", min=0.0, max=1.0, metavar="RATE",
                                         help=TARGET_HELP)) -> None:
     """Regenerate a run's, a sweep's or a comparison's report from stored results, without
-    rerunning."""
-    from reports.compare_report import is_compare_folder
+    rerunning.
 
+    The report's files land together or not at all (a full disk, a read-only folder, an
+    interrupt: one line, the folder as it was), and join the folder's marker: a run
+    folder stays one that sim run --out may replace."""
+    from reports.compare_report import is_compare_folder
+    from sim.atomic import staged_files
+
+    _check_report_inputs(folder)
     if (folder / "points.csv").is_file():
         from reports.sweep_report import write_sweep_report
 
-        files = write_sweep_report(folder, target=target)
+        with staged_files(folder):
+            files = write_sweep_report(folder, target=target)
         typer.echo(f"sweep report: {len(files)} files in {folder}/")
         _echo_capacity(folder, target)
     elif (folder / "summary.json").is_file() and (folder / "run.json").is_file():
         from reports.run_report import write_report
 
-        write_report(folder)
+        with staged_files(folder):
+            write_report(folder)
         typer.echo(f"run report: {folder}/report.md")
     elif is_compare_folder(folder):
         from reports.compare_report import stored_flag, write_compare_report
         from reports.run_report import write_report
 
         flag = stored_flag(folder)
-        for side in ("off", "on"):
-            write_report(folder / side)
-        write_compare_report(folder, flag)
+        with staged_files(folder):
+            for side in ("off", "on"):
+                write_report(folder / side)
+            write_compare_report(folder, flag)
         typer.echo(f"compare report: {folder}/compare.md ({flag}; and off/, on/ report.md)")
     else:
         fail(f"{folder}: neither a sweep folder (points.csv), a run folder (summary.json + "
              f"run.json) nor a compare folder (off/, on/, paired.csv, summary_deltas.csv)")
+
+
+def _check_report_inputs(folder: Path) -> None:
+    """``sim report``'s folder, before anything is read: a folder (not a file, a FIFO ...)
+    whose entries, and those of its subfolders (points/<id>/, off/, on/), are files or
+    folders: a FIFO or a device among what the report reads would hang it."""
+    import stat
+
+    from sim.config.loader import file_kind
+
+    try:
+        st = os.stat(folder)
+    except OSError as e:
+        fail(f"{folder}: cannot read: {e.strerror}")
+    if not stat.S_ISDIR(st.st_mode):
+        fail(f"{folder}: is {file_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'a file'}"
+             ", not a run, sweep or compare folder")
+    todo, depth = [(folder, 0)], 0
+    while todo:
+        d, depth = todo.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError as e:
+            fail(f"{d}: cannot read: {e.strerror}")
+        for e in entries:
+            try:
+                mode = e.stat().st_mode
+            except OSError:
+                continue                # (a dangling link: read as missing)
+            if stat.S_ISDIR(mode):
+                if depth < 2 and not e.name.startswith("."):
+                    todo.append((Path(e.path), depth + 1))
+            elif not stat.S_ISREG(mode):
+                fail(f"{e.path}: is {file_kind(mode)}, not a regular file: sim report reads "
+                     "files only")
 
 
 # verify · calibrate · validate · check · model · events: sim/cli_tools.py (registered on
@@ -511,6 +569,31 @@ def _on_signal(signum, frame) -> None:
 FAST_EXIT = frozenset({"run", "report"})
 
 
+def _from_stdout(e: OSError) -> bool:
+    """Whether a failed write was one to stdout (a redirection to a full disk): the
+    flush at the end, or a frame on the way holding stdout (click's echo, json.dump)."""
+    if getattr(e, "from_stdout", False):
+        return True
+    outs = (sys.stdout, sys.__stdout__)
+    tb = e.__traceback__
+    while tb is not None:
+        if any(v is o for v in tb.tb_frame.f_locals.values() for o in outs):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that what it still buffers (and the interpreter's
+    flush at exit) cannot fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: the one place where bad input becomes one line and exit 2,
     and an interrupt becomes one line and exit 130 (SIGINT) / 143 (SIGTERM).
@@ -533,8 +616,27 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # not standalone: click would print usage boxes and eat Ctrl-C itself
         rc = app(args=argv, standalone_mode=False, prog_name="sim")
+        try:
+            sys.stdout.flush()      # (a full disk under a redirected stdout shows here)
+        except OSError as e:
+            e.from_stdout = True    # type: ignore[attr-defined]
+            raise
     except InputError as e:
         typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except BrokenPipeError:         # `sim case x | head -1`: the reader has had enough
+        _drop_stdout()
+        sys.exit(128 + signal.SIGPIPE)
+    except OSError as e:
+        from sim.atomic import write_failure
+
+        if not write_failure(e):
+            raise
+        where = f"{e.filename}: " if e.filename else "cannot write: "
+        if e.filename is None and _from_stdout(e):
+            _drop_stdout()
+            where = "cannot write the output (standard output): "
+        typer.echo(f"error: {where}{e.strerror or e}", err=True)
         sys.exit(2)
     except ClickException as e:         # usage errors: one line, click's exit code (2)
         if not e.format_message():      # bare `sim`: the help was shown already

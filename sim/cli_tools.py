@@ -10,7 +10,25 @@ from pathlib import Path
 import typer
 
 from sim.cli import (COMMAND, DType, Device, Grid, Plant, _expected_requests, _parse_sets,
-                     _progress, app, fail, require_torch, scenario_error)
+                     _progress, app, fail, option_message, require_torch, scenario_error)
+
+#: ``sim model``'s options by the parameter names ``derive_layout``'s messages use
+MODEL_OPTIONS = {
+    "tp": ("--tensor-parallel-size", "--tp"),
+    "num_speculative_tokens": ("--num-speculative-tokens",),
+    "mamba_cache_dtype": ("--mamba-cache-dtype",),
+    "mamba_ssm_cache_dtype": ("--mamba-ssm-cache-dtype",),
+    "kv_cache_dtype": ("--kv-cache-dtype",),
+    "kernel_block_size": ("--kernel-block-size",),
+    "block_size": ("--block-size",),
+    "gdn_prefill_backend": ("--gdn-prefill-backend",),
+    "speculative_method": ("--speculative-method",),
+    "draft_num_layers": ("--draft-num-layers",),
+    "draft_num_kv_heads": ("--draft-num-kv-heads",),
+    "draft_head_dim": ("--draft-head-dim",),
+}
+#: ``sim calibrate``'s, by the names the scaled model's messages use
+CALIBRATE_OPTIONS = {"num_layers": ("--layers",), "width_div": ("--width-div",)}
 
 
 @app.command()
@@ -35,6 +53,10 @@ def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with th
     from sim.run import simulate, write_run
     from sim.config.scenario import ScenarioError, load_scenario
 
+    import math
+
+    if tol is not None and not (math.isfinite(tol) and tol > 0):
+        fail(f"--tol: must be a finite number > 0, got {tol:g}")
     require_torch("verify")
     plant = Plant(plant).value if plant is not None else None
     over = _parse_sets(sets)
@@ -113,13 +135,16 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
               force: bool = typer.Option(False, "--force", help="Overwrite an existing profile "
                                          "file (the default path or --out).")) -> None:
     """Time the torch backend's prefill on a grid and write a profile for the analytical backend."""
+    if (model is None) == (scenario is None):
+        fail("give exactly one of --model NAME or --scenario FILE")
+    for name, v in (("--repeats", repeats), ("--layers", layers), ("--width-div", width_div)):
+        if v < 1:           # (before the model is scaled by them: named as typed)
+            fail(f"{name}: must be >= 1, got {v}")
     require_torch("calibrate")
     from backends.torch_backend.config import TorchModelConfig
     from sim import calibrate as cal
     from sim import models
 
-    if (model is None) == (scenario is None):
-        fail("give exactly one of --model NAME or --scenario FILE")
     device, dtype, grid = Device(device).value, DType(dtype).value, Grid(grid).value
     sc = None
     try:
@@ -136,7 +161,8 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
             spec = models.get_model(model)
             cfg = TorchModelConfig.scaled(spec, num_layers=layers, width_div=width_div, dtype=dtype)
     except (KeyError, ValueError) as e:
-        fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
+        fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else
+             option_message(str(e), {} if scenario is not None else CALIBRATE_OPTIONS))
     g = {"quick": cal.QUICK_GRID, "full": cal.FULL_GRID}[grid]
     from sim.atomic import check_output_file
 
@@ -332,7 +358,7 @@ def model(name: str = typer.Argument(None, help="Catalogue name (see --list)."),
     except KeyError as e:
         fail(str(e.args[0]) if e.args else str(e))
     except ValueError as e:
-        fail(str(e))
+        fail(option_message(str(e), MODEL_OPTIONS))
     typer.echo(models.describe(lay, m))
 
 

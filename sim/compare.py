@@ -2,6 +2,8 @@
 per request (hit, TTFT) with a table of summary deltas."""
 from __future__ import annotations
 
+from sim.config.fields import show  # (values in messages: a short prefix)
+
 import csv
 from pathlib import Path
 
@@ -62,7 +64,7 @@ def _check_boolean(dotted: str, flag: str) -> None:
     section, name = parts
     kinds = field_kinds(sections[section], canonical_key(name))
     if kinds is None:
-        raise ConfigError(f"--flag {flag}", f"{section} has no field {name!r}")
+        raise ConfigError(f"--flag {flag}", f"{section} has no field {show(name)}")
     if kinds != {"bool"}:
         raise ConfigError(f"--flag {flag}", f"{dotted} is not a boolean field ({' or '.join(sorted(kinds))}); "
                           f"compare runs a true/false field off and on")

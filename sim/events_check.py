@@ -24,9 +24,12 @@ carry each request's lookup (``sim`` fields).  A stream captured from a real vLL
 neither: an event that starts at the root (no parent) and names a key already cached is
 taken for an announcement, and requests are not judged.
 Reads JSONL (our lines, or msgspec's ``[ts, events, rank]`` arrays) or the msgpack frames
-of ``kv_events.msgpack``.
+of ``kv_events.msgpack``.  An empty stream (no line or frame; blank lines only) is an
+error, exit 2: it proves nothing, and is most often a capture that failed.
 """
 from __future__ import annotations
+
+from sim.config.fields import show  # (values in messages: a short prefix)
 
 import json
 from collections import Counter
@@ -110,7 +113,7 @@ class Report:
         if self.error:
             e = self.error
             lines.append(f"  vLLM raised {e.get('type')} announcing the hit of request "
-                         f"{e.get('request')!r} (group {e.get('group')}): its engine dies "
+                         f"{show(e.get('request'))} (group {e.get('group')}): its engine dies "
                          f"there and the stream ends")
         return "\n".join(lines)
 
@@ -123,7 +126,9 @@ def _batches(path: Path) -> Iterator[tuple[int, dict]]:
         if path.suffix == ".msgpack":
             yield from _frames(path)
             return
-        with open(path, encoding="utf-8") as f:
+        from sim.config.loader import open_input
+
+        with open_input(path, EventStreamError, text=True) as f:
             for n, line in enumerate(f, 1):
                 line = line.strip()
                 if not line:
@@ -152,7 +157,9 @@ def _frames(path: Path) -> Iterator[tuple[int, dict]]:
     except ImportError:
         raise EventStreamError(f"{path}: reading msgpack frames needs the msgpack package "
                                f"(pip install msgpack)") from None
-    with open(path, "rb") as f:
+    from sim.config.loader import open_input
+
+    with open_input(path, EventStreamError) as f:
         unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=False)
         for n, frame in enumerate(unpacker, 1):
             try:
@@ -273,7 +280,9 @@ def check_stream(path: str | Path) -> Report:
                 rep.misjudged.append({"req": lk.get("req"), "router": r, "cache": c,
                                       "vllm_hit": lk.get("hit", 0)})
 
+    seen = 0
     for n, obj in _batches(path):
+        seen += 1
         if "kv_events_header" in obj:
             groups = _Groups(obj["kv_events_header"])
             num_groups = max(num_groups, len(groups.groups))
@@ -338,5 +347,10 @@ def check_stream(path: str | Path) -> Report:
                 cached.clear()
                 router.clear()
             else:
-                raise EventStreamError(f"{path}:{n}: event {i}: unknown type {t!r}")
+                raise EventStreamError(f"{path}:{n}: event {i}: unknown type {show(t)}")
+    if not seen:
+        # nothing to judge is not a sound stream: a capture that failed, a file cut to
+        # nothing, the wrong file (sim run --kv-events writes a header line at least)
+        raise EventStreamError(f"{path}: empty: no event batch (nor header) to check; a "
+                               f"stream sim run --kv-events wrote starts with its header")
     return rep

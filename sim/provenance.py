@@ -14,10 +14,15 @@ module writes (beside the report header of ``sim/run.py`` ``run_header``):
 * ``scenario_file`` -- the scenario file the run started from (informational).
 * ``seed``, ``version``, ``commit`` (``null`` outside a git checkout), ``commit_dirty``
   (tracked files differ from the commit), ``command`` (the command line, a list).
+* ``inputs`` -- each file the run read, by what named it (``scenario_file``,
+  ``workload.path``, ``backend.profile``): ``{"path", "bytes", "sha256"}``.
 
 ``sim run RUN_FOLDER/run.json`` loads ``scenario`` back (``load_run_record``) and
 replays it; requests.csv and summary.json come out byte-identical apart from the two
-wall-clock fields of summary.json.
+wall-clock fields of summary.json.  A trace or profile the re-run would read that is no
+longer the file the run read (another size or SHA-256, or gone) is refused in one line:
+the re-run would silently give other results.  (The scenario file is recorded only: a
+re-run reads the scenario from run.json.)
 """
 from __future__ import annotations
 
@@ -150,6 +155,52 @@ def resolved_scenario(sc) -> dict:
     return data
 
 
+def file_digest(path: str | Path) -> dict | None:
+    """``{"bytes", "sha256"}`` of a regular file; None if it cannot be read."""
+    import hashlib
+
+    from sim.config.errors import InputError
+    from sim.config.loader import open_input
+
+    h = hashlib.sha256()
+    n = 0
+    try:
+        with open_input(path) as f:
+            while True:
+                chunk = f.read(1 << 20)
+                if not chunk:
+                    break
+                n += len(chunk)
+                h.update(chunk)
+    except (OSError, InputError):
+        return None
+    return {"bytes": n, "sha256": h.hexdigest()}
+
+
+def _input_paths(sc) -> dict[str, Path]:
+    """The files a scenario's run reads, by what names them: the scenario file, and the
+    ``PATH_FIELDS`` it sets (resolved as the run resolves them)."""
+    out: dict[str, Path] = {"scenario_file": Path(sc.path)}
+    raw = sc.raw if isinstance(sc.raw, dict) else {}
+    base = Path(sc.path).parent
+    for section, key in PATH_FIELDS:
+        sect = raw.get(section)
+        if isinstance(sect, dict) and isinstance(sect.get(key), str):
+            p = Path(sect[key]).expanduser()
+            out[f"{section}.{key}"] = p if p.is_absolute() else base / p
+    return out
+
+
+def input_files(sc) -> dict:
+    """run.json's ``inputs``: each file the run read, its size and SHA-256."""
+    out = {}
+    for field, p in _input_paths(sc).items():
+        d = file_digest(p)
+        if d is not None:
+            out[field] = {"path": _portable(str(p), Path.cwd()), **d}
+    return out
+
+
 def run_record(sc, command: list[str] | None, git: GitProbe | None = None) -> dict:
     """The provenance keys of ``run.json``; ``git``: the commit's probe, started earlier
     (else git runs now)."""
@@ -163,6 +214,7 @@ def run_record(sc, command: list[str] | None, git: GitProbe | None = None) -> di
         "commit": commit,
         "commit_dirty": dirty,
         "command": list(command) if command is not None else None,
+        "inputs": input_files(sc),
     }
 
 
@@ -174,9 +226,12 @@ def is_run_record(path: Path) -> bool:
         return False
     if path.name == "run.json":
         return True
+    from sim.config.errors import InputError
+    from sim.config.loader import read_text
+
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_text(path))
+    except (InputError, ValueError):
         return False
     return isinstance(data, dict) and ("scenario" in data or "paths_relative_to" in data)
 
@@ -186,11 +241,12 @@ def load_run_record(path: Path, overrides: dict | None = None):
     from sim.config.errors import ConfigError
     from sim.config.scenario import ScenarioError, apply_overrides, scenario_from_mapping
 
+    from sim.config.loader import read_text
+
     path = Path(path)
+    text = read_text(path, ScenarioError)      # (a regular file, bounded, UTF-8)
     try:
-        data: Any = json.loads(path.read_text())
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read: {e.strerror}") from None
+        data: Any = json.loads(text)
     except ValueError as e:
         raise ScenarioError(f"{path}: not valid JSON: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("scenario"), dict):
@@ -207,9 +263,43 @@ def load_run_record(path: Path, overrides: dict | None = None):
     try:
         if overrides:
             mapping = apply_overrides(mapping, overrides)
-        return scenario_from_mapping(mapping, path)
+        sc = scenario_from_mapping(mapping, path)
     except ConfigError as e:
         raise ScenarioError(f"{path}: {e}") from None
+    _check_inputs(path, data.get("inputs"), sc)
+    return sc
+
+
+def _check_inputs(path: Path, recorded, sc) -> None:
+    """Refuse re-running a run whose trace or profile is no longer the file it read
+    (``inputs`` of run.json; a run.json from before it recorded them is not checked, nor
+    a field the re-run's ``--set`` points elsewhere)."""
+    from sim.config.scenario import ScenarioError
+
+    if not isinstance(recorded, dict):
+        return
+    for field, p in _input_paths(sc).items():
+        rec = recorded.get(field)
+        if field == "scenario_file" or not isinstance(rec, dict):
+            continue
+        if not isinstance(rec.get("path"), str) or not isinstance(rec.get("sha256"), str):
+            continue
+        was = Path(rec["path"]).expanduser()
+        was = was if was.is_absolute() else ROOT / was
+        if was.resolve() != p.resolve():
+            continue                        # (--set on the re-run: another file, on purpose)
+        now = file_digest(p)
+        size = f"{rec['bytes']:,}" if isinstance(rec.get("bytes"), int) else "?"
+        if now is None:
+            raise ScenarioError(f"{path}: {field}: {rec['path']} is gone or unreadable since the "
+                                f"run read it ({size} bytes, SHA-256 "
+                                f"{rec['sha256'][:12]}...); the re-run cannot be the same run")
+        if now["sha256"] != rec["sha256"] or now["bytes"] != rec.get("bytes"):
+            raise ScenarioError(f"{path}: {field}: {rec['path']} changed since the run read it "
+                                f"({size} -> {now['bytes']:,} bytes, SHA-256 "
+                                f"{rec['sha256'][:12]}... -> {now['sha256'][:12]}...); a re-run "
+                                "would give other results: restore the file, or run the scenario "
+                                "file to run on the new one")
 
 
 def load_scenario_or_run(path: Path, overrides: dict | None = None):

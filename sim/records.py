@@ -124,8 +124,10 @@ def read_request_records(path) -> list[RequestRecord]:
     column existed gets its default)."""
     import csv
 
+    from sim.config.loader import open_input
+
     out = []
-    with open(path, newline="") as f:
+    with open_input(path, text=True, newline="") as f:
         rd = csv.reader(f)
         header = next(rd)
         for rec in rd:

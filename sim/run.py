@@ -161,6 +161,28 @@ def cost_model(sc: Scenario, layout, gpu) -> CostModel:
         mfu=mfu, mbu=mbu, overhead_s=overhead, **fitted)
 
 
+#: what a profile may hold: one ``sim calibrate`` wrote (kind: fitted), or overrides
+PROFILE_KEYS = ("kind", "description", "device", "torch", "model", "coefficients", "fit",
+                "measured")
+COEFFICIENT_KEYS = ("per_item_s", "per_token_s", "per_pair_s", "per_chunk_s", "chunk_tokens")
+OVERRIDE_KEYS = ("description", "mfu", "mbu", "overhead_s")
+
+
+def _known_keys(ppath: Path, data: dict, known: tuple[str, ...], where: str) -> None:
+    """An unknown key in a profile (a typo such as ``mfuu``) is an error naming the
+    profile file, not a setting silently ignored."""
+    import difflib
+
+    from sim.config.fields import show
+
+    for k in data:
+        if k not in known:
+            close = difflib.get_close_matches(str(k), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError("backend.profile", f"{ppath}: {where}{show(k)}: unknown key "
+                              f"(known: {', '.join(known)}){hint}")
+
+
 def load_profile(ppath: Path, defaults: tuple[float, float, float]) -> tuple[dict, tuple]:
     """A calibration profile (``backend.profile``): fitted coefficients, or mfu/mbu/
     overhead_s overrides.  Every problem is a ``ConfigError`` naming the file and key."""
@@ -176,6 +198,16 @@ def load_profile(ppath: Path, defaults: tuple[float, float, float]) -> tuple[dic
     if not isinstance(prof, dict):
         raise ConfigError("backend.profile", f"{ppath}: expected a mapping (a profile written "
                           f"by sim calibrate)")
+    fitted_kind = prof.get("kind") == "fitted"
+    if "kind" in prof and not fitted_kind:
+        from sim.config.fields import show
+
+        raise ConfigError("backend.profile", f"{ppath}: kind: must be fitted (a profile written "
+                          f"by sim calibrate), or absent (mfu, mbu, overhead_s), got "
+                          f"{show(prof['kind'])}")
+    _known_keys(ppath, prof, PROFILE_KEYS if fitted_kind else OVERRIDE_KEYS, "")
+    if fitted_kind and isinstance(prof.get("coefficients"), dict):
+        _known_keys(ppath, prof["coefficients"], COEFFICIENT_KEYS, "coefficients.")
 
     def num(d: dict, key: str, where: str, default=None, lo: float = 0.0, hi: float | None = None):
         v = d.get(key, default)
@@ -188,7 +220,7 @@ def load_profile(ppath: Path, defaults: tuple[float, float, float]) -> tuple[dic
                               f"number {rng}, got {v!r}")
         return v
 
-    if prof.get("kind") == "fitted":
+    if fitted_kind:
         c = prof.get("coefficients")
         if not isinstance(c, dict):
             raise ConfigError("backend.profile", f"{ppath}: coefficients: missing or not a "
@@ -206,6 +238,28 @@ def load_profile(ppath: Path, defaults: tuple[float, float, float]) -> tuple[dic
     return {}, (float(num(prof, "mfu", "", mfu, 1e-6, 1.0)),
                 float(num(prof, "mbu", "", mbu, 1e-6, 1.0)),
                 float(num(prof, "overhead_s", "", overhead)))
+
+
+@contextlib.contextmanager
+def as_input_errors(scenario, overrides: dict | None):
+    """``with as_input_errors(scenario, overrides): simulate(...)``: what goes wrong once
+    the deployment is built and the workload read, as the one-line ``InputError`` sim run
+    prints (``sim run`` and ``sim.run`` alike): a workload's or trace's error, a field
+    only the built layout can check (named at its line or ``--set``), a capacity
+    error, each after the scenario's path."""
+    from sim.config.errors import InputError
+    from sim.config.scenario import scenario_message
+    from workloads import WorkloadError
+
+    try:
+        yield
+    except WorkloadError as e:
+        raise InputError(f"{scenario}: {e}" if str(e).startswith("workload") else
+                         f"{scenario}: workload: {e}") from None
+    except ConfigError as e:
+        raise InputError(scenario_message(scenario, e, overrides)) from None
+    except ValueError as e:
+        raise InputError(f"{scenario}: {e}") from None
 
 
 @contextlib.contextmanager

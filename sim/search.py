@@ -16,6 +16,8 @@ attainment falls as the rate grows, as it does for a queue; every run it made is
 """
 from __future__ import annotations
 
+from sim.config.fields import show  # (values in messages: a short prefix)
+
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -40,7 +42,7 @@ class RateSearch:
 
     def validate(self, p: str = "search.") -> None:
         if self.by != "rate":
-            raise ConfigError(p + "by", f"must be rate (the arrival-rate scale), got {self.by!r}")
+            raise ConfigError(p + "by", f"must be rate (the arrival-rate scale), got {show(self.by)}")
         check_num(p, "attainment", self.attainment, 0.0, 1.0)
         if self.attainment <= 0:
             raise ConfigError(p + "attainment", "must be > 0 (a share of requests, e.g. 0.9)")
@@ -69,7 +71,7 @@ def rate_overrides(workload: dict, scale: float) -> dict:
     field = SCALED_FIELD.get(kind)
     if field is None:
         raise ConfigError("workload.kind", f"a rate search cannot scale the arrivals of "
-                          f"{kind!r} (it scales {', '.join(SCALED_FIELD)})")
+                          f"{show(kind)} (it scales {', '.join(SCALED_FIELD)})")
     if field == "time_scale":
         return {f"workload.{field}": float(workload.get(field, 1.0)) / scale}
     return {f"workload.{field}": float(workload[field]) * scale}

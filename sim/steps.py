@@ -5,6 +5,8 @@ scheduler (``sched_oracle.py`` of the optional vLLM oracle, ``$VLLM_ORACLE_DIR``
 """
 from __future__ import annotations
 
+from sim.config.fields import show  # (values in messages: a short prefix)
+
 from dataclasses import dataclass
 
 from backends.base import FixedStep
@@ -42,7 +44,7 @@ class StepArrival:
 
 def _int(name, v, lo, prefix="config."):
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise CaseError(f"{prefix}{name}: must be an integer >= {lo}, got {v!r}")
+        raise CaseError(f"{prefix}{name}: must be an integer >= {lo}, got {show(v)}")
     if v > NO_LENGTH_LIMIT:
         raise CaseError(f"{prefix}{name}: must be below 2**62, got {v}")
     return v
@@ -57,16 +59,16 @@ def parse_steps(data):
             raise CaseError(f"{k}: unknown key")
     cfg_in = data.get("config") or {}
     if not isinstance(cfg_in, dict):
-        raise CaseError(f"config: expected a mapping, got {cfg_in!r}")
+        raise CaseError(f"config: expected a mapping, got {show(cfg_in)}")
     cfg_in = dict(cfg_in)
     sched_keys = {k: cfg_in.pop(k) for k in list(cfg_in) if k in STEP_KEYS}
     events = {k: cfg_in.pop(k) for k in EVENT_KEYS if k in cfg_in}   # (not cache keys here)
     for k in ("enable_kv_cache_events", "kv_events_fix_emit"):
         if not isinstance(events.get(k, False), bool):
-            raise CaseError(f"config.{k}: must be true or false, got {events[k]!r}")
+            raise CaseError(f"config.{k}: must be true or false, got {show(events[k])}")
     if events.get("report_mode") not in REPORT_MODES:
         raise CaseError(f"config.report_mode: must be full, incremental or null, got "
-                        f"{events['report_mode']!r}")
+                        f"{show(events['report_mode'])}")
     for k in list(cfg_in):
         if k in CASE_KEYS - {"max_num_batched_tokens", "long_prefill_token_threshold"}:
             cfg_in.pop(k)  # schedule: the scheduler decides chunking here
@@ -75,7 +77,7 @@ def parse_steps(data):
     for name, v in (("eagle", cfg_in.get("eagle", False)),
                     ("eagle_lookahead_hashes", lookahead_hashes)):
         if not isinstance(v, bool):
-            raise CaseError(f"config.{name}: must be true or false, got {v!r}")
+            raise CaseError(f"config.{name}: must be true or false, got {show(v)}")
     if lookahead_hashes and eagle:
         cfg_in.setdefault("num_hash_lookahead_tokens", 1)
     if eagle:
@@ -130,16 +132,16 @@ def parse_steps(data):
                 raise CaseError(f"{where}.{k}: unknown key")
         if r.get("report_mode") not in REPORT_MODES:
             raise CaseError(f"{where}.report_mode: must be full, incremental or null, got "
-                            f"{r['report_mode']!r}")
+                            f"{show(r['report_mode'])}")
         runs = parse_runs(r.get("prompt"), streams, f"{where}.prompt")
         arrival = _int(f"{where}.arrival_step", r.get("arrival_step", 0), 0, prefix="")
         mt = _int(f"{where}.max_tokens", r.get("max_tokens", 16), 1, prefix="")
         prio = r.get("priority", 0)
         if isinstance(prio, bool) or not isinstance(prio, int):
-            raise CaseError(f"{where}.priority: must be an integer, got {prio!r}")
+            raise CaseError(f"{where}.priority: must be an integer, got {show(prio)}")
         rid = str(r.get("id", f"r{i}"))
         if any(t[0] == rid for t in traces):
-            raise CaseError(f"{where}.id: duplicate id {rid!r}")
+            raise CaseError(f"{where}.id: duplicate id {show(rid)}")
         traces.append((rid, runs, arrival, mt, prio))
         events.setdefault("modes", {})[rid] = r.get("report_mode")
     order = sorted(range(len(traces)), key=lambda i: (traces[i][2], i))

@@ -20,6 +20,12 @@ the answer, ``search.csv`` lists every run, and a point's folder is the run at t
 found.  Points run in a local process pool or on Ray; results
 are identical byte for byte whichever executor runs them, and a failed point is
 recorded with its error without losing the others.
+
+Bounds: a sweep has at most ``MAX_POINTS`` points (counted before the grid is
+expanded); the local pool never starts more workers than points, nor more than the
+CPUs this process may use (``plan_workers``: one line says so when it runs fewer than
+asked); its workers die with the sweep, whatever ends it (``sim/lifeline.py``), and an
+interrupted Ray sweep cancels its tasks.
 """
 from __future__ import annotations
 
@@ -41,8 +47,12 @@ from typing import Any
 
 from sim.atomic import atomic_folder
 from sim.config.errors import ConfigError
+from sim.config.fields import show
 
 SWEEP_KEYS = {"name", "description", "base", "set", "grid", "points", "output", "search"}
+#: the most points a sweep may have: each is a whole simulation (and is validated up
+#: front), so more would not finish; a grid is counted before it is expanded
+MAX_POINTS = 4096
 TIMING = ("wall_s", "sim_requests_per_s")
 SEARCH_COLUMNS = ("max_rate_scale", "max_arrival_rate", "search_result", "search_runs")
 PROBE_COLUMNS = ("point", "label", "run", "rate_scale", "arrival_rate", "slo_attainment",
@@ -86,6 +96,7 @@ def load_sweep(path: str | Path, overrides: dict | None = None,
     ``sim sweep --requests``) apply to every point, after the file's own values.
     ``search`` (``sim sweep --search rate``) turns the rate search on with the file's
     ``search:`` settings, or the defaults."""
+    from sim.config.fields import control_problem
     from sim.config.loader import load_file
 
     p = Path(path)
@@ -100,11 +111,13 @@ def load_sweep(path: str | Path, overrides: dict | None = None,
         raise SweepError(f"{path}: base: missing (path of the base scenario)")
     if not isinstance(data["base"], str) or not data["base"].strip():
         raise SweepError(f"{path}: base: expected the path of the base scenario, "
-                         f"got {data['base']!r}")
+                         f"got {show(data['base'])}")
     name = data.get("name")
     if name is not None and (isinstance(name, bool) or not isinstance(name, (str, int))
                              or not str(name).strip()):
-        raise SweepError(f"{path}: name: must be a non-empty string, got {name!r}")
+        raise SweepError(f"{path}: name: must be a non-empty string, got {show(name)}")
+    if name is not None and control_problem(str(name)):
+        raise SweepError(f"{path}: name: {control_problem(str(name))}")
     base = (p.parent / str(data["base"])).resolve()
     if not base.is_file():
         raise SweepError(f"{path}: base: no such scenario file {base}")
@@ -122,10 +135,22 @@ def load_sweep(path: str | Path, overrides: dict | None = None,
     named = data.get("points") or []
     if not isinstance(named, list):
         raise SweepError(f"{path}: points: expected a list of {{name, set}}")
+    import math
+
+    n_grid = math.prod(len(v) for v in grid.values()) if grid else 0
+    if n_grid + len(named) > MAX_POINTS:
+        sizes = " x ".join(f"{len(v):,}" for v in grid.values())
+        what = (f"grid: {sizes} = {n_grid:,} points" if grid else "points: ") + \
+            (f" + {len(named):,} named" if grid and named else
+             f"{len(named):,} named" if named else "")
+        raise SweepError(f"{path}: {what}, more than the {MAX_POINTS:,} a sweep may have "
+                         f"(each point is a whole simulation); split the sweep")
     axes = list(grid)
     for i, pt in enumerate(named):
         if not isinstance(pt, dict) or set(pt) - {"name", "set"} or not isinstance(pt.get("set", {}), dict):
             raise SweepError(f"{path}: points[{i}]: expected {{name: ..., set: {{field: value}}}}")
+        if isinstance(pt.get("name"), str) and control_problem(pt["name"]):
+            raise SweepError(f"{path}: points[{i}].name: {control_problem(pt['name'])}")
         _check_paths(path, f"points[{i}].set", pt.get("set", {}))
         for k in pt.get("set", {}):
             if k not in axes:
@@ -158,7 +183,7 @@ def load_sweep(path: str | Path, overrides: dict | None = None,
             raise SweepError(f"{path}: point {pt.id} ({pt.label}): {e}") from None
     output = data.get("output")
     if output is not None and (not isinstance(output, str) or not output.strip()):
-        raise SweepError(f"{path}: output: must be a folder path, got {output!r}")
+        raise SweepError(f"{path}: output: must be a folder path, got {show(output)}")
     return Sweep(p, str(data.get("name") or p.stem), base, points, axes, output, rate_search)
 
 
@@ -167,7 +192,7 @@ def _search_section(path, data: dict, search: str | None):
     from sim.search import parse_search
 
     if search is not None and search != "rate":
-        raise SweepError(f"--search: must be rate (the arrival-rate scale), got {search!r}")
+        raise SweepError(f"--search: must be rate (the arrival-rate scale), got {show(search)}")
     if "search" not in data and search is None:
         return None
     try:
@@ -191,7 +216,7 @@ def _check_paths(path, where: str, mapping: dict) -> None:
     """Keys of ``set`` / ``grid`` / a point's ``set`` are dotted scenario field paths."""
     for k in mapping:
         if not isinstance(k, str) or not k.strip() or any(not p.strip() for p in k.split(".")):
-            raise SweepError(f"{path}: {where}: {k!r} is not a dotted field path "
+            raise SweepError(f"{path}: {where}: {show(k)} is not a dotted field path "
                              f"(like cache.hash_block_size)")
 
 
@@ -251,44 +276,123 @@ def _search_point(base: str, overrides: dict, sc, search, tag: str, verbose: boo
     return search_rate(run, search, log)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; a container's or a
+    ``taskset``'s), not the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_workers(workers, label: str = "--workers") -> int | None:
+    """``workers`` as given (``--workers N``, ``sim.sweep(workers=N)``): None (as many as
+    useful) or an integer >= 1, else an ``InputError`` naming ``label``."""
+    if workers is None:
+        return None
+    if isinstance(workers, bool) or not isinstance(workers, int):
+        raise InputError(f"{label}: must be an integer >= 1, got {show(workers)}")
+    if workers < 1:
+        raise InputError(f"{label}: must be >= 1, got {workers}")
+    return workers
+
+
+def plan_workers(asked: int | None, points: int, label: str = "--workers"
+                 ) -> tuple[int, str | None]:
+    """How many local workers to start for ``points`` points: ``asked`` (None: as many as
+    useful), but never more than the points nor than the CPUs this process may use; and
+    the line that says so when that is fewer than asked (None otherwise)."""
+    cpus = usable_cpus()
+    n = max(1, min(points, cpus) if asked is None else min(asked, points, cpus))
+    if asked is None or n >= asked:
+        return n, None
+    why = []                    # (what binds)
+    if points == n:
+        why.append(f"{points:,} point{'s' * (points != 1)}")
+    if cpus == n:
+        why.append(f"{cpus:,} CPU{'s' * (cpus != 1)} usable")
+    return n, (f"{label} {asked:,}: running {n:,} worker{'s' * (n != 1)} "
+               f"({', '.join(why)})")
+
+
+def _pool_worker_init(line) -> None:
+    """A sweep worker's first act: die with the sweep (``sim/lifeline.py``), and leave
+    Ctrl-C to it (it stops the workers itself, at once)."""
+    import signal
+
+    line.hold()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _ray_points(jobs: list, workers: int, address: str | None, progress) -> list[dict]:
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        # a local instance's start-up lines (INFO, a token-authentication WARNING)
+        # say nothing about the sweep; joining a cluster keeps Ray's warnings
+        kw = ({"address": address} if address
+              else {"num_cpus": workers, "logging_level": logging.ERROR})
+        ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                     [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}},
+                 **kw)
+        started = True
+    refs: list = []
+    try:
+        remote = ray.remote(num_cpus=1)(run_point)
+        for j in jobs:
+            refs.append(remote.remote(*j))
+        results = []
+        for i, ref in enumerate(refs):
+            results.append(ray.get(ref))
+            progress(i + 1, len(jobs))
+        return results
+    except BaseException:
+        # interrupted (or failed): the points under way and those queued are cancelled,
+        # on a cluster too, rather than left running for no one
+        for ref in refs:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - (finished already, or Ray is going away)
+                pass
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def _execute(sweep: Sweep, tmp: Path, executor: str, workers: int, address: str | None,
              progress, command: list[str] | None = None, verbose: bool = False) -> list[dict]:
     jobs = [(str(sweep.base), pt.overrides, command, sweep.search, f"{pt.id} ({pt.label})",
              verbose) for pt in sweep.points]
     if executor == "ray":
-        import ray
-
-        started = False
-        if not ray.is_initialized():
-            # a local instance's start-up lines (INFO, a token-authentication WARNING)
-            # say nothing about the sweep; joining a cluster keeps Ray's warnings
-            kw = ({"address": address} if address
-                  else {"num_cpus": workers, "logging_level": logging.ERROR})
-            ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
-                     runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}},
-                     **kw)
-            started = True
-        try:
-            remote = ray.remote(num_cpus=1)(run_point)
-            refs = [remote.remote(*j) for j in jobs]
-            results = []
-            for i, ref in enumerate(refs):
-                results.append(ray.get(ref))
-                progress(i + 1, len(jobs))
-            return results
-        finally:
-            if started:
-                ray.shutdown()
+        return _ray_points(jobs, workers, address, progress)
     if workers <= 1:
         results = []
         for i, j in enumerate(jobs):
             results.append(run_point(*j))
             progress(i + 1, len(jobs))
         return results
+    from sim.lifeline import Lifeline
+
+    line = Lifeline()
+    try:
+        return _pool_points(jobs, workers, progress, line)
+    finally:
+        line.close()
+
+
+def _pool_points(jobs: list, workers: int, progress, line) -> list[dict]:
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    pool = ProcessPoolExecutor(max_workers=workers)
+    # (fork: the workers start from this process, the lifeline's read end with them)
+    ctx = multiprocessing.get_context("fork") if "fork" in \
+        multiprocessing.get_all_start_methods() else None
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                               initializer=_pool_worker_init if ctx else None,
+                               initargs=(line,) if ctx else ())
     try:
         futures = [pool.submit(run_point, *j) for j in jobs]
         results = []
@@ -364,14 +468,22 @@ def _base_value(sweep: Sweep, pt: Point, dotted: str):
     return cur
 
 
-def run_sweep(sweep: Sweep, out: Path, executor: str = "local", workers: int = 1,
+def run_sweep(sweep: Sweep, out: Path, executor: str = "local", workers: int | None = 1,
               address: str | None = None, progress=lambda done, total: None,
               report: bool = True, command: list[str] | None = None,
-              verbose: bool = False, target: float | None = None) -> list[dict]:
+              verbose: bool = False, target: float | None = None,
+              workers_label: str = "workers") -> list[dict]:
     """Run every point; write the sweep folder atomically; return the results.
+    ``workers``: the local pool's size (or a local Ray's CPUs; None: as many as useful),
+    capped by ``plan_workers`` (one line on stderr when capped, naming ``workers_label``);
     ``command``: the command line recorded in every point's run.json; ``verbose``: log
     each run of a rate search on stderr; ``target``: the token hit rate whose cheapest
     configuration a capacity sweep's report names (``sim sweep --target``)."""
+    asked = check_workers(workers, workers_label)
+    if executor != "ray" or not address:
+        workers, note = plan_workers(asked, len(sweep.points), workers_label)
+        if note:
+            print(note, file=sys.stderr, flush=True)
     with atomic_folder(out, kind="sweep") as tmp:
         (tmp / "points").mkdir()
         shutil.copyfile(sweep.path, tmp / "sweep.yaml")

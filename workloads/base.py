@@ -74,15 +74,42 @@ class WorkloadError(InputError):
 # --------------------------------------------------------------------------- values
 
 def show(value: Any, limit: int = 60) -> str:
-    """A short one-line repr of a value for error messages."""
-    text = repr(value)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """A short one-line repr of a value for error messages (``sim.config.fields.show``:
+    never writes a large value out whole)."""
+    from sim.config.fields import show as short
+
+    return short(value, limit)
 
 
 # the largest token count (or priority magnitude) a request may carry: the compiled hot path
 # holds them in 64-bit machine integers (sim/native.py); larger is a bad trace, not a run
 MAX_COUNT = NO_LENGTH_LIMIT
+
+#: the most requests one workload may issue: a run keeps every request's row for
+#: requests.csv (~0.3 KB each) and replays a few thousand a second, so ten million is
+#: gigabytes and hours already; more is refused up front (or, for a trace, at the line)
+MAX_REQUESTS = 10_000_000
+#: the latest time (seconds) an arrival, a think time or a duration may reach: the
+#: engine's clock counts integer nanoseconds in 64 bits (2**62 ns, ~146 years); 1e9 s
+#: (~31.7 years) leaves the run itself room
+MAX_TIME_S = 1e9
+#: the most turns a chat session may have: every turn resends the whole conversation, so
+#: a session's segments grow with the square of its turns
+MAX_TURNS = 1000
+
+
+def big(value: Any) -> str:
+    """A count for a message: with thousands separators, or ``~2**N`` when huge."""
+    if isinstance(value, int) and abs(value) >= 10 ** 21:
+        return f"~2**{abs(value).bit_length() - 1}"
+    if isinstance(value, float):
+        return f"{value:,.6g}" if abs(value) < 1e21 else f"{value:.3g}"
+    return f"{value:,}"
+
+
+def time_limit_error(name: str, value: float, what: str = "") -> "WorkloadError":
+    return WorkloadError(f"{name}: {what or big(value) + ' s'} is past the "
+                         f"{MAX_TIME_S:,.0f} s (~31.7 years) the simulator's clock holds")
 
 
 def is_int(value: Any) -> bool:
@@ -120,7 +147,8 @@ class Fields:
                     f"{self.name(key)}: unknown key (allowed: {', '.join(allowed)}){hint}")
 
     def name(self, key: Any) -> str:
-        return f"{self.where}.{key}"
+        text = f"{self.where}.{key}"
+        return text if len(text) <= 120 else text[:117] + "..."
 
     def has(self, key: str) -> bool:
         return key in self.m and self.m[key] is not None
@@ -132,18 +160,19 @@ class Fields:
             return default
         return self.m[key]
 
-    def int(self, key: str, default: Any = _MISSING, minimum: int | None = None) -> int:
+    def int(self, key: str, default: Any = _MISSING, minimum: int | None = None,
+            maximum: int | None = None, why: str = "") -> int:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
-        return check_int(value, self.name(key), minimum)
+        return check_int(value, self.name(key), minimum, maximum, why)
 
     def number(self, key: str, default: Any = _MISSING, minimum: float | None = None,
-               positive: bool = False) -> float:
+               positive: bool = False, maximum: float | None = None, why: str = "") -> float:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
-        return check_number(value, self.name(key), minimum, positive)
+        return check_number(value, self.name(key), minimum, positive, maximum, why)
 
     def str(self, key: str, default: Any = _MISSING, choices: Iterable[str] | None = None) -> str:
         value = self.raw(key, default)
@@ -168,17 +197,25 @@ def _hint(value: Any, want_int: bool) -> str:
     return _number_hint(value, want_int)
 
 
-def check_int(value: Any, name: str, minimum: int | None = None) -> int:
+def check_int(value: Any, name: str, minimum: int | None = None,
+              maximum: int | None = None, why: str = "") -> int:
+    """An integer field: ``maximum`` (default: ``MAX_COUNT``, what the engine holds) and
+    ``why`` (the reason for it, in the message)."""
     if not is_int(value):
         raise WorkloadError(f"{name}: expected an integer, got {show(value)}{_hint(value, True)}")
     value = int(value)
     if minimum is not None and value < minimum:
-        raise WorkloadError(f"{name}: must be >= {minimum}, got {value}")
+        raise WorkloadError(f"{name}: must be >= {minimum}, got {big(value)}")
+    top = MAX_COUNT if maximum is None else maximum
+    if value > top:
+        limit = "below 2**62" if top == MAX_COUNT else f"at most {big(top)}"
+        raise WorkloadError(f"{name}: must be {limit}"
+                            f"{' (' + why + ')' if why else ''}, got {big(value)}")
     return value
 
 
 def check_number(value: Any, name: str, minimum: float | None = None,
-                 positive: bool = False) -> float:
+                 positive: bool = False, maximum: float | None = None, why: str = "") -> float:
     if not is_number(value):
         raise WorkloadError(f"{name}: expected a finite number, got {show(value)}"
                             f"{_hint(value, False)}")
@@ -187,6 +224,9 @@ def check_number(value: Any, name: str, minimum: float | None = None,
         raise WorkloadError(f"{name}: must be > 0, got {value:g}")
     if minimum is not None and value < minimum:
         raise WorkloadError(f"{name}: must be >= {minimum:g}, got {value:g}")
+    if maximum is not None and value > maximum:
+        raise WorkloadError(f"{name}: must be at most {maximum:g}"
+                            f"{' (' + why + ')' if why else ''}, got {value:g}")
     return value
 
 
@@ -216,11 +256,20 @@ class Dist:
     sigma: float = 0.0
     min: float = 0.0
     max: float | None = None
+    # what no sample may pass, beside ``max`` (the field's limit: MAX_COUNT tokens, or
+    # MAX_TIME_S seconds; a lognormal's tail is not bounded by its mean)
+    cap: float | None = None
 
     @classmethod
-    def parse(cls, spec: Any, where: str, *, integer: bool, minimum: float = 0) -> Dist:
-        """Validate a distribution spec at config path ``where``."""
-        check = check_int if integer else check_number
+    def parse(cls, spec: Any, where: str, *, integer: bool, minimum: float = 0,
+              maximum: float | None = None, why: str = "") -> Dist:
+        """Validate a distribution spec at config path ``where``; every value it may
+        take lies in ``[minimum, maximum]`` (integers: at most ``MAX_COUNT`` by default;
+        ``why``: the reason for ``maximum``, in the message)."""
+        def check(value, name, lo):
+            if integer:
+                return check_int(value, name, lo, maximum, why)
+            return check_number(value, name, lo, maximum=maximum, why=why)
         if not isinstance(spec, Mapping):
             if (integer and is_int(spec)) or (not integer and is_number(spec)):
                 return cls("fixed", integer, value=check(spec, where, minimum))
@@ -242,11 +291,13 @@ class Dist:
             high = check(f.raw("high"), f.name("high"), low)
             return cls(kind, integer, low=low, high=high)
         f = Fields(spec, where, ("dist", "mean", "sigma", "min", "max"))
-        mean = f.number("mean", positive=True)
-        sigma = f.number("sigma", minimum=0.0)
+        mean = f.number("mean", positive=True, maximum=maximum, why=why)
+        sigma = f.number("sigma", minimum=0.0, maximum=10.0,
+                         why="exp(sigma) already spans ~22,000 x")
         lo = check(f.raw("min"), f.name("min"), minimum) if f.has("min") else minimum
         hi = check(f.raw("max"), f.name("max"), lo) if f.has("max") else None
-        return cls(kind, integer, mean=mean, sigma=sigma, min=lo, max=hi)
+        cap = float(maximum) if maximum is not None else (float(MAX_COUNT) if integer else None)
+        return cls(kind, integer, mean=mean, sigma=sigma, min=lo, max=hi, cap=cap)
 
     def sample(self, rng: np.random.Generator) -> Any:
         """One sample (an ``int`` for integer distributions, else a ``float``)."""
@@ -263,8 +314,10 @@ class Dist:
         x = max(x, self.min)
         if self.max is not None:
             x = min(x, self.max)
+        if self.cap is not None and x > self.cap:
+            x = self.cap
         if self.integer:
-            return int(x) if math.isfinite(x) else int(self.min)
+            return min(int(x), MAX_COUNT) if math.isfinite(x) else int(self.min)
         return x
 
     def describe(self) -> str:

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
+from sim.config.fields import control_problem
 from sim.config.loader import decode_line
-from workloads.base import (MAX_COUNT, Fields, Segment, TraceRequest, WorkloadError, is_int,
-                            is_number, segment_name, show)
+from workloads.base import (MAX_COUNT, MAX_REQUESTS, MAX_TIME_S, Fields, Segment,
+                            TraceRequest, WorkloadError, is_int, is_number, segment_name, show)
 from workloads.traces import _suffix, _trace_fields, check_file, resolve
 
 WHERE = "workload"
@@ -32,10 +33,12 @@ def parse_prompt(text: str) -> list[Segment]:
     for part in text.split():
         m = _SEG.match(part)
         if not m:
-            raise ValueError(f"bad segment {part!r} (want NAME:LEN or NAME@OFF:LEN)")
+            raise ValueError(f"bad segment {show(part)} (want NAME:LEN or NAME@OFF:LEN)")
+        if control_problem(m.group(1)):
+            raise ValueError(f"segment name {control_problem(m.group(1))}")
         length = int(m.group(3))
         if length < 1:
-            raise ValueError(f"segment {part!r} has no tokens")
+            raise ValueError(f"segment {show(part)} has no tokens")
         segs.append((m.group(1), int(m.group(2) or 0), length))
     return segs
 
@@ -58,6 +61,8 @@ def parse_segments(value: Any) -> list[Segment]:
         name, off, length = item
         if not isinstance(name, str) or not name:
             raise ValueError(f"segments[{i}] name must be a non-empty string, got {show(name)}")
+        if control_problem(name):
+            raise ValueError(f"segments[{i}] name {control_problem(name)}")
         if not is_int(off) or off < 0:
             raise ValueError(f"segments[{i}] offset must be an integer >= 0, got {show(off)}")
         if not is_int(length) or length < 1:
@@ -104,24 +109,31 @@ def parse_line(rec: Any, seen: set[str], last_arrival: float | None, time_scale:
         raise ValueError(f"expected a JSON object, got {show(rec)}")
     for key in rec:
         if key not in LINE_KEYS:
-            raise ValueError(f"unknown field {key!r} (allowed: {', '.join(LINE_KEYS)})")
+            raise ValueError(f"unknown field {show(key)} (allowed: {', '.join(LINE_KEYS)})")
     rid = rec.get("id")
     if not isinstance(rid, str) or not rid:
         raise ValueError(f"id must be a non-empty string, got {show(rid)}")
+    for key in ("id", "session", "after"):
+        v = rec.get(key)
+        if isinstance(v, str) and control_problem(v):
+            raise ValueError(f"{key} {control_problem(v)}")
     if rid in seen:
-        raise ValueError(f"duplicate id {rid!r}")
+        raise ValueError(f"duplicate id {show(rid)}")
     after = rec.get("after")
     if after is not None:
         if not isinstance(after, str) or not after:
             raise ValueError(f"after must be a request id string, got {show(after)}")
         if after not in seen:
-            raise ValueError(f"after {after!r} names no earlier request")
+            raise ValueError(f"after {show(after)} names no earlier request")
     session = rec.get("session")
     if session is not None and (not isinstance(session, str) or not session):
         raise ValueError(f"session must be a non-empty string, got {show(session)}")
     think = rec.get("think_s", 0.0)
     if not is_number(think) or think < 0:
         raise ValueError(f"think_s must be a number >= 0, got {show(think)}")
+    if think * time_scale > MAX_TIME_S:
+        raise ValueError(f"think_s {think:g} s (x time_scale) is past the {MAX_TIME_S:,.0f} s "
+                         "(~31.7 years) the simulator's clock holds")
     if think and after is None:
         raise ValueError("think_s is only meaningful with after")
     if "arrival_s" in rec:
@@ -129,6 +141,10 @@ def parse_line(rec: Any, seen: set[str], last_arrival: float | None, time_scale:
         if not is_number(arrival) or arrival < 0:
             raise ValueError(f"arrival_s must be a number >= 0, got {show(arrival)}")
         arrival = float(arrival) * time_scale
+        if arrival > MAX_TIME_S:
+            raise ValueError(f"arrival_s {show(rec['arrival_s'])} (x time_scale: {arrival:.3g} s) "
+                             f"is past the {MAX_TIME_S:,.0f} s (~31.7 years) the simulator's "
+                             "clock holds")
     elif after is not None:
         arrival = last_arrival if last_arrival is not None else 0.0
     else:
@@ -158,7 +174,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise ValueError(f"duplicate key {k!r}")
+            raise ValueError(f"duplicate key {show(k)}")
         out[k] = v
     return out
 
@@ -195,6 +211,9 @@ class JsonlConfig:
                 line = decode_line(raw, str(path), lineno, WorkloadError)
                 if not line.strip():
                     continue
+                if n >= MAX_REQUESTS:
+                    raise WorkloadError(f"{path}:{lineno}: more than {MAX_REQUESTS:,} requests, "
+                                        "the most a run may have (set workload.num_requests)")
                 try:
                     rec = json.loads(line, object_pairs_hook=_no_duplicates)
                     req = parse_line(rec, seen, last, self.time_scale)

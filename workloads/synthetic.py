@@ -8,10 +8,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from workloads.base import Dist, Fields, TraceRequest, WorkloadError, check_int, output_stream, show
+from workloads.base import (MAX_REQUESTS, MAX_TIME_S, MAX_TURNS, Dist, Fields, TraceRequest,
+                            WorkloadError, big, check_int, output_stream, show,
+                            time_limit_error)
 from workloads.trace_records import request_id
 
 WHERE = "workload"
+REQUESTS_WHY = "the most requests a run may have"
+TIME_WHY = "the latest time the simulator's clock holds"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +107,7 @@ class SystemPromptConfig:
         f = Fields(m, where, cls.KEYS)
         if f.has("tenants"):
             return cls._multi_tenant(f)
-        k = f.int("num_system_prompts", minimum=1)
+        k = f.int("num_system_prompts", minimum=1, maximum=MAX_REQUESTS, why=REQUESTS_WHY)
         spt = f.raw("system_prompt_tokens")
         if isinstance(spt, (list, tuple)):
             if len(spt) != k:
@@ -119,10 +123,22 @@ class SystemPromptConfig:
             raise WorkloadError(f"{f.name('zipf_s')}: only used with popularity: zipf")
         zipf_s = f.number("zipf_s", 1.1, positive=True)
         arrival = _arrivals(f)
-        num_requests = f.int("num_requests", None, minimum=0)
-        duration_s = f.number("duration_s", None, minimum=0.0)
+        num_requests = f.int("num_requests", None, minimum=0, maximum=MAX_REQUESTS,
+                             why=REQUESTS_WHY)
+        duration_s = f.number("duration_s", None, minimum=0.0, maximum=MAX_TIME_S,
+                              why=TIME_WHY)
         if num_requests is None and duration_s is None:
             raise WorkloadError(f"{f.name('num_requests')}: missing (give num_requests or duration_s)")
+        rate = arrival.rate_per_s
+        if num_requests is not None and (duration_s is None or duration_s * rate > num_requests) \
+                and num_requests / rate > MAX_TIME_S:
+            raise time_limit_error(f.name("rate_per_s"), 0.0, f"{big(num_requests)} requests "
+                                   f"at {rate:g}/s arrive over ~{num_requests / rate:.3g} s, "
+                                   "which")
+        if num_requests is None and duration_s * rate > MAX_REQUESTS:
+            raise WorkloadError(f"{f.name('duration_s')}: {duration_s:g} s at {rate:g}/s is "
+                                f"~{big(int(duration_s * rate))} requests, more than the "
+                                f"{big(MAX_REQUESTS)} a run may have (give num_requests)")
         return cls(
             num_system_prompts=k, system_prompt_tokens=lengths,
             suffix_tokens=_int_dist(f, "suffix_tokens", 0),
@@ -163,7 +179,7 @@ class SystemPromptConfig:
             popularity = tf.str("popularity", "uniform", ("uniform", "zipf"))
             zipf_s = tf.number("zipf_s", 1.1, positive=True)
             rate = tf.number("rate_per_s", positive=True)
-            for c in range(count):
+            for c in range(min(count, 100_001)):
                 t = name if count == 1 else f"{name}-{c}"
                 if t in names:
                     raise WorkloadError(f"{tf.name('name')}: tenant {t!r} twice")
@@ -171,8 +187,10 @@ class SystemPromptConfig:
                 tenants.append(Tenant(t, k, lengths, rate, popularity, zipf_s))
         if len(tenants) > 100_000:
             raise WorkloadError(f"{where}: {len(tenants):,} tenants: at most 100,000")
-        num_requests = f.int("num_requests", None, minimum=0)
-        duration_s = f.number("duration_s", None, minimum=0.0)
+        num_requests = f.int("num_requests", None, minimum=0, maximum=MAX_REQUESTS,
+                             why=REQUESTS_WHY)
+        duration_s = f.number("duration_s", None, minimum=0.0, maximum=MAX_TIME_S,
+                              why=TIME_WHY)
         if num_requests is None and duration_s is None:
             raise WorkloadError(f"{f.name('num_requests')}: missing (give num_requests or duration_s)")
         total = sum(t.rate_per_s for t in tenants)
@@ -210,6 +228,8 @@ class SystemPromptConfig:
             t_s += next(gaps)
             if self.duration_s is not None and t_s > self.duration_s:
                 return
+            if t_s > MAX_TIME_S or i >= MAX_REQUESTS:
+                _past_limits(t_s, i, "tenants")
             j = min(int(np.searchsorted(pick, rng.random(), side="right")), len(tenants) - 1)
             ten = tenants[j]
             k = ten.num_system_prompts
@@ -243,6 +263,8 @@ class SystemPromptConfig:
             t += next(gaps)
             if self.duration_s is not None and t > self.duration_s:
                 return
+            if t > MAX_TIME_S or i >= MAX_REQUESTS:
+                _past_limits(t, i, "rate_per_s")
             p = int(np.searchsorted(cdf, rng.random(), side="right")) if k > 1 else 0
             p = min(p, k - 1)
             suffix = self.suffix_tokens.sample(rng)
@@ -285,6 +307,15 @@ def _weights(k: int, popularity: str, zipf_s: float) -> np.ndarray:
     return w / w.sum()
 
 
+def _past_limits(t: float, i: int, rate_key: str):
+    """A synthetic workload whose draws went past the clock or the request limit."""
+    if i >= MAX_REQUESTS:
+        raise WorkloadError(f"{WHERE}: more than {big(MAX_REQUESTS)} requests, the most a run "
+                            "may have (give num_requests)")
+    raise time_limit_error(f"{WHERE}.{rate_key}", t, f"request {i + 1:,} arrives at "
+                           f"{t:.3g} s, which")
+
+
 def _arrivals(f: Fields) -> Arrivals:
     process = f.str("arrival", "poisson", ("poisson", "gamma"))
     rate = f.number("rate_per_s", positive=True)
@@ -320,8 +351,10 @@ class MultiTurnConfig:
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any], where: str = WHERE) -> MultiTurnConfig:
         f = Fields(m, where, cls.KEYS)
-        num_sessions = f.int("num_sessions", None, minimum=0)
-        num_requests = f.int("num_requests", None, minimum=0)
+        num_sessions = f.int("num_sessions", None, minimum=0, maximum=MAX_REQUESTS,
+                             why=REQUESTS_WHY)
+        num_requests = f.int("num_requests", None, minimum=0, maximum=MAX_REQUESTS,
+                             why=REQUESTS_WHY)
         if num_sessions is None and num_requests is None:
             raise WorkloadError(f"{f.name('num_requests')}: missing (give num_requests and/or "
                                 f"num_sessions)")
@@ -332,11 +365,25 @@ class MultiTurnConfig:
         think = Dist("fixed", False, value=0.0)
         if f.has("think_time_s"):
             think = Dist.parse(f.raw("think_time_s"), f.name("think_time_s"), integer=False,
-                               minimum=0.0)
+                               minimum=0.0, maximum=MAX_TIME_S, why=TIME_WHY)
+        rate = f.number("session_rate_per_s", positive=True)
+        if num_sessions is not None and num_sessions / rate > MAX_TIME_S:
+            raise time_limit_error(f.name("session_rate_per_s"), 0.0,
+                                   f"{big(num_sessions)} sessions at {rate:g}/s start over "
+                                   f"~{num_sessions / rate:.3g} s, which")
+        turns = Dist.parse(f.raw("turns"), f.name("turns"), integer=True, minimum=1,
+                           maximum=MAX_TURNS, why="a turn resends the whole conversation")
+        mean_turns = {"fixed": turns.value, "uniform": (turns.low + turns.high) / 2}.get(
+            turns.kind, turns.mean)
+        if num_requests is None and num_sessions * mean_turns > MAX_REQUESTS:
+            raise WorkloadError(f"{f.name('num_sessions')}: {big(num_sessions)} sessions of "
+                                f"~{mean_turns:g} turns are ~{big(int(num_sessions * mean_turns))} "
+                                f"requests, more than the {big(MAX_REQUESTS)} a run may have "
+                                "(give num_requests)")
         return cls(
             num_sessions=num_sessions,
-            session_rate_per_s=f.number("session_rate_per_s", positive=True),
-            turns=_int_dist(f, "turns", 1),
+            session_rate_per_s=rate,
+            turns=turns,
             user_tokens=_int_dist(f, "user_tokens", 1),
             output_tokens=_int_dist(f, "output_tokens", 1),
             think_time_s=think,
@@ -359,6 +406,8 @@ class MultiTurnConfig:
             if self.num_requests is not None and issued >= self.num_requests:
                 return
             t += float(rng.exponential(mean_gap))
+            if t > MAX_TIME_S:
+                _past_limits(t, issued, "session_rate_per_s")
             session = f"s{s:07d}"
             turns = self.turns.sample(rng)
             history: list[tuple[str, int, int]] = [("sys/0", 0, sys_len)] if sys_len else []
@@ -372,8 +421,12 @@ class MultiTurnConfig:
                     req = TraceRequest(rid, t, segs, out, session=session)
                 else:
                     think = self.think_time_s.sample(rng)
+                    if prev.arrival_s + think > MAX_TIME_S:
+                        _past_limits(prev.arrival_s + think, issued, "think_time_s")
                     req = TraceRequest(rid, prev.arrival_s + think, segs, out, session=session,
                                        after=prev.request_id, think_s=think)
+                if issued >= MAX_REQUESTS:
+                    _past_limits(0.0, issued, "num_sessions")
                 yield req
                 issued += 1
                 if self.num_requests is not None and issued >= self.num_requests:

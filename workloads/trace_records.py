@@ -30,7 +30,7 @@ from librt.vecs import append, vec
 from mypy_extensions import i32, i64
 
 from sim.config.loader import decode_line
-from workloads.base import MAX_COUNT, TraceRequest, WorkloadError, show
+from workloads.base import MAX_COUNT, MAX_REQUESTS, MAX_TIME_S, TraceRequest, WorkloadError, show
 from workloads.hash_ids import hash_id_segments, layout_prompt
 
 ID_DIGITS: Final = 7   # request ids: "r" + the record index, zero-padded to 7 digits
@@ -144,9 +144,12 @@ def mooncake_records(path: str, block: int, limit: int, time_scale: float,
     many; -1: all), ``block`` tokens a hash id, arrivals ``timestamp / 1000 *
     time_scale``; a blank line is skipped, one that is not JSON or not UTF-8 raises
     ``WorkloadError`` naming ``path:line``, and a record failing a field check is
-    handed to ``bad(record, "path:line", previous timestamp)``, which raises."""
+    handed to ``bad(record, "path:line", previous timestamp)``, which raises (an arrival
+    past ``MAX_TIME_S`` included).  More than ``MAX_REQUESTS`` records (with no ``limit``
+    below that) is a ``WorkloadError`` at the line past them."""
     prev_ts: Any = None
     max_count = MAX_COUNT     # (a local: no module-global lookup a record)
+    max_time: float = MAX_TIME_S
     index = 0
     lineno = 0
     with open(path, "rb") as fh:      # orjson decodes (and checks) UTF-8 itself
@@ -154,9 +157,13 @@ def mooncake_records(path: str, block: int, limit: int, time_scale: float,
             lineno += 1
             if 0 <= limit <= index:
                 return
+            if index >= MAX_REQUESTS and line.strip():
+                raise WorkloadError(f"{path}:{lineno}: more than {MAX_REQUESTS:,} requests, the "
+                                    "most a run may have (set workload.num_requests)")
             lts, l_in, l_out, l_ids = layout_record(line)
             if (lts >= 0 and (prev_ts is None or lts >= prev_ts)
-                    and 1 <= l_in <= max_count and 1 <= l_out <= max_count):
+                    and 1 <= l_in <= max_count and 1 <= l_out <= max_count
+                    and float(lts) / 1000.0 * time_scale <= max_time):
                 # (the line's layout and its checks passed: what the general way makes
                 # of it, without decoding it as a dict)
                 rid = request_id(index)
@@ -185,7 +192,8 @@ def mooncake_records(path: str, block: int, limit: int, time_scale: float,
             if not ((tt is int or (tt is float and math.isfinite(ts))) and ts >= 0
                     and (prev_ts is None or ts >= prev_ts)
                     and type(n_in) is int and 1 <= n_in <= max_count
-                    and type(n_out) is int and 1 <= n_out <= max_count):
+                    and type(n_out) is int and 1 <= n_out <= max_count
+                    and ts / 1000.0 * time_scale <= max_time):
                 bad(rec, f"{path}:{lineno}", prev_ts)
             rid = request_id(index)
             segs = hash_id_segments(ids, n_in, block, rid)

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
 from sim.config.loader import decode_line
-from workloads.base import (MAX_COUNT, Fields, TraceRequest, WorkloadError, is_int, is_number,
-                            show)
+from workloads.base import (MAX_COUNT, MAX_REQUESTS, MAX_TIME_S, Fields, TraceRequest,
+                            WorkloadError, is_int, is_number, show, time_limit_error)
 from workloads.trace_records import mooncake_records, request_id
 
 WHERE = "workload"
@@ -26,14 +26,27 @@ def resolve(path: str, base_dir: Path | None) -> Path:
 
 
 def check_file(path: Path, name: str) -> None:
-    if not path.is_file():
-        raise WorkloadError(f"{name}: no such file: {path}")
+    """A trace must be a regular file: a FIFO, a device (``/dev/zero``) or a socket
+    would hang or never end, and is refused naming the field."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        raise WorkloadError(f"{name}: no such file: {path}") from None
+    if not stat.S_ISREG(st.st_mode):
+        from sim.config.loader import file_kind
+
+        raise WorkloadError(f"{name}: {path} is {file_kind(st.st_mode)}, not a regular file: "
+                            "a trace is read from a file")
 
 
 def _trace_fields(f: Fields) -> tuple[str, float, int | None]:
     path = f.str("path")
     time_scale = f.number("time_scale", 1.0, minimum=0.0)
-    num_requests = f.int("num_requests", None, minimum=0)
+    num_requests = f.int("num_requests", None, minimum=0, maximum=MAX_REQUESTS,
+                         why="the most requests a run may have")
     return path, time_scale, num_requests
 
 
@@ -97,12 +110,11 @@ class MooncakeConfig:
         return mooncake_records(str(path), self.block_tokens, limit, self.time_scale,
                                 self._bad)
 
-    @staticmethod
-    def _bad(rec: dict, where: str, prev_ts: float | None) -> NoReturn:
+    def _bad(self, rec: dict, where: str, prev_ts: float | None) -> NoReturn:
         """Raise the one-line error for a record that failed the fast checks."""
         for key in ("timestamp", "input_length", "output_length", "hash_ids"):
             if key not in rec:
-                raise WorkloadError(f"{where}: missing field {key!r}")
+                raise WorkloadError(f"{where}: missing field {show(key)}")
         ts = rec["timestamp"]
         if not is_number(ts) or ts < 0:
             raise WorkloadError(f"{where}: timestamp must be a number >= 0 (ms), got {show(ts)}")
@@ -116,6 +128,10 @@ class MooncakeConfig:
                 raise WorkloadError(f"{where}: {key} must be an integer >= 1, got {show(v)}")
             if v > MAX_COUNT:
                 raise WorkloadError(f"{where}: {key} must be below 2**62, got {v}")
+        if ts / 1000.0 * self.time_scale > MAX_TIME_S:
+            raise time_limit_error(f"{where}: timestamp", 0.0,
+                                   f"{show(ts)} ms (x time_scale {self.time_scale:g}: "
+                                   f"{ts / 1000.0 * self.time_scale:.3g} s)")
         # (what is left: hash_ids is not a list of integers in range)
         raise WorkloadError(f"{where}: hash_ids must be a list of integers in [0, 2**53), "
                             f"got {show(rec['hash_ids'])}")
@@ -175,7 +191,7 @@ def parse_azure_timestamp(text: str) -> tuple[int, float]:
     whole, _, frac = text.strip().partition(".")
     secs = calendar.timegm(time.strptime(whole, "%Y-%m-%d %H:%M:%S"))
     if frac and not frac.isdigit():
-        raise ValueError(f"bad fractional seconds {frac!r}")
+        raise ValueError(f"bad fractional seconds {show(frac)}")
     return secs, (int(frac) / 10 ** len(frac) if frac else 0.0)
 
 
@@ -223,6 +239,10 @@ class AzureConfig:
             prev = 0.0
             index = 0
             while self.num_requests is None or index < self.num_requests:
+                if index >= MAX_REQUESTS:
+                    raise WorkloadError(f"{path}:{reader.line_num + 1}: more than "
+                                        f"{MAX_REQUESTS:,} requests, the most a run may have "
+                                        "(set workload.num_requests)")
                 try:
                     row = next(reader)
                 except StopIteration:
@@ -238,7 +258,7 @@ class AzureConfig:
                 try:
                     ts = parse_azure_timestamp(ts_text)
                 except ValueError:
-                    raise WorkloadError(f"{where}: bad TIMESTAMP {ts_text!r}"
+                    raise WorkloadError(f"{where}: bad TIMESTAMP {show(ts_text)}"
                                         " (want YYYY-MM-DD HH:MM:SS[.fraction])") from None
                 ctx = _count(ctx_text, "ContextTokens", where)
                 gen = _count(gen_text, "GeneratedTokens", where)
@@ -249,6 +269,10 @@ class AzureConfig:
                     raise WorkloadError(f"{where}: TIMESTAMP {ts_text} is before the previous row's"
                                         " (the trace must be sorted by time)")
                 prev = rel
+                if rel * self.time_scale > MAX_TIME_S:
+                    raise time_limit_error(f"{where}: TIMESTAMP", 0.0,
+                                           f"{ts_text} ({rel * self.time_scale:.3g} s after the "
+                                           "first row, x time_scale)")
                 rid = request_id(index)
                 yield TraceRequest(rid, rel * self.time_scale, [(f"az/{rid}", 0, ctx)], gen)
                 index += 1
@@ -268,7 +292,7 @@ def _count(text: str, column: str, where: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise WorkloadError(f"{where}: {column} must be an integer >= 1, got {text!r}") from None
+        raise WorkloadError(f"{where}: {column} must be an integer >= 1, got {show(text)}") from None
     if value < 1:
         raise WorkloadError(f"{where}: {column} must be an integer >= 1, got {value}")
     if value > MAX_COUNT:

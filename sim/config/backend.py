@@ -2,6 +2,8 @@
 model, or real compute with torch) and its settings."""
 from __future__ import annotations
 
+from sim.config.fields import show  # (values in messages: a short prefix)
+
 from dataclasses import dataclass
 
 from sim.config.errors import ConfigError
@@ -24,15 +26,15 @@ class BackendSection:
 
     def validate(self, p="backend."):
         if self.kind not in ("analytical", "torch"):
-            raise ConfigError(p + "kind", f"unknown backend {self.kind!r} (available: analytical, torch)")
+            raise ConfigError(p + "kind", f"unknown backend {show(self.kind)} (available: analytical, torch)")
         check_int(p, "layers", self.layers, 1, allow_none=True)
         check_int(p, "width_div", self.width_div, 1)
         if self.dtype not in ("float32", "bfloat16"):
-            raise ConfigError(p + "dtype", f"must be float32 or bfloat16, got {self.dtype!r}")
+            raise ConfigError(p + "dtype", f"must be float32 or bfloat16, got {show(self.dtype)}")
         if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(p + "device", f"must be auto, cpu or cuda, got {self.device!r}")
+            raise ConfigError(p + "device", f"must be auto, cpu or cuda, got {show(self.device)}")
         if not isinstance(self.verify, bool):
-            raise ConfigError(p + "verify", f"must be true or false, got {self.verify!r}")
+            raise ConfigError(p + "verify", f"must be true or false, got {show(self.verify)}")
         check_num(p, "mfu", self.mfu, 1e-6, 1.0)
         check_num(p, "mbu", self.mbu, 1e-6, 1.0)
         check_num(p, "overhead_s", self.overhead_s, 0.0)

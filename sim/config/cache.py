@@ -3,6 +3,8 @@ vLLM's names (``CacheSwitches``, shared by every policy), and the keys the chose
 adds of its own (its ``options`` dataclass, see ``sim/cache/policies``)."""
 from __future__ import annotations
 
+from sim.config.fields import show  # (values in messages: a short prefix)
+
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -26,7 +28,7 @@ class CacheSection(CacheSwitches):
         d = dict(d) if isinstance(d, dict) else d
         name = d.get("policy", "vllm") if isinstance(d, dict) else "vllm"
         if not isinstance(name, str) or name not in CACHE_POLICIES:
-            raise ConfigError(prefix + "policy", f"unknown policy {name!r} (known: "
+            raise ConfigError(prefix + "policy", f"unknown policy {show(name)} (known: "
                               f"{', '.join(sorted(CACHE_POLICIES))})")
         opt_cls = CACHE_POLICIES[name].options
         own = {f.name for f in fields(opt_cls) if f.init}
@@ -38,7 +40,7 @@ class CacheSection(CacheSwitches):
         sec = build_section(cls, d, prefix, ALIASES)
         for b in ("enable_mamba_shared_prefix_checkpoint", "disable_lookahead_block_hashes"):
             if not isinstance(getattr(sec, b), bool):
-                raise ConfigError(prefix + b, f"must be true or false, got {getattr(sec, b)!r}")
+                raise ConfigError(prefix + b, f"must be true or false, got {show(getattr(sec, b))}")
         options = build_section(opt_cls, mine, prefix)
         validate = getattr(options, "validate", None)
         if validate is not None:

@@ -11,12 +11,22 @@ wrong; subclasses exist only so callers can tell the sources apart.
 from __future__ import annotations
 
 
+#: the longest message an input error prints: values in it are shown by a short prefix
+#: (``sim.config.fields.show``); this bounds whatever else a message may have quoted
+MAX_MESSAGE = 1000
+#: the longest field path a message shows (a path holds the user's keys)
+MAX_FIELD = 120
+
+
 class InputError(ValueError):
     """Bad input: one line naming file, field (or line) and the problem."""
 
     def __init__(self, message: str = ""):
-        # one line, whatever the parts that built it held
-        super().__init__(" ".join(str(message).split()))
+        # one line, whatever the parts that built it held, and never a screenful
+        text = " ".join(str(message).split())
+        if len(text) > MAX_MESSAGE:
+            text = text[:MAX_MESSAGE - 3] + "..."
+        super().__init__(text)
 
 
 class CapacityError(InputError):
@@ -29,5 +39,8 @@ class ConfigError(InputError):
     """Invalid configuration; ``str()`` names the field and the problem."""
 
     def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
+        shown = " ".join(str(field_name).split())
+        if len(shown) > MAX_FIELD:       # (a key is the user's text too: a prefix of it)
+            shown = shown[:MAX_FIELD - 3] + "..."
+        super().__init__(f"{shown}: {message}")
         self.field_name = field_name

@@ -13,9 +13,52 @@ from sim.config.errors import ConfigError
 _YAML11_NUMBER = re.compile(r"^[-+]?(\d[\d_]*)?\.?\d*([eE][-+]?\d+)?$")
 
 
+def _short_repr(limit: int):
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel = 3
+    r.maxstring = r.maxlong = r.maxother = limit + 8
+    r.maxlist = r.maxtuple = r.maxset = r.maxfrozenset = r.maxdict = r.maxdeque = 8
+    r.maxarray = 8
+    return r
+
+
 def show(value: Any, limit: int = 60) -> str:
-    text = " ".join(repr(value).split())
+    """A short one-line repr of a value for a message: at most ``limit`` characters, and
+    built without ever writing out a large value whole (a long string, a deep or wide
+    structure: ``reprlib``), whatever it holds."""
+    text = " ".join(_short_repr(limit).repr(value).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# bidirectional-text controls: invisible, they reorder what a terminal or an editor shows
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def control_char(text: str, allow: str = "") -> tuple[int, str] | None:
+    """The first control character of ``text`` (C0/C1 controls, DEL, line and paragraph
+    separators, bidirectional controls) as (0-based index, character); None if none.
+    ``allow``: characters that are fine here (a description's newlines)."""
+    if text.isprintable() and not _BIDI.intersection(text):
+        return None
+    import unicodedata
+
+    for i, ch in enumerate(text):
+        if ch not in allow and (ch in _BIDI or unicodedata.category(ch) in ("Cc", "Zl", "Zp")):
+            return i, ch
+    return None
+
+
+def control_problem(text: str, allow: str = "") -> str | None:
+    """Why a name may not hold ``text`` (a control character in it), or None."""
+    got = control_char(text, allow)
+    if got is None:
+        return None
+    i, ch = got
+    return (f"holds a control character ({ch!r} at character {i + 1}), which would be "
+            "written raw into folder names, CSV files, reports and messages: use printable "
+            "characters")
 
 
 def _kinds(annotation: Any) -> set[str]:
@@ -133,7 +176,7 @@ def check_int(prefix: str, name: str, v: Any, lo: int = 0, allow_none: bool = Fa
         return
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
         hint = _number_hint(v, True) if isinstance(v, str) else ""
-        raise ConfigError(prefix + name, f"must be an integer >= {lo}, got {v!r}{hint}")
+        raise ConfigError(prefix + name, f"must be an integer >= {lo}, got {show(v)}{hint}")
 
 
 def check_num(prefix: str, name: str, v: Any, lo: float = 0.0, hi: float | None = None,
@@ -145,4 +188,4 @@ def check_num(prefix: str, name: str, v: Any, lo: float = 0.0, hi: float | None 
             or (hi is not None and v > hi)):
         rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         hint = _number_hint(v, False) if isinstance(v, str) else ""
-        raise ConfigError(prefix + name, f"must be a finite number {rng}, got {v!r}{hint}")
+        raise ConfigError(prefix + name, f"must be a finite number {rng}, got {show(v)}{hint}")

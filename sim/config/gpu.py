@@ -2,6 +2,8 @@
 many, and vLLM's ``gpu_memory_utilization``."""
 from __future__ import annotations
 
+from sim.config.fields import show  # (values in messages: a short prefix)
+
 from dataclasses import dataclass
 
 from sim.config.errors import ConfigError
@@ -20,7 +22,7 @@ class GPUSection:
         try:
             get_gpu(self.type)
         except KeyError:
-            raise ConfigError(p + "type", f"unknown GPU {self.type!r} (known: "
+            raise ConfigError(p + "type", f"unknown GPU {show(self.type)} (known: "
                               f"{', '.join(gpu_names())})") from None
         check_int(p, "count", self.count, 1)
         check_num(p, "gpu_memory_utilization", self.gpu_memory_utilization, 0.01, 1.0)

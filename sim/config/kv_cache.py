@@ -2,6 +2,8 @@
 model (dtypes, tensor parallelism, block sizes; see ``sim model NAME``)."""
 from __future__ import annotations
 
+from sim.config.fields import show  # (values in messages: a short prefix)
+
 from dataclasses import dataclass, fields
 
 from sim.config.errors import ConfigError
@@ -36,7 +38,7 @@ class KVCacheSection:
         check_int(p, "tensor_parallel_size", self.tensor_parallel_size, 1)
         if self.gdn_prefill_backend not in ("auto", "flashinfer", "triton"):
             raise ConfigError(p + "gdn_prefill_backend", f"must be auto, flashinfer or triton, "
-                              f"got {self.gdn_prefill_backend!r}")
+                              f"got {show(self.gdn_prefill_backend)}")
         check_int(p, "num_prefill_checkpoint_blocks", self.num_prefill_checkpoint_blocks, 0,
                   allow_none=True)
         check_int(p, "prefill_checkpoint_alignment", self.prefill_checkpoint_alignment, 1,

@@ -14,7 +14,7 @@ from sim.cache.config import canonical_key, canonical_path
 from sim.config.backend import BackendSection
 from sim.config.cache import CacheSection
 from sim.config.errors import ConfigError, InputError
-from sim.config.fields import build_section, check_int, show
+from sim.config.fields import build_section, check_int, control_problem, show
 from sim.config.gpu import GPUSection
 from sim.config.kv_cache import KVCacheSection
 from sim.config.kv_events import KVEventsSection
@@ -75,13 +75,22 @@ def load_scenario(path: str | Path, overrides: dict | None = None,
             from None
 
 
+def scenario_message(scenario, e: Exception, overrides: dict | None) -> str:
+    """The one line of a scenario's input error: a ``ConfigError`` found once the layout
+    is built (no file in it yet) gets ``load_scenario``'s ``file:line:`` / ``file: --set``
+    prefix; a ``ScenarioError`` already names its file."""
+    if isinstance(e, ConfigError):
+        return f"{where(scenario, e.field_name, overrides)}{e}"
+    return str(e)
+
+
 def where(path, field_name: str, overrides: dict | None = None, label: str = "--set") -> str:
     """The ``file:line: `` / ``file: --set `` prefix of a field's error found after loading
     (building the deployment checks what only the whole layout can), as ``load_scenario``
     prefixes one found while loading."""
     try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError):
+        text = read_text(path)
+    except InputError:
         text = ""
     return _where(path, text, field_name, overrides, label)
 
@@ -148,6 +157,8 @@ def scenario_from_mapping(data, path: Path) -> Scenario:
         name = path.stem
     elif isinstance(name, bool) or not isinstance(name, (str, int)) or not str(name).strip():
         raise ConfigError("name", f"must be a non-empty string, got {show(name)}")
+    elif control_problem(str(name)):
+        raise ConfigError("name", control_problem(str(name)))
     elif str(name) in (".", "..") or "/" in str(name) or "\\" in str(name):
         # the name is the run folder's name under runs/; a path belongs in output: / --out
         raise ConfigError("name", f"must be a plain folder name (no '/', not '.' or '..'), got "
@@ -155,6 +166,8 @@ def scenario_from_mapping(data, path: Path) -> Scenario:
     desc = data.get("description", "")
     if desc is not None and not isinstance(desc, str):
         raise ConfigError("description", f"must be a string, got {show(desc)}")
+    if desc and control_problem(desc, allow="\n\t"):
+        raise ConfigError("description", control_problem(desc, allow="\n\t"))
     seed = data.get("seed", 0)
     check_int("", "seed", seed, 0)
     if "model" not in data:
@@ -180,6 +193,13 @@ def scenario_from_mapping(data, path: Path) -> Scenario:
     if gpu.count % kv.tensor_parallel_size:
         raise ConfigError("gpu.count", f"{gpu.count} GPUs cannot hold tensor_parallel_size "
                           f"{kv.tensor_parallel_size} x whole pipeline stages")
+    stages = gpu.count // kv.tensor_parallel_size
+    if stages > model.num_layers:
+        # (vLLM splits the layers over the pipeline stages, at least one a stage)
+        raise ConfigError("gpu.count", f"{gpu.count:,} GPUs at tensor_parallel_size "
+                          f"{kv.tensor_parallel_size} are {stages:,} pipeline stages, more "
+                          f"than the model's {model.num_layers} layers (vLLM gives every "
+                          f"stage at least one layer)")
     cache = CacheSection.from_mapping(data.get("cache") or {})
     sched_in = data.get("scheduler") or {}
     if not isinstance(sched_in, dict):

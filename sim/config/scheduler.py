@@ -8,6 +8,8 @@ per-step reads stay native.  ``policy`` names a scheduler policy
 checked here, when the section is built, so a typo never reaches a run."""
 from __future__ import annotations
 
+from sim.config.fields import show  # (values in messages: a short prefix)
+
 from dataclasses import dataclass
 
 from sim.cache.config import NO_LENGTH_LIMIT
@@ -39,7 +41,7 @@ class SchedulerConfig:
         from sim.engine.request_queue import QUEUE_POLICIES
 
         if not isinstance(self.policy, str) or self.policy not in QUEUE_POLICIES:
-            raise ConfigError(prefix + "policy", f"unknown policy {self.policy!r} "
+            raise ConfigError(prefix + "policy", f"unknown policy {show(self.policy)} "
                               f"(choices: {', '.join(sorted(QUEUE_POLICIES))})")
         # (the compiled scheduler holds these in 64-bit machine integers)
         for name in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
@@ -53,10 +55,10 @@ class SchedulerConfig:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(prefix + name, f"must be an integer >= {lo}"
-                                  f"{' or null' if none_ok else ''}, got {v!r}")
+                                  f"{' or null' if none_ok else ''}, got {show(v)}")
         if self.policy != "lpm":
             defaults = SchedulerConfig.__dataclass_fields__
             for name in ("lpm_max_wait_steps", "lpm_max_queue"):
                 if getattr(self, name) != defaults[name].default:
                     raise ConfigError(prefix + name, f"only used by policy lpm (policy is "
-                                      f"{self.policy!r})")
+                                      f"{show(self.policy)})")

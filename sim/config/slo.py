@@ -9,6 +9,8 @@ looks for the highest arrival rate at which a given share still meets them.
 """
 from __future__ import annotations
 
+from sim.config.fields import show  # (values in messages: a short prefix)
+
 from dataclasses import dataclass
 
 from sim.config.errors import ConfigError
@@ -31,7 +33,7 @@ class SLOSection:
             check_num(p, name, v, 0.0, allow_none=True)
             if v is not None and v <= 0:
                 raise ConfigError(p + name, f"must be a finite number > 0 (milliseconds), "
-                                  f"got {v!r}")
+                                  f"got {show(v)}")
 
     @property
     def active(self) -> bool:

@@ -2,6 +2,8 @@
 sees it (``SpecDecode``)."""
 from __future__ import annotations
 
+from sim.config.fields import show  # (values in messages: a short prefix)
+
 from dataclasses import dataclass
 
 from sim.config.errors import ConfigError
@@ -52,7 +54,7 @@ class SpeculativeSection:
                               f"its lookahead differently from the EAGLE family (drafting slots, "
                               f"prefill lookahead, drafter KV); use eagle, eagle3 or mtp")
         if self.method not in (None, "eagle", "eagle3", "mtp"):
-            raise ConfigError(p + "method", f"must be eagle, eagle3 or mtp, got {self.method!r}")
+            raise ConfigError(p + "method", f"must be eagle, eagle3 or mtp, got {show(self.method)}")
         check_int(p, "num_speculative_tokens", self.num_speculative_tokens, 0)
         check_num(p, "mean_accepted_tokens", self.mean_accepted_tokens, 0.0,
                   float(self.num_speculative_tokens))

@@ -66,9 +66,12 @@ def run_scenario(folder: Path, overrides: dict | None = None, facts: bool = True
     if not rec.is_file() or not (folder / "requests.csv").is_file():
         raise ExplainError(f"{folder}: not a run folder (no run.json and requests.csv; "
                            f"sim run writes one)")
+    from sim.config.errors import InputError
+    from sim.config.loader import read_text
+
     try:
-        raw = json.loads(rec.read_text()).get("scenario")
-    except (OSError, ValueError, AttributeError):
+        raw = json.loads(read_text(rec)).get("scenario")
+    except (InputError, ValueError, AttributeError):
         raw = None
     over = dict(overrides or {})
     if isinstance(raw, dict) and raw.get("kv_events"):
@@ -80,7 +83,9 @@ def run_scenario(folder: Path, overrides: dict | None = None, facts: bool = True
 
 
 def _request_ids(folder: Path) -> list[str]:
-    with open(folder / "requests.csv", newline="") as f:
+    from sim.config.loader import open_input
+
+    with open_input(folder / "requests.csv", ExplainError, text=True, newline="") as f:
         return [row["request_id"] for row in csv.DictReader(f)]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from math import inf
 from typing import Any
 
 from sim.config.errors import ConfigError
@@ -81,7 +82,7 @@ def _check(variant: str, budget_bytes: Any, alpha: Any, block_size: Any,
     if alpha is not None:
         if variant != "marconi":
             raise ConfigError("marconi.alpha", f"only the marconi variant has an alpha ({variant} given)")
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < inf:
             raise ConfigError("marconi.alpha", f"must be a number >= 0, got {alpha!r}")
     if not is_int(block_size) or block_size < 1:
         raise ConfigError("marconi.block_size", f"must be an integer >= 1, got {block_size!r}")
