@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Optional
 from pathlib import Path
 
 import typer
@@ -396,7 +397,7 @@ def explain(target: Path = typer.Argument(..., help="A run folder (sim run's out
 
 
 events_app = typer.Typer(no_args_is_help=True, help="KV cache event streams (vLLM's "
-                         "--kv-events-config): check one.")
+                         "--kv-events-config): check one, or publish one over ZeroMQ.")
 app.add_typer(events_app, name="events")
 
 
@@ -421,3 +422,32 @@ def events_check(file: Path = typer.Argument(..., help="A stream: kv_events.json
     else:
         typer.echo(rep.text())
     raise typer.Exit(1 if rep.problems else 0)
+
+
+@events_app.command("serve")
+def events_serve(run: Path = typer.Argument(..., help="A run folder of sim run --kv-events "
+                                            "(its kv_events.jsonl), or such a stream file."),
+                 endpoint: str = typer.Option("tcp://*:5557", "--endpoint",
+                                              help="Where to publish (vLLM's default "
+                                                   "tcp://*:5557; with * or :: bound, else "
+                                                   "connected to, as vLLM does)."),
+                 replay_speed: float = typer.Option(0.0, "--replay-speed", metavar="X",
+                                                    help="Pace the batches by their simulated "
+                                                         "step times, X times as fast (0: all "
+                                                         "at once)."),
+                 topic: Optional[str] = typer.Option(None, "--topic",
+                                                     help="The topic frame (default: the "
+                                                          "run's, else vLLM's \"\")."),
+                 wait_s: float = typer.Option(0.5, "--wait-s", metavar="S",
+                                              help="Seconds to wait before the first batch "
+                                                   "(subscribers connecting late miss what "
+                                                   "came before).")) -> None:
+    """Publish a run's KV events over ZeroMQ as vLLM's ZmqEventPublisher frames them
+    (topic, 8-byte sequence number, msgpack batch), so a real indexer (llm-d's, Dynamo's)
+    can be pointed at the simulator.  Needs pyzmq and msgpack (the events extra)."""
+    from sim.events_serve import serve
+
+    if wait_s < 0 or wait_s != wait_s or wait_s > 3600:
+        fail(f"--wait-s: must be in [0, 3600], got {wait_s}")
+    got = serve(run, endpoint, replay_speed, topic, wait_s)
+    typer.echo(got.text())
