@@ -290,7 +290,9 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
     # (reports/workers.py); --no-report imports none of it
     from reports.workers import ReportWorkers
 
-    workers = None if no_report else ReportWorkers.start()
+    # (a fleet's report reads requests.csv's routing columns: drawn here, after the files)
+    workers = None if no_report or getattr(sc, "cluster", None) is not None \
+        else ReportWorkers.start()
     from sim.provenance import GitProbe
 
     git = GitProbe()        # (run.json's commit, found while the run runs)
