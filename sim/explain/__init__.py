@@ -95,6 +95,8 @@ def _explain_run(folder: Path, request: str, counterfactuals, hash_unit, retenti
     if request not in ids:
         near = ", ".join(ids[:3]) + (", ..." if len(ids) > 3 else "")
         raise ExplainError(f"{folder}: no request {request!r} in requests.csv ({near})")
+    if getattr(sc, "cluster", None) is not None:
+        return _explain_fleet(folder, sc, request, counterfactuals, hash_unit, retention)
     lk = run_lookup(sc, request)
 
     def lookup(setting, case_field, value):
@@ -104,3 +106,57 @@ def _explain_run(folder: Path, request: str, counterfactuals, hash_unit, retenti
     whatifs = (evaluate(lk.facts.settings, lookup, hash_unit, retention)
                if counterfactuals and lk.facts is not None and lk.facts.cache == "vllm" else [])
     return as_dict(request, "run", str(folder), lk, whatifs)
+
+
+FLEET_COLUMNS = ("replica", "routed_hit_tokens", "arrival_hit_tokens", "best_hit_tokens",
+                 "best_replica", "routed_away_tokens")
+
+
+def _explain_fleet(folder: Path, sc, request: str, counterfactuals, hash_unit,
+                   retention) -> dict:
+    """A fleet's request: the fleet is replayed (the same bytes as the run), then the
+    request's replica alone on the requests the router handed it, at the instants it did
+    (exactly what that replica did in the fleet: ``tests/cluster/test_fleet.py``), up to
+    the request's lookup; the answer gains where the router sent it, what it believed,
+    and (with ``cluster.hindsight``) where else the prefix lived."""
+    import dataclasses
+
+    from sim.cluster.fleet import replica_scenarios
+    from sim.config.loader import open_input
+    from sim.run import simulate
+    from workloads import build_workload
+
+    with open_input(folder / "requests.csv", ExplainError, text=True, newline="") as f:
+        row = next(r for r in csv.DictReader(f) if r["request_id"] == request)
+    fleet = {c: (int(row[c]) if row.get(c, "") not in ("", None) else None)
+             for c in FLEET_COLUMNS}
+    fleet["router"] = sc.cluster.router.policy
+    fleet["replicas"] = sc.cluster.replicas
+    dep, _, _ = simulate(dataclasses.replace(sc, attribution=False))
+    table = dep.records
+    ids = table.column("request_id")
+    which = table.column("replica")
+    arrivals = table.column("arrival_s")
+    k = fleet["replica"] if fleet["replica"] is not None else which[list(ids).index(request)]
+    records = {r.request_id: r for r in build_workload(sc.workload, sc.seed, sc.path.parent)}
+    cut = [dataclasses.replace(records[ids[j]], arrival_s=arrivals[j], after=None,
+                               think_s=0.0, index=-1)
+           for j in range(len(ids)) if which[j] == k]
+    scenarios = replica_scenarios(sc)
+    alone = dataclasses.replace(scenarios[k], cluster=None)
+    lk = run_lookup(alone, request, traces=cut)
+
+    def lookup(setting, case_field, value):
+        from sim.config.scenario import apply_overrides, scenario_from_mapping
+
+        raw = {key: v for key, v in alone.raw.items() if key != "cluster"}
+        flipped = scenario_from_mapping(apply_overrides(raw, {f"cache.{setting}": value}),
+                                        alone.path)
+        flipped = dataclasses.replace(flipped, attribution=False)
+        return _hit(run_lookup(flipped, request, facts=False, traces=cut))
+
+    whatifs = (evaluate(lk.facts.settings, lookup, hash_unit, retention)
+               if counterfactuals and lk.facts is not None and lk.facts.cache == "vllm" else [])
+    out = as_dict(request, "run", str(folder), lk, whatifs)
+    out["fleet"] = fleet
+    return out

@@ -145,7 +145,27 @@ def text(d: dict) -> str:
                 ch = w["change"]
                 got = f"hit {w['hit']} ({'same' if ch == 0 else f'{ch:+d}'})"
             lines.append(f"    {w['setting']} {_value(w['value'])}: {got}")
+    if d.get("fleet"):
+        lines += _fleet_lines(d)
     return "\n".join(lines)
+
+
+def _fleet_lines(d: dict) -> list[str]:
+    """Where the router sent the request, what it believed, where else the prefix lived."""
+    f = d["fleet"]
+    out = [f"  fleet: the {f['router']} router sent it to replica {f['replica']} of "
+           f"{f['replicas']}" + (f", believing it would reuse {f['routed_hit_tokens']}"
+                                 if f.get("routed_hit_tokens") is not None else "")]
+    if f.get("best_hit_tokens") is None:
+        out.append("  (where else the prefix lived at its arrival: run with "
+                   "cluster.hindsight: true)")
+        return out
+    here = f.get("arrival_hit_tokens")
+    out.append(f"  at its arrival replica {f['replica']} held {here} in every group; the best, "
+               f"replica {f['best_replica']}, held {f['best_hit_tokens']}"
+               + (f": {f['routed_away_tokens']} tokens routed away"
+                  if f.get("routed_away_tokens") else ""))
+    return out
 
 
 def _value(v) -> str:

@@ -248,15 +248,16 @@ def _watched_class(base: type) -> type:
         "peek_request": peek_request, "pop_request": pop_request, "watch": None})
 
 
-def run_lookup(sc, target: str, facts: bool = True) -> Lookup:
+def run_lookup(sc, target: str, facts: bool = True, traces=None) -> Lookup:
     """Replay scenario ``sc`` up to request ``target``'s first admission and return its
     lookup; ``refused`` when it was rejected on arrival, ``ExplainError`` when no such
-    request arrives."""
+    request arrives.  ``traces``: the records to replay instead of the scenario's workload
+    (a fleet's replica: ``sim/explain/__init__.py``)."""
     from sim.run import simulate
 
     w = _Watch(target, facts)
     try:
-        simulate(sc, prepare=w.prepare)
+        simulate(sc, prepare=w.prepare, traces=traces)
     except _Stop:
         pass
     if w.admitted and w.found is not None:
