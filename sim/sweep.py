@@ -412,11 +412,13 @@ def _pool_points(jobs: list, workers: int, progress, line) -> list[dict]:
 
 def write_points_csv(path: Path, sweep: Sweep, results: list[dict]) -> None:
     metrics: list[str] = []
-    for r in results:
+    seen: set[str] = set()
+    for r in results:       # (every point's metrics, in order: a fleet's router adds some)
         if r["status"] == "ok":
-            metrics = [k for k, v in r["summary"].items()
-                       if k not in TIMING and not isinstance(v, (list, dict))]
-            break
+            for k, v in r["summary"].items():
+                if k not in TIMING and not isinstance(v, (list, dict)) and k not in seen:
+                    seen.add(k)
+                    metrics.append(k)
     with open(path, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(["point", "label", "status", "error", *sweep.axes, *metrics,
