@@ -23,6 +23,15 @@ STEPS = (
     ("speculative", "speculative", "lost to the EAGLE drop", "#bcbd22"),
 )
 COMPULSORY = ("compulsory", "compulsory", "never computed before", "#c8c8c8")
+# a fleet with hindsight: what another replica held in every group at the arrival
+ROUTED_AWAY = ("routed_away", "routed away", "another replica held it in every group",
+               "#17becf")
+
+
+def steps_of(s: dict) -> tuple:
+    """The waterfall's classes for this run (a fleet with hindsight: routed away first)."""
+    return ((ROUTED_AWAY, *STEPS) if style.finite(s.get("miss_routed_away_tokens"))
+            else STEPS)
 CAPTION = ("Why did requests miss? From what an unlimited attention-only cache would reuse "
            "(every prompt token computed before) to what this run reused: each bar takes "
            "away one miss class (tokens over all served requests).")
@@ -51,7 +60,8 @@ def waterfall(s: dict, folder: Path, title: str, frame=None) -> style.Saved:
     heights, bottoms, colours = [reusable], [0], [style.CONTEXT]
     ax.text(0, reusable, style.tokens_text(reusable), ha="center", va="bottom", fontsize=8)
     level = reusable
-    for i, (key, name, _, colour) in enumerate(STEPS, start=1):
+    steps = steps_of(s)
+    for i, (key, name, _, colour) in enumerate(steps, start=1):
         v = s[f"miss_{key}_tokens"]
         heights.append(-v)
         bottoms.append(level)
@@ -60,7 +70,7 @@ def waterfall(s: dict, folder: Path, title: str, frame=None) -> style.Saved:
                 fontsize=8)
         level -= v
         labels.append(name)
-    n = len(STEPS) + 1
+    n = len(steps) + 1
     heights.append(s["hit_tokens"])
     bottoms.append(0)
     colours.append(style.HIT)
@@ -110,7 +120,7 @@ def miss_markdown(folder: Path, s: dict, rows, name: str, draw: bool = True) -> 
     lines = ["## Why requests missed", "",
              "| class | tokens | share of prompt tokens | meaning |", "|---|---:|---:|---|",
              f"| hit | {s['hit_tokens']:,} | {share(s['hit_tokens'])} | reused |"]
-    for key, label, meaning, _ in (*reversed(STEPS), COMPULSORY):
+    for key, label, meaning, _ in (*reversed(steps_of(s)), COMPULSORY):
         v = s[f"miss_{key}_tokens"]
         lines.append(f"| {label} | {v:,} | {share(v)} | {meaning} |")
     lines += ["",
@@ -144,7 +154,9 @@ def sweep_bars(points: list[tuple[str, dict]], folder: Path, title: str,
     pts = [(label, s) for label, s in points if has_attribution(s) and s.get("prompt_tokens")]
     if not pts:
         return None
-    classes = [("hit", "hit", "", style.HIT), *reversed(STEPS), COMPULSORY]
+    away = [ROUTED_AWAY] if any(style.finite(s.get("miss_routed_away_tokens"))
+                                for _, s in pts) else []
+    classes = [("hit", "hit", "", style.HIT), *reversed(STEPS), *away, COMPULSORY]
     with style.rc():
         fig = style.figure(8.0, 1.4 + 0.3 * len(pts))
         ax = fig.add_subplot()
@@ -152,7 +164,7 @@ def sweep_bars(points: list[tuple[str, dict]], folder: Path, title: str,
         left = [0.0] * len(pts)
         for key, label, _, colour in classes:
             field = "hit_tokens" if key == "hit" else f"miss_{key}_tokens"
-            vals = [s[field] / s["prompt_tokens"] for _, s in pts]
+            vals = [(s.get(field) or 0) / s["prompt_tokens"] for _, s in pts]
             ax.barh(y, vals, left=left, color=colour, height=0.7, label=label)
             left = [b + v for b, v in zip(left, vals)]
         ax.set_yticks(y)

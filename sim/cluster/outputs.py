@@ -194,8 +194,48 @@ def fleet_summary(sc, fdep, rows) -> dict:
     summary["imbalance_requests"] = _ratio([p["requests"] + p["rejected_requests"] for p in per])
     summary["imbalance_prompt_tokens"] = _ratio([p["prompt_tokens"] for p in per])
     summary.update(routing_fields(rows))
+    routed_away_class(summary, rows)
     summary["per_replica"] = per
     return summary
+
+
+# the replica-view classes a routed-away token is taken from, in order
+TAKEN_FROM = ("compulsory", "capacity", "checkpoint", "in_flight", "speculative")
+
+
+def routed_away_class(summary: dict, rows) -> None:
+    """With hindsight and miss attribution, the fleet's miss classes: tokens a request
+    missed although another replica held them in every group at its arrival are the
+    ``routed_away`` class, taken out of the classes its replica saw them in (compulsory
+    first: never computed *there*, then capacity, checkpoint, in flight, speculative).
+    ``summary.json``'s ``miss_*`` totals become the fleet's (``reusable`` too: what was
+    computed anywhere before); requests.csv keeps each replica's view per request."""
+    from sim.run import _col
+
+    names = rows.names() if hasattr(rows, "names") else []
+    if "routed_away_tokens" not in names or summary.get("miss_compulsory_tokens") is None:
+        return
+    cols = {c: list(_col(rows, f"{c}_tokens")) for c in TAKEN_FROM}
+    taken = {c: 0 for c in TAKEN_FROM}
+    total = 0
+    for k, ra in enumerate(_col(rows, "routed_away_tokens")):
+        left = ra if isinstance(ra, int) else 0
+        for c in TAKEN_FROM:
+            if left <= 0:
+                break
+            v = cols[c][k]
+            t = min(left, v) if isinstance(v, int) else 0
+            taken[c] += t
+            left -= t
+            total += t
+    prompt = summary["prompt_tokens"]
+    for c in TAKEN_FROM:
+        summary[f"miss_{c}_tokens"] -= taken[c]
+        summary[f"miss_{c}_rate"] = summary[f"miss_{c}_tokens"] / prompt if prompt else 0.0
+    summary["reusable_tokens"] += taken["compulsory"]
+    summary["reusable_token_rate"] = summary["reusable_tokens"] / prompt if prompt else 0.0
+    summary["miss_routed_away_tokens"] = total
+    summary["miss_routed_away_rate"] = total / prompt if prompt else 0.0
 
 
 def per_replica(fdep, rows, makespan: float) -> list[dict]:
