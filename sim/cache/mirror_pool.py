@@ -12,7 +12,13 @@ events allow, every group and the Mamba states included.  It never allocates.
 """
 from __future__ import annotations
 
-from sim.cache.block_pool import Block, BlockPool
+from typing import Any
+
+from mypy_extensions import i64
+
+from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
+from sim.cache.events import Cleared, Removed, Stored
+from sim.cache.hashing import PrefixKeys
 
 
 class MirrorPool(BlockPool):
@@ -47,3 +53,29 @@ class MirrorPool(BlockPool):
             if b.key >= 0:
                 self._unmap_keys(b, None)
                 self.spare.append(b)
+
+    def apply(self, events: list[Any]) -> None:
+        """One published batch of the replica's events, in order."""
+        for ev in events:
+            if isinstance(ev, Removed):
+                self.remove(ev.pool_key)
+            elif isinstance(ev, Stored):
+                g: i64 = ev.group
+                ends = ev.ends
+                j = 0
+                for k in ev.keys:
+                    self.store((k << GROUP_BITS) | g, ends[j])
+                    j += 1
+            elif isinstance(ev, Cleared):
+                self.clear()
+
+
+def leading_blocks(pool: BlockPool, keys: PrefixKeys, group: int, scale: int, n: int) -> int:
+    """How many of the first ``n`` blocks (``scale`` hash units each) of a prompt with
+    ``keys`` have their key held by ``pool`` in ``group``: an attention-only indexer's
+    overlap (``sim/cluster/views.py``)."""
+    km = pool.key_map
+    j: i64 = 0
+    while j < n and km.has((keys.key((j + 1) * scale - 1) << GROUP_BITS) | group):
+        j += 1
+    return j

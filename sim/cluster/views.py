@@ -49,22 +49,28 @@ class Prompt:
         return got
 
 
+def full_group(kv: Any) -> tuple[int, int]:
+    """(the first full-attention group, its block in hash units) of a cache manager;
+    group -1 when it has none."""
+    c = kv.coordinator
+    g = next((i for i, s in enumerate(c.specs) if s.kind == "full"), -1)
+    if g < 0:
+        return -1, 1
+    return g, c.manager_of[g].block_size // c.hash_block_size
+
+
 def attention_blocks(pool: Any, kv: Any, keys: Any, tokens: int) -> int:
     """Leading whole attention blocks of a ``tokens``-token prompt whose key ``pool``
     holds in the first full-attention group: what an attention-only indexer (Dynamo's,
     llm-d's) counts as the overlap (no Mamba group, no EAGLE drop)."""
-    c = kv.coordinator
-    g = next((i for i, s in enumerate(c.specs) if s.kind == "full"), -1)
+    from sim.cache.mirror_pool import leading_blocks
+
+    g, scale = full_group(kv)
     if g < 0:
         return 0
-    bs = c.manager_of[g].block_size
-    scale = bs // c.hash_block_size
-    n = min(tokens // bs, keys.count // scale)
-    km = pool.key_map
-    j = 0
-    while j < n and km.has((keys.key((j + 1) * scale - 1) << GROUP_BITS) | g):
-        j += 1
-    return j
+    unit = kv.coordinator.hash_block_size
+    n = min(tokens // (scale * unit), keys.count // scale)
+    return leading_blocks(pool, keys, g, scale, n)
 
 
 def block_size_of(kv: Any) -> int:
@@ -123,21 +129,10 @@ class EventsView:
 
     def advance(self, now: int) -> None:
         """Apply every batch delivered by ``now``."""
-        from sim.cache.events import Cleared, Removed
-
         q = self.queue
         while q and q[0][0] <= now:
             _, i, events = q.popleft()
-            pool = self.mirrors[i].pool
-            for ev in events:
-                if isinstance(ev, Removed):
-                    pool.remove(ev.pool_key)
-                elif isinstance(ev, Cleared):
-                    pool.clear()
-                else:
-                    g = ev.group
-                    for k, e in zip(ev.keys, ev.ends):
-                        pool.store((k << GROUP_BITS) | g, e)
+            self.mirrors[i].pool.apply(events)
 
     def hybrid_hit(self, i: int, prompt: Prompt) -> int:
         kv = self.mirrors[i]

@@ -81,20 +81,57 @@ class _HybridAware:
         self.book.refresh()
         view = self.view
         view.advance(req.arrival_ns)
-        hits = [view.hybrid_hit(i, req.prompt) for i in range(self.n)]
+        n = self.n
+        bs = self.bs
+        w = self.o.overlap_score_weight
         credit = self.o.attention_credit
-        if credit > 0:
-            att = [view.attention_blocks(i, req.prompt) * self.bs for i in range(self.n)]
-            over = [h + credit * max(a - h, 0) for h, a in zip(hits, att)]
+        att = [view.attention_blocks(i, req.prompt) * bs for i in range(n)]
+        # the overlap scored is credit x att + (1 - credit) x h, h the resumable hit
+        # (0 <= h <= att): the cost with the attention overlap is a lower bound, exact at
+        # credit 1 (Dynamo's arithmetic, as kv_router's)
+        bound = self.book.costs(req.prompt_tokens, att, blocks, bs, w)
+        hits: list[int | None] = [None] * n
+
+        def hit(i: int) -> int:
+            got = hits[i]
+            if got is None:
+                got = hits[i] = view.hybrid_hit(i, req.prompt)
+            return got
+
+        def cost(i: int) -> float:
+            if credit >= 1:
+                return bound[i]
+            over = credit * att[i] + (1 - credit) * hit(i)
+            return self.book.cost(i, req.prompt_tokens, over, blocks, bs, w)
+
+        if self.o.router_temperature > 0:
+            costs = [cost(i) for i in range(n)]
+            i = pick_by_cost(costs, [(-hit(k), view.size(k)) for k in range(n)],
+                             self.o.router_temperature, self.rng)
         else:
-            over = hits
-        costs = [self.book.cost(i, req.prompt_tokens, over[i], blocks, self.bs,
-                                self.o.overlap_score_weight) for i in range(self.n)]
-        # ties: the larger resumable hit, then the smaller index (Dynamo's tie rule)
-        sizes = [(-hits[i], self.view.size(i)) for i in range(self.n)]
-        i = pick_by_cost(costs, sizes, self.o.router_temperature, self.rng)
-        req.predicted = hits[i]
-        self._over = over[i]
+            # least cost: the best bound first (h = att), exact costs (a lookup each) only
+            # while a bound can still beat the best found; ties to the larger hit, then
+            # Dynamo's smaller index, then at random
+            order = sorted(range(n), key=lambda k: bound[k])
+            best = float("inf")
+            tied: list[int] = []
+            for k in order:
+                if bound[k] > best:
+                    break
+                c = cost(k)
+                if c < best:
+                    best, tied = c, [k]
+                elif c == best:
+                    tied.append(k)
+            if len(tied) > 1:
+                top = max(hit(k) for k in tied)
+                tied = [k for k in tied if hit(k) == top]
+            if len(tied) > 1:
+                small = min(view.size(k) for k in tied)
+                tied = [k for k in tied if view.size(k) == small]
+            i = tied[0] if len(tied) == 1 else tied[self.rng.randrange(len(tied))]
+        req.predicted = hit(i)
+        self._over = credit * att[i] + (1 - credit) * req.predicted
         self._blocks = blocks
         return i
 

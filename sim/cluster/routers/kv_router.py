@@ -104,8 +104,8 @@ class _KvRouter:
         blocks = prompt_blocks(self.kv0, keys, req.prompt_tokens)
         self.book.refresh()
         over = self.overlaps(req, blocks)
-        costs = [self.book.cost(i, req.prompt_tokens, over[i] * self.bs, blocks, self.bs,
-                                self.o.overlap_score_weight) for i in range(self.n)]
+        costs = self.book.costs(req.prompt_tokens, [o * self.bs for o in over], blocks,
+                                self.bs, self.o.overlap_score_weight)
         i = pick_by_cost(costs, self.sizes(), self.o.router_temperature, self.rng)
         req.predicted = over[i] * self.bs
         self._blocks = blocks

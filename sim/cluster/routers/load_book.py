@@ -21,6 +21,7 @@ class LoadBook:
         self.pending: list[list[tuple[Any, int]]] = [[] for _ in range(replicas)]
         self.prefill = [0] * replicas
         self.active: list[dict[int, int]] = [{} for _ in range(replicas)]
+        self.holders: dict[int, set[int]] = {}        # block key -> replicas holding it active
         self.blocks_of: dict[int, list[int]] = {}     # request index -> its block keys
 
     def refresh(self) -> None:
@@ -38,7 +39,10 @@ class LoadBook:
         self.prefill[i] += prefill
         act = self.active[i]
         for k in blocks:
-            act[k] = act.get(k, 0) + 1
+            n = act.get(k, 0)
+            if not n:
+                self.holders.setdefault(k, set()).add(i)
+            act[k] = n + 1
         self.blocks_of[index] = blocks
 
     def finish(self, i: int, index: int) -> None:
@@ -49,16 +53,40 @@ class LoadBook:
                 act[k] = n
             else:
                 del act[k]
+                h = self.holders[k]
+                h.discard(i)
+                if not h:
+                    del self.holders[k]
 
     def decode_blocks(self, i: int, blocks: list[int]) -> int:
         """Distinct active blocks of worker ``i`` with ``blocks`` added."""
         act = self.active[i]
         return len(act) + sum(1 for k in set(blocks) if k not in act)
 
+    def decode_all(self, blocks: list[int]) -> list[int]:
+        """``decode_blocks`` of every worker at once (one pass over the new blocks)."""
+        new = set(blocks)
+        out = [len(a) + len(new) for a in self.active]
+        holders = self.holders
+        for k in new:
+            h = holders.get(k)
+            if h:
+                for i in h:
+                    out[i] -= 1
+        return out
+
     def cost(self, i: int, prompt_tokens: int, overlap_tokens: int, blocks: list[int],
              block_size: int, weight: float) -> float:
         prefill = self.prefill[i] + prompt_tokens - overlap_tokens
         return weight * prefill / block_size + self.decode_blocks(i, blocks)
+
+    def costs(self, prompt_tokens: int, overlaps: list[float], blocks: list[int],
+              block_size: int, weight: float) -> list[float]:
+        """``cost`` of every worker (``overlaps``: tokens each holds)."""
+        dec = self.decode_all(blocks)
+        pre = self.prefill
+        return [weight * (pre[i] + prompt_tokens - overlaps[i]) / block_size + dec[i]
+                for i in range(len(dec))]
 
 
 def pick_by_cost(costs: list[float], sizes: list[int], temperature: float, rng) -> int:
