@@ -73,6 +73,11 @@ FLEET = MemoryAxis(lambda p: p.m("pool_bytes") / style.GIB, "pool_bytes",
                    "provisioned cache memory of the fleet", True)
 
 
+FLEET_USED = MemoryAxis(lambda p: p.mamba_gib, "mamba_state_bytes_peak",
+                        "peak Mamba-state memory, whole fleet (GiB, each replica's peak summed)",
+                        "peak Mamba-state memory of the fleet", False)
+
+
 def _fleet(points: list[Point]) -> bool:
     """Points of fleets (``cluster:``): ``pool_bytes`` is every replica's pool, summed."""
     try:
@@ -87,7 +92,7 @@ def memory_axis(points: list[Point]) -> MemoryAxis:
     there: the frontier tables read the same)."""
     if provisioned(points):
         return FLEET if _fleet(points) else PROVISIONED
-    return USED
+    return FLEET_USED if _fleet(points) else USED
 
 
 def frontier_items(points: list[Point], axis: MemoryAxis):

@@ -79,3 +79,12 @@ def leading_blocks(pool: BlockPool, keys: PrefixKeys, group: int, scale: int, n:
     while j < n and km.has((keys.key((j + 1) * scale - 1) << GROUP_BITS) | group):
         j += 1
     return j
+
+
+def leading_blocks_each(pools: list[BlockPool], keys: PrefixKeys, group: int, scale: int,
+                        n: int) -> list[int]:
+    """``leading_blocks`` of each pool (replicas of one configuration), in one call."""
+    out: list[int] = []
+    for pool in pools:
+        out.append(leading_blocks(pool, keys, group, scale, n))
+    return out

@@ -142,10 +142,11 @@ class _Door:
         self.at_arrival = array("q")  # the chosen replica's own, at the arrival
 
     def route(self, t: int, trace: Any) -> Inlet:
-        req = RouteRequest(trace.request_id, trace.session, trace.segments,
-                           trace.prompt_tokens, trace.output_tokens, t, -1)
+        tokens = trace.prompt_tokens       # (a sum over the segments: once)
+        req = RouteRequest(trace.request_id, trace.session, trace.segments, tokens,
+                           trace.output_tokens, t, -1)
         if self.needs_prompt:
-            req.prompt = self.prompt_of(trace, self.streams)
+            req.prompt = self.prompt_of(trace, self.streams, tokens)
         hits = None
         if self.oracle is not None:
             hits = [self.oracle.hybrid_hit(k, req.prompt) for k in range(len(self.inlets))]

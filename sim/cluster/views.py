@@ -33,10 +33,10 @@ class Prompt:
 
     __slots__ = ("trace", "streams", "tokens", "_keys")
 
-    def __init__(self, trace: Any, streams: Any):
+    def __init__(self, trace: Any, streams: Any, tokens: int = -1):
         self.trace = trace
         self.streams = streams
-        self.tokens = trace.prompt_tokens
+        self.tokens = tokens if tokens >= 0 else trace.prompt_tokens
         self._keys: dict[tuple[int, int], Any] = {}
 
     def keys_for(self, kv: Any) -> Any:
@@ -59,18 +59,24 @@ def full_group(kv: Any) -> tuple[int, int]:
     return g, c.manager_of[g].block_size // c.hash_block_size
 
 
-def attention_blocks(pool: Any, kv: Any, keys: Any, tokens: int) -> int:
+def attention_blocks(pool: Any, kv: Any, keys: Any, tokens: int,
+                     shape: tuple[int, int, int] | None = None) -> int:
     """Leading whole attention blocks of a ``tokens``-token prompt whose key ``pool``
     holds in the first full-attention group: what an attention-only indexer (Dynamo's,
-    llm-d's) counts as the overlap (no Mamba group, no EAGLE drop)."""
+    llm-d's) counts as the overlap (no Mamba group, no EAGLE drop).  ``shape``: ``kv``'s
+    (group, block in hash units, hash unit), when known."""
     from sim.cache.mirror_pool import leading_blocks
 
-    g, scale = full_group(kv)
+    g, scale, unit = shape if shape is not None else (*full_group(kv),
+                                                      kv.coordinator.hash_block_size)
     if g < 0:
         return 0
-    unit = kv.coordinator.hash_block_size
     n = min(tokens // (scale * unit), keys.count // scale)
     return leading_blocks(pool, keys, g, scale, n)
+
+
+def _shape(kv: Any) -> tuple[int, int, int]:
+    return (*full_group(kv), kv.coordinator.hash_block_size)
 
 
 def block_size_of(kv: Any) -> int:
@@ -83,6 +89,27 @@ def block_size_of(kv: Any) -> int:
     return c.manager_of[0].block_size
 
 
+def _attention_each(view: Any, prompt: Prompt) -> list[int]:
+    """``attention_blocks`` of every replica: one compiled call when the replicas share
+    one configuration (one set of keys, one group layout), else replica by replica."""
+    from sim.cache.mirror_pool import leading_blocks_each
+
+    kvs = view._kvs()
+    if view.uniform:
+        g, scale, unit = view.shapes[0]
+        if g < 0:
+            return [0] * len(kvs)
+        keys = prompt.keys_for(kvs[0])
+        n = min(prompt.tokens // (scale * unit), keys.count // scale)
+        return leading_blocks_each(view.pools, keys, g, scale, n)
+    return [view.attention_blocks(i, prompt) for i in range(len(kvs))]
+
+
+def _uniform(kvs: list) -> bool:
+    c0 = kvs[0].cfg
+    return all(kv.cfg == c0 for kv in kvs)
+
+
 class OracleView:
     """The replicas' own managers (``view: oracle``)."""
 
@@ -90,6 +117,15 @@ class OracleView:
 
     def __init__(self, replicas: list):
         self.kvs = [r.dep.kv for r in replicas]
+        self.shapes = [_shape(kv) for kv in self.kvs]
+        self.uniform = _uniform(self.kvs)
+        self.pools = [kv.pool for kv in self.kvs]
+
+    def _kvs(self) -> list:
+        return self.kvs
+
+    def attention_each(self, prompt: Prompt) -> list[int]:
+        return _attention_each(self, prompt)
 
     def advance(self, now: int) -> None:
         pass
@@ -101,7 +137,8 @@ class OracleView:
 
     def attention_blocks(self, i: int, prompt: Prompt) -> int:
         kv = self.kvs[i]
-        return attention_blocks(kv.pool, kv, prompt.keys_for(kv), prompt.tokens)
+        return attention_blocks(kv.pool, kv, prompt.keys_for(kv), prompt.tokens,
+                                self.shapes[i])
 
     def size(self, i: int) -> int:
         """Keys replica ``i``'s pool holds (Dynamo's tie-break: the smaller index tree)."""
@@ -119,8 +156,17 @@ class EventsView:
 
         self.lag_ns = lag_ns
         self.mirrors = [KVCacheManager(r.dep.kv.cfg, pool_factory=MirrorPool) for r in replicas]
+        self.shapes = [_shape(kv) for kv in self.mirrors]
+        self.uniform = _uniform(self.mirrors)
+        self.pools = [kv.pool for kv in self.mirrors]
         self.queue: deque = deque()       # (visible ns, replica, events), in publish order
         self.batches = 0
+
+    def _kvs(self) -> list:
+        return self.mirrors
+
+    def attention_each(self, prompt: Prompt) -> list[int]:
+        return _attention_each(self, prompt)
 
     def publish(self, i: int, now: int, events: list) -> None:
         """Replica ``i`` published ``events`` at ``now`` (its step's outputs applied)."""
@@ -141,7 +187,8 @@ class EventsView:
 
     def attention_blocks(self, i: int, prompt: Prompt) -> int:
         kv = self.mirrors[i]
-        return attention_blocks(kv.pool, kv, prompt.keys_for(kv), prompt.tokens)
+        return attention_blocks(kv.pool, kv, prompt.keys_for(kv), prompt.tokens,
+                                self.shapes[i])
 
     def size(self, i: int) -> int:
         """Keys the index holds for replica ``i`` (Dynamo's tie-break: the smaller tree)."""

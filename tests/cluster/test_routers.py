@@ -57,6 +57,9 @@ class View:
     def attention_blocks(self, i, prompt):
         return self.blocks[i]
 
+    def attention_each(self, prompt):
+        return list(self.blocks)
+
     def size(self, i):
         return self.sizes[i] if self.sizes else 0
 

@@ -91,7 +91,7 @@ class _KvRouter:
     def overlaps(self, req: RouteRequest, blocks: list[int]) -> list[int]:
         if self.view is not None:
             self.view.advance(req.arrival_ns)
-            return [self.view.attention_blocks(i, req.prompt) for i in range(self.n)]
+            return self.view.attention_each(req.prompt)
         return [self.history.overlap(i, blocks, req.arrival_ns) for i in range(self.n)]
 
     def sizes(self) -> list[int]:

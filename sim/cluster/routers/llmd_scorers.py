@@ -99,8 +99,7 @@ class _Llmd(Stateless):
         nb = len(blocks)
         if self.view is not None:
             self.view.advance(now)
-            matched = [min(self.view.attention_blocks(i, req.prompt), nb)
-                       for i in range(self.n)]
+            matched = [min(m, nb) for m in self.view.attention_each(req.prompt)]
             hit = [m for m in matched if m > 0]
             if not hit:
                 prefix = [0.0] * self.n
