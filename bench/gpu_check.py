@@ -348,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
                       ("nemotron-h-8b:8:1:bfloat16" if device == "cuda" and not args.quick
                        else "none"))
     out = args.out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        print(f"error: {out}: exists and is not an empty folder; give another --out",
+              file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     phase = Phases()

@@ -20,8 +20,8 @@ import platform
 import shutil
 import subprocess
 
-NVIDIA_SMI_QUERY = ("name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,"
-                    "temperature.gpu,power.draw,memory.total")
+NVIDIA_SMI_QUERY = ("name,driver_version,clocks.current.sm,clocks.current.memory,clocks.max.sm,"
+                    "clocks.max.memory,temperature.gpu,power.draw,memory.total")
 
 
 def _run(args: list[str], timeout: float = 20.0) -> str | None:
@@ -51,11 +51,21 @@ def cpu_model() -> str:
 def nvidia_smi_query() -> dict | None:
     """The first GPU's name, driver, current and maximum SM / memory clocks (MHz),
     temperature, power and memory, read with ``nvidia-smi --query-gpu``; None without it."""
+    keys = NVIDIA_SMI_QUERY.split(",")
     out = _run(["nvidia-smi", f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"])
     if not out or not out.strip():
-        return None
+        # a driver that refuses one of the fields refuses the query: ask the two it must know
+        keys = ["name", "driver_version"]
+        out = _run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
+        if not out or not out.strip():
+            return None
+    return parse_query(out, keys)
+
+
+def parse_query(out: str, keys: list[str]) -> dict:
+    """The first GPU's row of an ``nvidia-smi --query-gpu`` answer (csv, no header, no units)
+    as :func:`nvidia_smi_query` returns it; a field it did not give (or ``[N/A]``) is None."""
     vals = [v.strip() for v in out.strip().splitlines()[0].split(",")]
-    keys = NVIDIA_SMI_QUERY.split(",")
     row = dict(zip(keys, vals))
 
     def num(k):
@@ -65,8 +75,8 @@ def nvidia_smi_query() -> dict | None:
             return None
 
     return {"name": row.get("name"), "driver": row.get("driver_version"),
-            "clocks_mhz": {"sm": num("clocks.sm"), "memory": num("clocks.mem"),
-                           "sm_max": num("clocks.max.sm"), "memory_max": num("clocks.max.mem")},
+            "clocks_mhz": {"sm": num("clocks.current.sm"), "memory": num("clocks.current.memory"),
+                           "sm_max": num("clocks.max.sm"), "memory_max": num("clocks.max.memory")},
             "temperature_c": num("temperature.gpu"), "power_w": num("power.draw"),
             "memory_total_mib": num("memory.total")}
 

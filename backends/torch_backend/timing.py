@@ -60,6 +60,13 @@ class _CudaTimer:
         return acc
 
 
+def same_device(a, b) -> bool:
+    """``cuda`` names the current GPU: it is the model's ``cuda:0`` (``torch.device`` equality
+    says otherwise, the index being None on one side)."""
+    a, b = torch.device(a), torch.device(b)
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
 def time_prefill(model: HybridStack, new_tokens: int, cached: int = 0, device=None,
                  repeats: int = 3, block_size: int = 16, seed: int = 0,
                  warmup: int = 1) -> dict[str, float]:
@@ -67,8 +74,9 @@ def time_prefill(model: HybridStack, new_tokens: int, cached: int = 0, device=No
     if new_tokens < 1 or cached < 0 or repeats < 1 or warmup < 0:
         raise ValueError("need new_tokens >= 1, cached >= 0, repeats >= 1, warmup >= 0")
     dev = torch.device(device) if device is not None else model.device
-    if dev != model.device:
+    if not same_device(dev, model.device):
         raise ValueError(f"model is on {model.device}, asked to time on {dev}")
+    dev = model.device
     cuda = dev.type == "cuda"
     cfg = model.cfg
     g = torch.Generator().manual_seed(seed)

@@ -196,3 +196,98 @@ def test_device_tags_and_report_lines():
     line = describe({"device": "cuda", "device_name": "NVIDIA H200", "cuda": "13.0",
                      "driver": "580.1", "clocks_mhz": {"sm": 1980.0}, "torch": "2.11.0"})
     assert line == "NVIDIA H200 (cuda 13.0, driver 580.1, SM 1980 MHz), torch 2.11.0"
+
+
+# ---- the CUDA-only paths, on a CPU: torch.cuda's events and queries stood in for ----------
+
+class _FakeEvent:
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        import time
+
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end):            # milliseconds, as torch.cuda.Event's
+        return (end.t - self.t) * 1e3
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+
+def test_cuda_timing_reads_events_in_seconds(fake_cuda):
+    import time
+
+    from backends.torch_backend.timing import _CudaTimer, bench
+
+    calls = []
+    samples = bench(lambda: (calls.append(1), time.sleep(0.002)), "cuda", repeats=3, warmup=2)
+    assert len(calls) == 5 and len(samples) == 3
+    assert all(0.0015 < s < 0.5 for s in samples)
+    timer = _CudaTimer()
+    with timer("mamba"):
+        time.sleep(0.002)
+    with timer("mamba"):
+        time.sleep(0.001)
+    r = timer.result()
+    assert 0.0025 < r["mamba"] < 0.5 and r["attention"] == 0.0
+
+
+def test_cuda_names_the_models_gpu():
+    import torch
+
+    from backends.torch_backend.timing import same_device
+
+    assert same_device("cuda", torch.device("cuda:0")) and same_device("cuda:1", "cuda")
+    assert not same_device("cuda:0", "cuda:1") and not same_device("cpu", "cuda:0")
+    assert same_device("cpu", "cpu")
+
+
+SMI = "NVIDIA H200, 580.159.04, 1980, 3201, 1980, 3201, 34, 120.50, 143771\n"
+
+
+def test_the_cuda_environment_report(monkeypatch):
+    import torch
+
+    from backends.torch_backend import envinfo
+
+    class Props:
+        major, minor, multi_processor_count, total_memory = 9, 0, 132, 150_000_000_000
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: Props)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(envinfo, "_run", lambda args, timeout=20.0:
+                        SMI if any(a.startswith("--query-gpu") for a in args) else "table\n")
+    env = envinfo.environment("cuda")
+    assert env["device_name"] == "NVIDIA H200" and env["capability"] == "9.0"
+    assert env["driver"] == "580.159.04" and env["clocks_mhz"]["sm"] == 1980.0
+    assert env["clocks_mhz"]["memory_max"] == 3201.0 and set(env["tf32"]) == {"matmul", "cudnn"}
+    assert envinfo.device_tag(env) == "h200"
+    assert envinfo.describe(env).startswith("NVIDIA H200 (cuda 13.0, driver 580.159.04, SM 1980")
+    # a driver refusing a field: the short query still names the GPU and driver
+    monkeypatch.setattr(envinfo, "_run", lambda args, timeout=20.0:
+                        None if "clocks" in " ".join(args) else "NVIDIA H200, 580.1\n")
+    q = envinfo.nvidia_smi_query()
+    assert q["name"] == "NVIDIA H200" and q["driver"] == "580.1" and q["clocks_mhz"]["sm"] is None
+    # a GPU grid's profile says where it was measured
+    from sim.calibrate import fit_profile
+
+    g = _grid({k: __import__("numpy").array(v) for k, v in KNOWN.items()})
+    g["device"], g["environment"] = "cuda", env
+    prof = fit_profile(g)
+    assert prof["device"] == "cuda (NVIDIA H200)"
+    p = prof["provenance"]
+    assert p["timer"] == "cuda_events" and p["clocks_mhz"]["sm"] == 1980.0 and p["cuda"] == "13.0"
+
+
+def test_the_check_refuses_a_used_output_folder(tmp_path, capsys):
+    (tmp_path / "old.txt").write_text("x")
+    assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path)]) == 2
+    assert "not an empty folder" in capsys.readouterr().err
