@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import Enum
 from typing import Optional
 from pathlib import Path
 
@@ -113,11 +114,19 @@ def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with th
     typer.echo("OK: every resumed prefill and speculative decode equals its from-scratch pass")
 
 
+class FitMethod(str, Enum):
+    total = "total"
+    per_kind = "per-kind"
+
+
 @app.command()
 def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (scaled by "
                                         "--layers/--width-div)."),
               scenario: Path = typer.Option(None, "--scenario", help="Take the model and torch "
                                             "settings from a scenario's backend section."),
+              from_grid: Path = typer.Option(None, "--from-grid", help="Fit a grid measured "
+                                             "earlier (--save-grid, bench/gpu_check.py) "
+                                             "instead of timing one."),
               device: Device = typer.Option(Device.cpu, "--device", help="Where to time."),
               layers: int = typer.Option(4, "--layers", help="Layers of the scaled model."),
               width_div: int = typer.Option(8, "--width-div", help="Width divisor of the scaled model."),
@@ -127,8 +136,19 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
                                         "tokens) grid to time: quick (36 points, up to 512 x "
                                         "1,024) or full (35, up to 2,048 x 8,192)."),
               repeats: int = typer.Option(3, "--repeats", help="Timed runs per grid point, "
-                                          "after one warm-up run; the median is kept."),
-              out: Path = typer.Option(None, "--out", help="Profile YAML (default profiles/<device>-<model>.yaml)."),
+                                          "after the warm-up runs; the median is kept."),
+              warmup: int = typer.Option(1, "--warmup", help="Untimed runs before each grid "
+                                         "point's timed ones."),
+              fit_method: FitMethod = typer.Option(FitMethod.total, "--fit", help="total: fit "
+                                                   "the whole forward; per-kind: sum the "
+                                                   "per-layer-kind fits."),
+              save_grid: Path = typer.Option(None, "--save-grid", help="Also write the measured "
+                                             "grid (JSON) for a later --from-grid."),
+              held_out_n: int = typer.Option(0, "--held-out", help="Then time N end-to-end "
+                                             "prefills off the grid on --device and print the "
+                                             "profile's median error on them."),
+              out: Path = typer.Option(None, "--out", help="Profile YAML (default "
+                                       "profiles/<device>-<model>.yaml; h200-... on an H200)."),
               compare_ttft: bool = typer.Option(False, "--compare", help="With --scenario: also run "
                                                 "it on torch and on the fitted analytical backend "
                                                 "and print the per-request TTFT error."),
@@ -136,18 +156,34 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
               force: bool = typer.Option(False, "--force", help="Overwrite an existing profile "
                                          "file (the default path or --out).")) -> None:
     """Time the torch backend's prefill on a grid and write a profile for the analytical backend."""
-    if (model is None) == (scenario is None):
-        fail("give exactly one of --model NAME or --scenario FILE")
+    if from_grid is None and (model is None) == (scenario is None):
+        fail("give exactly one of --model NAME or --scenario FILE (or --from-grid GRID)")
+    if from_grid is not None and model is not None:
+        fail("--from-grid takes its model from the grid: give no --model")
     for name, v in (("--repeats", repeats), ("--layers", layers), ("--width-div", width_div)):
         if v < 1:           # (before the model is scaled by them: named as typed)
             fail(f"{name}: must be >= 1, got {v}")
+    for name, v in (("--warmup", warmup), ("--held-out", held_out_n)):
+        if v < 0:
+            fail(f"{name}: must be >= 0, got {v}")
     require_torch("calibrate")
     from backends.torch_backend.config import TorchModelConfig
     from sim import calibrate as cal
     from sim import models
+    from sim.config.errors import InputError
 
     device, dtype, grid = Device(device).value, DType(dtype).value, Grid(grid).value
+    method = FitMethod(fit_method).value
     sc = None
+    data = None
+    if from_grid is not None:
+        try:
+            data = cal.load_grid(from_grid)
+            cfg = cal.grid_config(data)
+        except InputError as e:
+            fail(str(e))
+        except (TypeError, ValueError) as e:
+            fail(f"{from_grid}: model: not a torch model configuration ({e})")
     try:
         if scenario is not None:
             from sim.config.scenario import load_scenario
@@ -156,44 +192,81 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
             b = sc.backend
             spec = sc.model
             n_layers = b.layers or len(spec.pattern or "") or layers
-            cfg = TorchModelConfig.scaled(spec, num_layers=n_layers, width_div=b.width_div,
-                                          dtype=b.dtype, seed=sc.seed)
-        else:
+            scfg = TorchModelConfig.scaled(spec, num_layers=n_layers, width_div=b.width_div,
+                                           dtype=b.dtype, seed=sc.seed)
+            if data is None:
+                cfg = scfg
+            elif scfg != cfg:
+                fail(f"{from_grid}: measured on another model than {scenario}'s "
+                     f"({cfg.source}, {cfg.dtype} vs {scfg.source}, {scfg.dtype})")
+        elif data is None:
             spec = models.get_model(model)
             cfg = TorchModelConfig.scaled(spec, num_layers=layers, width_div=width_div, dtype=dtype)
     except (KeyError, ValueError) as e:
         fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else
              option_message(str(e), {} if scenario is not None else CALIBRATE_OPTIONS))
+    if sc is not None:
+        name = sc.model.name
+    elif data is not None:
+        name = _grid_model_name(cfg)
+    else:
+        name = spec.name
     g = {"quick": cal.QUICK_GRID, "full": cal.FULL_GRID}[grid]
     from sim.atomic import check_output_file
 
-    # before the timing: a bad --out is one line, exit 2, at once
-    check_output_file(out or Path("profiles") / f"{device}-{sc.model.name if sc else spec.name}.yaml")
-    cal.check_settings(out or Path("profiles") / f"{device}-{sc.model.name if sc else spec.name}.yaml",
-                       force=force, repeats=repeats, layers=layers, width_div=width_div)
+    if device == "cuda" and data is None:
+        import torch
 
-    update, stop = _progress(not quiet, "grid points", len(g["new"]) * len(g["cached"]),
-                             delay_s=0.0)
-    try:
-        profile = cal.calibrate(cfg, device, g, repeats=repeats,
-                                progress=lambda done, total: update(done))
-    finally:
-        stop()
-    name = (sc.model.name if sc else spec.name)
-    path = out or Path("profiles") / f"{device}-{name}.yaml"
-    cal.write_profile(profile, path, " ".join(COMMAND or ["sim", *sys.argv[1:]]))
+        if not torch.cuda.is_available():
+            fail("--device cuda: no GPU is visible to torch")
+    tag = _device_tag(data["environment"] if data is not None else None,
+                      data["device"] if data is not None else device)
+    path = out or Path("profiles") / f"{tag}-{name}.yaml"
+    # before the timing: a bad --out is one line, exit 2, at once
+    check_output_file(path)
+    cal.check_settings(path, force=force, repeats=repeats, layers=layers, width_div=width_div)
+    if save_grid is not None:
+        check_output_file(save_grid)
+
+    command = " ".join(COMMAND or ["sim", *sys.argv[1:]])
+    if data is None:
+        update, stop = _progress(not quiet, "grid points", len(g["new"]) * len(g["cached"]),
+                                 delay_s=0.0)
+        try:
+            data = cal.measure_grid(cfg, device, g, repeats=repeats, warmup=warmup,
+                                    progress=lambda done, total: update(done), command=command)
+        finally:
+            stop()
+        if save_grid is not None:
+            from sim.atomic import atomic_write_text
+
+            atomic_write_text(save_grid, json.dumps(data, indent=1) + "\n")
+    profile = cal.fit_profile(data, method=method)
+    if held_out_n:
+        if data["device"] != device:
+            fail(f"--held-out: the grid was measured on {data['device']}, not on --device {device}")
+        budget = sc.scheduler.max_num_batched_tokens if sc is not None else max(data["grid"]["new"])
+        cases = cal.held_out_cases(data["grid"], held_out_n)
+        profile["held_out"] = cal.held_out(cfg, device, profile["coefficients"], cases, budget,
+                                           repeats=repeats, warmup=warmup)
+    cal.write_profile(profile, path, command)
     c, f = profile["coefficients"], profile["fit"]
     typer.echo(f"profile {path}: per item {c['per_item_s'] * 1e3:.3f} ms, per token "
                f"{c['per_token_s'] * 1e6:.2f} us, per attention pair {c['per_pair_s'] * 1e9:.3f} ns; "
                f"fit median error {f['fit_median_rel_err']:.1%}")
     typer.echo("  per term (non-negative least squares): " + cal.describe_terms(f["per_term"]))
+    if "held_out" in profile:
+        h = profile["held_out"]
+        typer.echo(f"held-out end-to-end prefills: {h['n']} off the grid, chunks of "
+                   f"{h['budget']}: median error {h['median_rel_err']:.1%}, p90 "
+                   f"{h['p90_rel_err']:.1%}")
     if compare_ttft:
         if sc is None:
             fail("--compare needs --scenario")
         from sim.run import simulate
         from sim.config.scenario import load_scenario
 
-        t = load_scenario(scenario, {"backend.kind": "torch"})
+        t = load_scenario(scenario, {"backend.kind": "torch", "backend.device": device})
         a = load_scenario(scenario, {"backend.kind": "analytical",
                                      "backend.profile": str(path.resolve())})
         _, rows_t, _ = simulate(t)
@@ -201,6 +274,27 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
         med, n = cal.median_ttft_error(rows_t, rows_a)
         typer.echo(f"analytical (fitted) vs torch TTFT on {scenario}: median error {med:.1%} "
                    f"over {n} requests")
+
+
+def _grid_model_name(cfg) -> str:
+    """A file name for a grid's model: the catalogue name in its ``source``."""
+    src = cfg.source or ""
+    if src.startswith("scaled(") and "," in src:
+        return src[len("scaled("):src.index(",")]
+    return "model"
+
+
+def _device_tag(env: dict | None, device: str) -> str:
+    """``cpu``, or the GPU's short name (``h200``) for a CUDA profile's default path."""
+    if device != "cuda":
+        return "cpu"
+    from backends.torch_backend.envinfo import device_tag
+
+    if env is None:
+        import torch
+
+        env = {"device": "cuda", "device_name": torch.cuda.get_device_name(0)}
+    return device_tag(env)
 
 
 @app.command()

@@ -163,7 +163,8 @@ def cost_model(sc: Scenario, layout, gpu) -> CostModel:
 
 #: what a profile may hold: one ``sim calibrate`` wrote (kind: fitted), or overrides
 PROFILE_KEYS = ("kind", "description", "device", "torch", "model", "coefficients", "fit",
-                "measured")
+                "measured", "provenance", "implementation", "per_kind", "state_copies",
+                "held_out", "kernels")
 COEFFICIENT_KEYS = ("per_item_s", "per_token_s", "per_pair_s", "per_chunk_s", "chunk_tokens")
 OVERRIDE_KEYS = ("description", "mfu", "mbu", "overhead_s")
 

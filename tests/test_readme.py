@@ -17,11 +17,12 @@ Conventions for the READMEs (what this test reads):
 * A file a block writes under ``tests/fixtures/`` must equal the committed file.
 * ``<!-- not run by tests: REASON -->`` on the line just before a block keeps the block from
   running.  Such blocks must be listed in ``NOT_RUN`` (so they stay rare and visible).
-* ``sim verify`` and ``sim calibrate`` need torch, ``--executor ray`` needs ray: a block with
-  such a command is skipped, with the reason, where that package is not installed.
+* ``sim verify``, ``sim calibrate`` and ``bench/gpu_check.py`` need torch, ``--executor ray``
+  needs ray: a block with such a command is skipped, with the reason, where that package is
+  not installed.
 
 Commands run from a temporary folder holding copies of ``scenarios/``, ``cases/``,
-``checks/`` and ``profiles/``, a link to ``data/`` (read only) and an empty
+``checks/``, ``profiles/`` and ``bench/``, a link to ``data/`` (read only) and an empty
 ``tests/fixtures/``, so that ``runs/`` and every other output land there and nothing is
 written into the checkout.  Each block gets a fresh folder; its commands run in order there.
 """
@@ -42,7 +43,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 READMES = ("README.md", "workloads/README.md")
-COPIED = ("scenarios", "cases", "checks", "profiles")
+COPIED = ("scenarios", "cases", "checks", "profiles", "bench")
 LINKED = ("data",)
 
 SETUP = ("python3 -m venv", ". .venv/bin/activate", "source .venv/bin/activate", "pip install",
@@ -54,7 +55,7 @@ MACHINE_FLOAT = (r"worst: r\d+(?: prefill| decode)? \(prompt \d+, resumed at \d+
 NOT_RUN: dict[tuple[str, str], str] = {}
 NOT_RUN_MARK = re.compile(r"<!--\s*not run by tests:\s*(.+?)\s*-->")
 EXIT_MARK = re.compile(r"#\s*exit\s+(\d+)\s*$")
-NEEDS = (("torch", re.compile(r"^sim (verify|calibrate)\b")),
+NEEDS = (("torch", re.compile(r"^sim (verify|calibrate)\b|bench/gpu_check\.py")),
          ("ray", re.compile(r"--executor[ =]ray\b")))
 TIMEOUT_S = 300
 

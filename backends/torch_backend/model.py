@@ -171,6 +171,19 @@ class MLP(nn.Module):
         return F.linear(u, self.w_down)
 
 
+def full_fp32_on_cuda(device) -> None:
+    """On CUDA, float32 matrix products and convolutions run in full float32, not TF32.
+
+    PyTorch lets cuDNN convolutions (the Mamba conv1d) use TF32 by default, whose 10-bit
+    mantissa would put rounding differences of ~1e-3 between a cached resume and a scratch
+    pass: far above ``sim verify``'s float32 bound (1e-4) though nothing is wrong.  A CUDA
+    model therefore turns TF32 off for the process (bf16 models are unaffected); the
+    provenance of a GPU profile records the setting (``tf32``)."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
 class HybridStack(nn.Module):
     """Embedding -> pre-RMSNorm residual blocks per ``cfg.pattern`` -> final RMSNorm.
 
@@ -196,6 +209,7 @@ class HybridStack(nn.Module):
                 self.mixers.append(MLP(cfg, init))
         self.final_norm = init.normal(cfg.hidden, std=0.1, mean=1.0)
         dt = torch_dtype(cfg.dtype)
+        full_fp32_on_cuda(device)
         self.to(device=device if device is not None else "cpu", dtype=dt)
         for m in self.mixers:
             if isinstance(m, Mamba2Mixer):
