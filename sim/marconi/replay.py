@@ -39,7 +39,8 @@ class Result:
     states the cache took in; ``alpha``: Marconi's alpha at the end (None for the others),
     ``alpha_tuned_after``: requests served when it was tuned (None: given, or never tuned),
     ``alpha_rates``: the bootstrap window's score per alpha tried (its token hit rate, or the
-    FLOPs saved under ``tune_objective: flops``); ``rules``: the rules it ran under."""
+    FLOPs saved under ``tune_objective: flops``); ``rules``: the rules it ran under;
+    ``first_eviction_request``: requests served when eviction first ran (None: never)."""
 
     variant: str
     model: str
@@ -56,6 +57,7 @@ class Result:
     alpha_tuned_after: int | None = None
     alpha_rates: dict[float, float] = field(default_factory=dict, hash=False)
     rules: Rules = DEFAULT
+    first_eviction_request: int | None = None
 
     @property
     def num_requests(self) -> int:
@@ -155,4 +157,5 @@ def replay(requests: Iterable[Any], model: CostModel | Any, budget_bytes: int, v
         flops_saved=sum(costs.prefill_flops(0, h) for h in hits),
         flops_total=sum(costs.prefill_flops(0, n) for n in prompts),
         alpha=policy.alpha if policy is not None else None,
-        alpha_tuned_after=tuned_after, alpha_rates=rates, rules=rules)
+        alpha_tuned_after=tuned_after, alpha_rates=rates, rules=rules,
+        first_eviction_request=cache.first_eviction_request)
