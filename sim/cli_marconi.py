@@ -101,7 +101,7 @@ def parse_bytes(text: str) -> int:
         value = float(num) * _UNITS[unit]
     except (KeyError, ValueError):
         value = -1.0
-    if not value >= 0 or value != int(value) or value > 2**62:
+    if not 0 <= value <= 2**62 or value != int(value):
         raise ConfigError("marconi.budget", f"must be a whole number of bytes >= 0 (or a number "
                           f"with GB, GiB, MB, MiB), got {text!r}")
     if num.isdigit() and not unit:
