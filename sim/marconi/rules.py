@@ -27,9 +27,10 @@ setting                       default (reference)    Marconi's code
   in the middle, plus the KV of the tokens past the longest match; vLLM+: a state and the KV of
   a block for every block past the matched blocks *and the root*, so one block short), on the
   code's logical clock (one tick per lookup, insertion, pre-insertion match and eviction round;
-  the pre-insertion match refreshes nodes as a lookup does).  Exact ties in the FLOP-aware
-  score go, as in the code, to the first candidate in depth-first order (children in the order
-  they were first cached); the default takes the first in the tree's slot order.
+  the pre-insertion match refreshes nodes as a lookup does).  Exact ties in the eviction
+  score go, as in the code's FLOP-aware eviction, to the first candidate in depth-first order
+  (children in the order they were first cached; the code's LRU pops a heap, whose order among
+  equal times is its own); the default takes the first in the tree's slot order.
 * ``lru_refresh`` (SGLang+): ``hit`` refreshes the nodes a hit reuses (every node of the
   matched path; an insertion refreshes its path).  ``descended`` also refreshes the node whose
   edge the match leaves in the middle, as the code refreshes every node its match descends into.
