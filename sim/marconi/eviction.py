@@ -1,9 +1,14 @@
 """The two eviction rules of the radix tree: LRU on leaves ("SGLang+") and Marconi's
 FLOP-aware utility.  Each is a small object the tree asks three things: which nodes may be
 evicted (``max_kids``), whose access time a hit refreshes (``touch_path``), and which
-candidate goes first (``choose``).
+candidate goes first (``choose``).  ``choose`` takes the candidates' slots in slot order and,
+optionally, ``tiebreak``: given the slots of equally scored candidates, the one to take (the
+``before-insert`` rules take the first in the tree's depth-first order, as Marconi's code);
+without it the first in slot order goes.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -20,8 +25,8 @@ class LruLeaves:
     touch_path = True
     max_kids = 0
 
-    def choose(self, slots: Slots, idx: np.ndarray, now: float) -> int:
-        return int(idx[int(np.argmin(slots.last[idx]))])
+    def choose(self, slots: Slots, idx: np.ndarray, now: float, tiebreak: Any = None) -> int:
+        return _first(slots.last[idx], idx, tiebreak)
 
 
 class FlopAware:
@@ -45,11 +50,23 @@ class FlopAware:
     def __init__(self, alpha: float = 0.0):
         self.alpha = float(alpha)
 
-    def choose(self, slots: Slots, idx: np.ndarray, now: float) -> int:
+    def choose(self, slots: Slots, idx: np.ndarray, now: float, tiebreak: Any = None) -> int:
         if len(idx) == 1:
             return int(idx[0])
         recency = normalized(1.0 / (now - slots.last[idx]))
         score = recency
         if self.alpha:
             score = recency + self.alpha * normalized(slots.eff[idx])
-        return int(idx[int(np.argmin(score))])
+        return _first(score, idx, tiebreak)
+
+
+def _first(score: np.ndarray, idx: np.ndarray, tiebreak: Any) -> int:
+    """The slot of the lowest score: the first in slot order, or ``tiebreak``'s choice among
+    those tied at it."""
+    j = int(np.argmin(score))
+    if tiebreak is not None:
+        tied = idx[score == score[j]]
+        if len(tied) > 1:
+            return int(tiebreak(tied))
+    return int(idx[j])
+

@@ -7,6 +7,10 @@ Each request: look its prompt up (the hit), insert prompt + output, evict to the
 A hit is counted whole, up to the full prompt (interpretation: the paper's token hit rate is
 tokens whose prefill is skipped over prompt tokens; it does not hold back the last token as
 vLLM's scheduler does).
+
+``rules`` (``sim.marconi.rules``) sets, one by one, the rules where Marconi's published code
+reads the paper otherwise than this reference; ``rules.MARCONI_CODE`` sets them all to the
+code's (see ``docs/marconi.md`` for the check against the code).
 """
 from __future__ import annotations
 
@@ -18,9 +22,10 @@ from typing import Any
 from sim.config.errors import ConfigError
 from sim.marconi.costs import CostModel, cost_model
 from sim.marconi.eviction import FlopAware, LruLeaves
+from sim.marconi.rules import DEFAULT, Rules
 from sim.marconi.runs import Request, as_request
 from sim.marconi.tree import RadixTree
-from sim.marconi.tuning import ALPHA_GRID, best_alpha, window_hit_rates
+from sim.marconi.tuning import ALPHA_GRID, best_alpha, window_scores
 from sim.marconi.vllm_plus import BlockTree
 
 #: the paper's three caches: vLLM+ (a state every block, LRU), SGLang+ (Marconi's admission,
@@ -34,7 +39,9 @@ class Result:
     ``hit_tokens``.  ``evictions``: nodes evicted (vLLM+: blocks); ``states_admitted``: SSM
     states the cache took in; ``alpha``: Marconi's alpha at the end (None for the others),
     ``alpha_tuned_after``: requests served when it was tuned (None: given, or never tuned),
-    ``alpha_rates``: the bootstrap window's hit rate per alpha tried."""
+    ``alpha_rates``: the bootstrap window's score per alpha tried (its token hit rate, or the
+    FLOPs saved under ``tune_objective: flops``); ``rules``: the rules it ran under;
+    ``first_eviction_request``: requests served when eviction first ran (None: never)."""
 
     variant: str
     model: str
@@ -50,6 +57,8 @@ class Result:
     alpha: float | None = None
     alpha_tuned_after: int | None = None
     alpha_rates: dict[float, float] = field(default_factory=dict, hash=False)
+    rules: Rules = DEFAULT
+    first_eviction_request: int | None = None
 
     @property
     def num_requests(self) -> int:
@@ -71,7 +80,7 @@ class Result:
 
 
 def _check(variant: str, budget_bytes: Any, alpha: Any, block_size: Any,
-           bootstrap_multiplier: Any) -> None:
+           bootstrap_multiplier: Any, rules: Any) -> None:
     def is_int(x: Any) -> bool:
         return isinstance(x, int) and not isinstance(x, bool)
 
@@ -89,45 +98,57 @@ def _check(variant: str, budget_bytes: Any, alpha: Any, block_size: Any,
     if not is_int(bootstrap_multiplier) or bootstrap_multiplier < 1:
         raise ConfigError("marconi.bootstrap_multiplier",
                           f"must be an integer >= 1, got {bootstrap_multiplier!r}")
+    if not isinstance(rules, Rules):
+        raise ConfigError("marconi.rules", f"must be a sim.marconi.rules.Rules, got {rules!r}")
 
 
 def replay(requests: Iterable[Any], model: CostModel | Any, budget_bytes: int, variant: str,
            alpha: float | None = None, *, block_size: int = 32, bootstrap_multiplier: int = 5,
-           alpha_grid: Sequence[float] = ALPHA_GRID) -> Result:
+           alpha_grid: Sequence[float] = ALPHA_GRID, rules: Rules = DEFAULT) -> Result:
     """Replay ``requests`` (``Request``, workload ``TraceRequest``, token-id lists or
     (prompt ids, output ids) pairs) through ``variant``'s cache of ``budget_bytes`` for
     ``model`` (a :class:`CostModel`, a catalogue ``ModelSpec`` or its name).
 
     ``alpha``: Marconi only; given, it is used throughout; None tunes it on the bootstrap
     window (``bootstrap_multiplier``, ``alpha_grid``; see ``sim.marconi.tuning``).
-    ``block_size``: vLLM+ only (the paper's 32)."""
-    _check(variant, budget_bytes, alpha, block_size, bootstrap_multiplier)
+    ``block_size``: vLLM+ only (the paper's 32).  ``rules``: see ``sim.marconi.rules``."""
+    _check(variant, budget_bytes, alpha, block_size, bootstrap_multiplier, rules)
     costs = cost_model(model)
     reqs = [as_request(x, k) for k, x in enumerate(requests)]
     cache: Any
     policy: FlopAware | None = None
     if variant == "vllm+":
-        cache = BlockTree(costs, budget_bytes, block_size)
+        cache = BlockTree(costs, budget_bytes, block_size, rules)
     elif variant == "sglang+":
-        cache = RadixTree(costs, budget_bytes, LruLeaves())
+        cache = RadixTree(costs, budget_bytes, LruLeaves(), rules)
     else:
         policy = FlopAware(alpha or 0.0)
-        cache = RadixTree(costs, budget_bytes, policy)
+        cache = RadixTree(costs, budget_bytes, policy, rules)
     tune = policy is not None and alpha is None
+    in_insert = tune and rules.tune_at == "last-insert"
     window: int | None = None
     tuned_after: int | None = None
     rates: dict[float, float] = {}
     hits: list[int] = []
-    for k, req in enumerate(reqs):
-        hits.append(cache.serve(req))
-        if not tune:
-            continue
+
+    def tune_at(n: int, window_hits: list[int]) -> None:
+        """Tune after ``n`` requests (the ``n``-th's hit known) if ``n`` closes the window."""
+        nonlocal window, tuned_after, rates
         if window is None and cache.first_eviction_request is not None:
             window = bootstrap_multiplier * cache.first_eviction_request
-        if window is not None and tuned_after is None and k + 1 == window:
-            rates = window_hit_rates(reqs[:window], costs, budget_bytes, alpha_grid, sum(hits))
+        if window is not None and tuned_after is None and n == window:
+            rates = window_scores(reqs[:window], costs, budget_bytes, alpha_grid, rules,
+                                  window_hits)
             policy.alpha = best_alpha(rates)
             tuned_after = window
+
+    for k, req in enumerate(reqs):
+        if in_insert and tuned_after is None:
+            hits.append(cache.serve(req, lambda: tune_at(k + 1, [*hits, cache.last_hit])))
+            continue
+        hits.append(cache.serve(req))
+        if tune and not in_insert:
+            tune_at(k + 1, hits)
     prompts = [r.prompt_tokens for r in reqs]
     return Result(
         variant=variant, model=costs.name, budget_bytes=budget_bytes,
@@ -137,4 +158,5 @@ def replay(requests: Iterable[Any], model: CostModel | Any, budget_bytes: int, v
         flops_saved=sum(costs.prefill_flops(0, h) for h in hits),
         flops_total=sum(costs.prefill_flops(0, n) for n in prompts),
         alpha=policy.alpha if policy is not None else None,
-        alpha_tuned_after=tuned_after, alpha_rates=rates)
+        alpha_tuned_after=tuned_after, alpha_rates=rates, rules=rules,
+        first_eviction_request=cache.first_eviction_request)

@@ -25,9 +25,15 @@ What it writes (``--out``, atomically):
 * ``report.md`` -- those numbers, headed as the reference model without timing.
 
 The budget is the scenario's pool, ``num_gpu_blocks x block bytes`` (``pool_bytes`` of a
-``sim run`` of the same scenario); the costs are the scenario's layout (its dtypes and
-tensor parallelism).  Requests are replayed in arrival order (``arrival_order``; a trace's
+``sim run`` of the same scenario), unless a budget is given (``--budget``: then
+``budget_bytes`` is that and ``pool_bytes`` still the pool); the costs are the scenario's
+layout (its dtypes and tensor parallelism) and its model's layer shapes (for the rule
+``flops: marconi``).  Requests are replayed in arrival order (``arrival_order``; a trace's
 line order, as ``bench/marconi_reference.py`` replays Mooncake).
+
+``rules`` (``sim.marconi.rules``; ``--rule``, ``--marconi-code``): set away from the default,
+they are written to ``summary.json`` (``rules``: name -> value, the changed ones) and to
+``report.md``; at the default neither file mentions them.
 """
 from __future__ import annotations
 
@@ -37,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from sim import requests_csv
-from sim.marconi.costs import CostModel
+from sim.marconi.costs import CostModel, LayerFlops
 from sim.marconi.replay import Result, replay
+from sim.marconi.rules import DEFAULT, Rules
 from sim.records import REQUEST_COLUMNS, RequestRecord
 
 POLICY = "marconi-reference"
@@ -67,7 +74,7 @@ def scenario_pool(sc) -> tuple[int, CostModel]:
     costs = CostModel(kv_bytes_per_token=lay.attn_bytes_per_token,
                       state_bytes=lay.mamba_bytes_per_seq, flops_per_token=base,
                       attn_flops_per_context_token=sc.model.flops_per_token(1) - base,
-                      name=sc.model.name)
+                      name=sc.model.name, layers=LayerFlops.from_spec(sc.model))
     return dep.num_blocks * dep.block_bytes, costs
 
 
@@ -79,13 +86,16 @@ def arrival_order(requests) -> list:
     return sorted(requests, key=lambda t: t.arrival_s)
 
 
-def run_reference(sc, variant: str, alpha: float | None = None) -> ReferenceRun:
-    """Replay ``sc``'s workload through ``variant`` of the reference, sized by its pool."""
+def run_reference(sc, variant: str, alpha: float | None = None, rules: Rules = DEFAULT,
+                  budget_bytes: int | None = None) -> ReferenceRun:
+    """Replay ``sc``'s workload through ``variant`` of the reference under ``rules``, sized by
+    its pool (or by ``budget_bytes`` when given)."""
     from workloads import build_workload
 
     budget, costs = scenario_pool(sc)
     traces = arrival_order(build_workload(sc.workload, sc.seed, sc.path.parent))
-    res = replay(traces, costs, budget, variant, alpha)
+    res = replay(traces, costs, budget if budget_bytes is None else budget_bytes, variant, alpha,
+                 rules=rules)
     records = [RequestRecord(
         request_id=str(t.request_id), session=t.session or "", arrival_s=float(t.arrival_s),
         prompt_tokens=p, hit_tokens=h, attention_hit_tokens="", lost_tokens="", junction="",
@@ -105,6 +115,8 @@ def run_reference(sc, variant: str, alpha: float | None = None) -> ReferenceRun:
         "alpha": res.alpha, "alpha_tuned_after": res.alpha_tuned_after,
         "kv_bytes_per_token": costs.kv_bytes_per_token, "state_bytes": costs.state_bytes,
     }
+    if rules.changed():
+        summary["rules"] = rules.changed()
     return ReferenceRun(records, summary, res)
 
 
@@ -114,7 +126,6 @@ def report_text(run: ReferenceRun) -> str:
     if s["alpha"] is not None:
         alpha = (f"{s['alpha']:.1f} (tuned after {s['alpha_tuned_after']:,} requests)"
                  if s["alpha_tuned_after"] else f"{s['alpha']:.1f} (not tuned)")
-    gib = 2 ** 30
     return "\n".join([
         f"# {s['scenario']}: Marconi's reference cache model (no timing)",
         "",
@@ -126,7 +137,7 @@ def report_text(run: ReferenceRun) -> str:
         "| | |", "|---|---|",
         f"| model | {s['model']} |",
         f"| variant | {VARIANT_NAMES[s['variant']]} |",
-        f"| budget (the scenario's pool per GPU) | {s['pool_bytes']:,} B ({s['pool_bytes'] / gib:.2f} GiB) |",
+        budget_row(s),
         f"| requests | {s['requests']:,} |",
         f"| prompt tokens | {s['prompt_tokens']:,} |",
         f"| hit tokens | {s['hit_tokens']:,} |",
@@ -136,8 +147,24 @@ def report_text(run: ReferenceRun) -> str:
         f"| SSM states admitted | {s['states_admitted']:,} |",
         f"| evictions | {s['evictions']:,} |",
         f"| alpha | {alpha} |",
+        *([f"| rules away from the default | {rules_text(s['rules'])} |"] if "rules" in s else []),
         "",
     ])
+
+
+def budget_row(s: dict[str, Any]) -> str:
+    gib = 2 ** 30
+    b = s["budget_bytes"]
+    if b == s["pool_bytes"]:
+        return f"| budget (the scenario's pool per GPU) | {b:,} B ({b / gib:.2f} GiB) |"
+    return (f"| budget (given; the scenario's pool is {s['pool_bytes']:,} B) | {b:,} B "
+            f"({b / gib:.2f} GiB) |")
+
+
+def rules_text(rules: dict[str, Any]) -> str:
+    """``name=value`` of each rule set away from the default."""
+    return ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                     for k, v in rules.items())
 
 
 def write_reference(folder: Path, run: ReferenceRun) -> Path:

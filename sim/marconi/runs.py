@@ -118,9 +118,15 @@ class Seq:
 
     def runs(self, i: int, off: int, k: int | None = None) -> list[Run]:
         """The runs of the ``k`` tokens from cursor ``(i, off)`` (default: to the end)."""
-        out: list[Run] = []
-        left = self.length if k is None else k
         streams, starts, lens = self.streams, self.starts, self.lens
+        if k is None:                               # the rest: the runs as they are
+            out = list(zip(streams[i:], starts[i:], lens[i:]))
+            if out and off:
+                s, t, n = out[0]
+                out[0] = (s, t + off, n - off)
+            return out
+        out = []
+        left = k
         while left > 0 and i < len(lens):
             n = min(lens[i] - off, left)
             out.append((streams[i], starts[i] + off, n))

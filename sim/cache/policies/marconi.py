@@ -2,7 +2,9 @@
 Prefix Caching for the Era of Hybrid LLMs", MLSys 2025) on vLLM 0.33.0's block pool and
 align-mode grid.  Written from the paper (its public code is non-commercially licensed:
 nothing of it is read or copied here); the paper's own token-level cache is
-``sim/marconi`` (the reference), whose utility, costs and alpha tuning this file reuses.
+``sim/marconi`` (the reference), whose utility, costs and alpha tuning this file reuses, with
+the reference's default rules (``sim.marconi.rules``; where Marconi's published code reads the
+paper otherwise is listed in ``docs/marconi.md``).
 
 Admission (paper section 4.1, "judicious admission"): a Mamba state is kept only
 
