@@ -433,26 +433,49 @@ def _ttfts_makespan(rows) -> tuple[Sequence[float], float]:
     return sorted(ttft), makespan
 
 
-def summarize(sc, dep, rows, eng, sched, wall) -> dict:
+def pool_fields(dep, eng, sched) -> dict:
+    """summary.json's fields of the deployment's pool and engine (one replica's; a fleet
+    sums its replicas': ``sim/cluster/outputs.py``)."""
+    kv = dep.kv
+    page = dep.block_bytes
+    sampler = dep.sampler
+    return {
+        "block_size": dep.layout.block_size,
+        "hash_block_size": kv.hash_block_size,
+        "num_gpu_blocks": dep.num_blocks,
+        "rejected_requests": len(eng.rejected),   # refused on arrival (requests.csv rejected)
+        "mamba_state_bytes_peak": kv.peak_blocks("mamba") * page,
+        "kv_bytes_peak": kv.peak_blocks("full") * page,
+        "evictions": kv.evicted_keys,
+        "preemptions": sched.preemptions,
+        "steps": eng.steps,
+        "pool_bytes": dep.num_blocks * page,
+        "occupied_bytes_peak": sampler.occupied_peak * page if sampler else 0,
+        "in_use_bytes_peak": sampler.in_use_peak * page if sampler else 0,
+    }
+
+
+def summarize(sc, dep, rows, eng, sched, wall, pool: dict | None = None) -> dict:
     """summary.json's fields (``SUMMARY_FIELDS``) from the served requests ``rows`` (a
-    ``RequestTable`` or a list of ``RequestRecord``), read a column at a time."""
+    ``RequestTable`` or a list of ``RequestRecord``), read a column at a time; ``pool``:
+    the deployment's own fields (``pool_fields``) when given, else those of ``dep``,
+    ``eng`` and ``sched``."""
     n = len(rows)
     prompt = _isum(_col(rows, "prompt_tokens"))
     hit = _isum(_col(rows, "hit_tokens"))
     lost = _isum(_col(rows, "lost_tokens"))
     out_tokens = _isum(_col(rows, "output_tokens"))
     ttfts, makespan = _ttfts_makespan(rows)
-    kv = dep.kv
-    page = dep.block_bytes
+    p = pool if pool is not None else pool_fields(dep, eng, sched)
     summary = {
         "scenario": sc.name,
         "model": sc.model.name,
         "policy": sc.cache.policy,
-        "block_size": dep.layout.block_size,
-        "hash_block_size": kv.hash_block_size,
-        "num_gpu_blocks": dep.num_blocks,
+        "block_size": p["block_size"],
+        "hash_block_size": p["hash_block_size"],
+        "num_gpu_blocks": p["num_gpu_blocks"],
         "requests": n,
-        "rejected_requests": len(eng.rejected),   # refused on arrival (requests.csv rejected)
+        "rejected_requests": p["rejected_requests"],
         "prompt_tokens": prompt,
         "hit_tokens": hit,
         "token_hit_rate": hit / prompt if prompt else 0.0,
@@ -464,16 +487,16 @@ def summarize(sc, dep, rows, eng, sched, wall) -> dict:
         "output_tokens": out_tokens,
         "makespan_s": makespan,
         "throughput_tok_s": out_tokens / makespan if makespan > 0 else 0.0,
-        "mamba_state_bytes_peak": kv.peak_blocks("mamba") * page,
-        "kv_bytes_peak": kv.peak_blocks("full") * page,
-        "evictions": kv.evicted_keys,
-        "preemptions": sched.preemptions,
-        "steps": eng.steps,
+        "mamba_state_bytes_peak": p["mamba_state_bytes_peak"],
+        "kv_bytes_peak": p["kv_bytes_peak"],
+        "evictions": p["evictions"],
+        "preemptions": p["preemptions"],
+        "steps": p["steps"],
         **latency_fields(rows, dep.sampler),
         **rate_fields(sc, dep, rows, makespan),
-        "pool_bytes": dep.num_blocks * page,
-        "occupied_bytes_peak": dep.sampler.occupied_peak * page if dep.sampler else 0,
-        "in_use_bytes_peak": dep.sampler.in_use_peak * page if dep.sampler else 0,
+        "pool_bytes": p["pool_bytes"],
+        "occupied_bytes_peak": p["occupied_bytes_peak"],
+        "in_use_bytes_peak": p["in_use_bytes_peak"],
         **miss_fields(rows, prompt),
         "wall_s": wall,
         "sim_requests_per_s": n / wall if wall > 0 else 0.0,

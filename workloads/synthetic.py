@@ -221,27 +221,37 @@ class SystemPromptConfig:
         pick = np.cumsum([t.rate_per_s for t in tenants], dtype=float)
         pick /= pick[-1]
         pick[-1] = 1.0
-        gaps = self.arrival.gaps(rng)
-        t_s = 0.0
-        i = 0
-        while self.num_requests is None or i < self.num_requests:
-            t_s += next(gaps)
-            if self.duration_s is not None and t_s > self.duration_s:
-                return
-            if t_s > MAX_TIME_S or i >= MAX_REQUESTS:
-                _past_limits(t_s, i, "tenants")
+
+        def prompt(rng: np.random.Generator) -> tuple[str, int]:
             j = min(int(np.searchsorted(pick, rng.random(), side="right")), len(tenants) - 1)
             ten = tenants[j]
             k = ten.num_system_prompts
             p = min(int(np.searchsorted(cdfs[j], rng.random(), side="right")), k - 1) \
                 if k > 1 else 0
+            return f"sys/{ten.name}/{p}", lengths[j][p]
+
+        yield from self._emit(rng, prompt, "tenants")
+
+    def _emit(self, rng: np.random.Generator, prompt, rate_key: str) -> Iterator[TraceRequest]:
+        """The requests: each arrival's system prompt (``prompt(rng)``: its stream and
+        length), then its private suffix and output length, in that order of draws."""
+        gaps = self.arrival.gaps(rng)
+        t = 0.0
+        i = 0
+        while self.num_requests is None or i < self.num_requests:
+            t += next(gaps)
+            if self.duration_s is not None and t > self.duration_s:
+                return
+            if t > MAX_TIME_S or i >= MAX_REQUESTS:
+                _past_limits(t, i, rate_key)
+            name, length = prompt(rng)
             suffix = self.suffix_tokens.sample(rng)
             out = self.output_tokens.sample(rng)
             rid = request_id(i)
-            segs = [(f"sys/{ten.name}/{p}", 0, lengths[j][p])]
+            segs = [(name, 0, length)]
             if suffix > 0:
                 segs.append((f"u/{rid}", 0, suffix))
-            yield TraceRequest(rid, t_s, segs, out)
+            yield TraceRequest(rid, t, segs, out)
             i += 1
 
     def requests(self, seed: int) -> Iterator[TraceRequest]:
@@ -256,25 +266,13 @@ class SystemPromptConfig:
             sys_len = [self.system_prompt_tokens.sample(rng) for _ in range(k)]
         cdf = np.cumsum(self.popularity_weights())
         cdf[-1] = 1.0
-        gaps = self.arrival.gaps(rng)
-        t = 0.0
-        i = 0
-        while self.num_requests is None or i < self.num_requests:
-            t += next(gaps)
-            if self.duration_s is not None and t > self.duration_s:
-                return
-            if t > MAX_TIME_S or i >= MAX_REQUESTS:
-                _past_limits(t, i, "rate_per_s")
+
+        def prompt(rng: np.random.Generator) -> tuple[str, int]:
             p = int(np.searchsorted(cdf, rng.random(), side="right")) if k > 1 else 0
             p = min(p, k - 1)
-            suffix = self.suffix_tokens.sample(rng)
-            out = self.output_tokens.sample(rng)
-            rid = request_id(i)
-            segs = [(f"sys/{p}", 0, sys_len[p])]
-            if suffix > 0:
-                segs.append((f"u/{rid}", 0, suffix))
-            yield TraceRequest(rid, t, segs, out)
-            i += 1
+            return f"sys/{p}", sys_len[p]
+
+        yield from self._emit(rng, prompt, "rate_per_s")
 
     def describe(self) -> str:
         if self.tenants is not None:

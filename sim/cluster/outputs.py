@@ -17,7 +17,6 @@ from array import array
 from pathlib import Path
 from typing import Any, Sequence
 
-from sim.records import SUMMARY_FIELDS
 from sim.stats import percentiles
 
 REPLICA_COLUMNS = ("replica", "gpu", "requests", "rejected_requests", "prompt_tokens",
@@ -141,53 +140,15 @@ def _ratio(values: Sequence[float]) -> float:
 
 def fleet_summary(sc, fdep, rows) -> dict:
     """summary.json of a fleet: ``SUMMARY_FIELDS`` for the fleet, then ``FLEET_FIELDS``."""
-    from sim.run import (_col, _isum, _positive, _ttfts_makespan, latency_fields,
-                         miss_fields, rate_fields)
+    from sim.run import _ttfts_makespan, pool_fields, summarize
 
     reps = fdep.replicas
-    n = len(rows)
-    prompt = _isum(_col(rows, "prompt_tokens"))
-    hit = _isum(_col(rows, "hit_tokens"))
-    lost = _isum(_col(rows, "lost_tokens"))
-    out_tokens = _isum(_col(rows, "output_tokens"))
-    ttfts, makespan = _ttfts_makespan(rows)
-    d0 = reps[0].dep
-    summary = {
-        "scenario": sc.name,
-        "model": sc.model.name,
-        "policy": sc.cache.policy,
-        "block_size": d0.layout.block_size,
-        "hash_block_size": d0.kv.hash_block_size,
-        "num_gpu_blocks": fdep.num_blocks,
-        "requests": n,
-        "rejected_requests": sum(len(r.engine.rejected) for r in reps),
-        "prompt_tokens": prompt,
-        "hit_tokens": hit,
-        "token_hit_rate": hit / prompt if prompt else 0.0,
-        "request_hit_rate": _positive(_col(rows, "hit_tokens")) / n if n else 0.0,
-        "lost_tokens": lost,
-        "lost_token_rate": lost / prompt if prompt else 0.0,
-        "ttft_mean_s": sum(ttfts) / n if n else float("nan"),
-        **dict(zip(("ttft_p50_s", "ttft_p90_s", "ttft_p99_s"), percentiles(ttfts, (50, 90, 99)))),
-        "output_tokens": out_tokens,
-        "makespan_s": makespan,
-        "throughput_tok_s": out_tokens / makespan if makespan > 0 else 0.0,
-        "mamba_state_bytes_peak": sum(r.dep.kv.peak_blocks("mamba") * r.dep.block_bytes
-                                      for r in reps),
-        "kv_bytes_peak": sum(r.dep.kv.peak_blocks("full") * r.dep.block_bytes for r in reps),
-        "evictions": sum(r.dep.kv.evicted_keys for r in reps),
-        "preemptions": sum(r.sched.preemptions for r in reps),
-        "steps": sum(r.engine.steps for r in reps),
-        **latency_fields(rows, fdep.sampler),
-        **rate_fields(sc, fdep, rows, makespan),
-        "pool_bytes": fdep.pool_bytes,
-        "occupied_bytes_peak": sum(r.sampler.occupied_peak * r.dep.block_bytes for r in reps),
-        "in_use_bytes_peak": sum(r.sampler.in_use_peak * r.dep.block_bytes for r in reps),
-        **miss_fields(rows, prompt),
-        "wall_s": fdep.wall_s,
-        "sim_requests_per_s": n / fdep.wall_s if fdep.wall_s > 0 else 0.0,
-    }
-    assert tuple(summary) == SUMMARY_FIELDS
+    each = [pool_fields(r.dep, r.engine, r.sched) for r in reps]
+    pool = {k: sum(e[k] for e in each) for k in each[0]}
+    for k in ("block_size", "hash_block_size"):      # (replica 0's: replicas.csv has each)
+        pool[k] = each[0][k]
+    summary = summarize(sc, fdep, rows, None, None, fdep.wall_s, pool)
+    _, makespan = _ttfts_makespan(rows)
     per = per_replica(fdep, rows, makespan)
     summary["replicas"] = len(reps)
     summary["router"] = fdep.router
