@@ -28,7 +28,7 @@ from sim.oracle.harness import (
     Verdict,
     call_with_timeout,
 )
-from sim.oracle.keys import STEPS, to_oracle_config
+from sim.oracle.keys import OFFLOAD, STEPS, to_oracle_config
 from sim.oracle.segments import prompt_notation, stream_numbers, token_ids
 
 MAX_STEPS = 2000
@@ -40,6 +40,19 @@ FIELDS = ["first_scheduled_step", "hit", "junction", "chunk_ends", "chunk_end_st
           "first_token_step", "finish_step", "preemptions", "output_tokens"]
 # per step (``sim steps --per-step``, ``sched_oracle.py``'s step records): compared too
 STEP_FIELDS = ["scheduled", "spec_tokens"]
+# the CPU tier (``offload_oracle.py``): on when the case sets its size; our defaults for the
+# bytes a chunk holds are written into the oracle case (its own are its stand-in pages')
+OFFLOAD_SWITCH = "kv_offloading_size_bytes"
+OFFLOAD_DEFAULTS = {"kv_bytes_per_block": 4096, "page_size_alignment": 4096}
+# per request with the tier: the first admission's GPU and host hits, every admission that
+# looked the prefix up, every lookup (null: deferred), the step that reported the load done,
+# and at the end the host pool's written keys over the prompt, per group
+OFFLOAD_FIELDS = ["gpu_hit", "external_hit", "admissions", "lookups", "load_done_step",
+                  "cpu_cached_positions"]
+# per step with the tier: loads and stores (job, request, per group: chunks, blocks, first
+# block, chunk ends), flushed jobs, completions, CPU chunks evicted, failed allocations
+OFFLOAD_STEP_FIELDS = ["loads", "stores", "flush", "done_loads", "done_stores", "evicted",
+                       "alloc_fail"]
 # the value of this override key that means "num_speculative_tokens" (one Mamba state block
 # per draft token, as vLLM's MambaSpec holds them)
 SPEC_BLOCKS = ("mamba_num_speculative_blocks", "K")
@@ -71,10 +84,18 @@ def to_ours(spec: dict, literal: bool = True, override: dict | None = None) -> d
     return {"config": our_config(spec, override), "requests": reqs}
 
 
+def driver(spec: dict) -> str:
+    """The oracle driver a case goes to: the offload one when the CPU tier is on."""
+    return OFFLOAD if spec["config"].get(OFFLOAD_SWITCH) is not None else STEPS
+
+
 def to_oracle(spec: dict) -> dict:
     nums = stream_numbers(q["segments"] for q in spec["requests"])
     cfg = {k: v for k, v in spec["config"].items() if k != EVENT_SWITCH and k not in OURS_ONLY}
-    case = to_oracle_config(cfg, STEPS)
+    which = driver(spec)
+    if which == OFFLOAD:
+        cfg = {**OFFLOAD_DEFAULTS, **cfg}
+    case = to_oracle_config(cfg, which)
     if spec["config"].get(EVENT_SWITCH):
         case["kv_events"] = True
     case["id"] = spec["name"]
@@ -107,6 +128,10 @@ def run_ours(spec: dict, timeout: float | None = 20.0, literal: bool = True,
         if events:   # (the KV events beside the requests: compared when the case has them)
             return {"results": got["requests"], "steps": got["steps"],
                     "kv_events": got["kv_events"], "kv_events_error": got["kv_events_error"]}
+        if "offload_steps" in got:
+            return {"results": got["requests"], "steps": got["steps"],
+                    "offload_steps": got["offload_steps"],
+                    "offload_totals": got["offload_totals"]}
         return {"results": got["requests"], "steps": got["steps"]}
     except OurTimeout:
         return {"hang": timeout}
@@ -168,15 +193,54 @@ def compare(spec: dict, ours: dict, ans: dict, ignore: frozenset | set = frozens
                                            o, ans.get("error"))], n)
     orecs = {r["id"]: r for r in ans["requests"]}
     mm = []
+    fields = FIELDS + (OFFLOAD_FIELDS if "offload_steps" in ours else [])
     for r in res:
         o = orecs[r["id"]]
-        for f in FIELDS:
+        for f in fields:
             a, b = r.get(f), oracle_value(o, f)
             if a != b:
                 mm.append(Mismatch(label(f, r, o, a, b), r["id"], a, b))
     if "steps" in ours:
         mm += compare_steps(ours["steps"], ans.get("steps") or [])
+    if "offload_steps" in ours:
+        mm += compare_offload_steps(ours["offload_steps"], ans.get("steps") or [])
     return Verdict(COMPARED, [m for m in mm + ev if m.field not in ignore], n)
+
+
+def _jobs(jobs: list[dict]) -> list:
+    """Transfer jobs in one canonical form: (job, request, per group (chunks, blocks, first
+    block, chunk ends))."""
+    out = []
+    for j in jobs or []:
+        groups = tuple(sorted((int(g), v["chunks"], v["blocks"], v["start_block"],
+                               tuple(v["ends"])) for g, v in (j.get("groups") or {}).items()))
+        out.append((j["job"], j["req"], groups))
+    return sorted(out)
+
+
+def offload_step_value(rec: dict, f: str):
+    """One step's ``OFFLOAD_STEP_FIELDS`` value, ours or the oracle's (its step record's
+    ``offload`` part), in one form."""
+    if f in ("loads", "stores"):
+        return _jobs(rec.get(f))
+    if f in ("evicted", "alloc_fail"):
+        return rec.get(f, 0)
+    return sorted(rec.get(f) or [])
+
+
+def compare_offload_steps(ours: list[dict], steps: list[dict]) -> list[Mismatch]:
+    """The tier's part of every step (the first step where each field differs)."""
+    want = {s["step"]: s["offload"] for s in steps if s.get("offload")}
+    got = {s["step"]: s for s in ours}
+    out = []
+    for f in OFFLOAD_STEP_FIELDS:
+        for step in sorted(set(want) | set(got)):
+            a = offload_step_value(got.get(step, {}), f)
+            b = offload_step_value(want.get(step, {}), f)
+            if a != b:
+                out.append(Mismatch(f, f"step {step}", a, b))
+                break
+    return out
 
 
 def compare_steps(ours: list[dict], steps: list[dict]) -> list[Mismatch]:
@@ -246,9 +310,11 @@ def expect(ans: dict) -> dict[str, dict[str, Any]]:
 
 
 def tester(timeout: float | None = 20.0, override: dict | None = None,
-           ignore: frozenset | set = frozenset(), shrink_candidates=None, size=None) -> Tester:
-    """This case shape for the harness, with the run's options."""
-    return Tester(STEPS, to_oracle,
+           ignore: frozenset | set = frozenset(), shrink_candidates=None, size=None,
+           oracle: str = STEPS) -> Tester:
+    """This case shape for the harness, with the run's options (``oracle``: the driver,
+    ``OFFLOAD`` for cases with the CPU tier)."""
+    return Tester(oracle, to_oracle,
                   lambda spec: run_ours(spec, timeout, override=override),
                   lambda spec, ours, ans: compare(spec, ours, ans, ignore),
                   shrink_candidates or (lambda spec: []), size)

@@ -1,0 +1,399 @@
+"""The host (CPU) tier of vLLM 0.33.0's native KV offloading: its chunk pool and its
+eviction policies (``CPUOffloadingManager`` with ``lru`` or ``arc``), as behaviour.
+
+A chunk holds one KV-cache group's ``blocks_per_chunk`` GPU blocks (a Mamba state takes
+a whole chunk).  A chunk's key is ``(prefix key << GROUP_BITS) | group`` (the GPU pool's
+key of the chunk's last hash unit in that group), so keys of one prefix position in two
+groups differ only in their low bits, and the lower group sorts first, as vLLM's key bytes
+(block hash, then the 4-byte big-endian group index) do.
+
+What the manager does, in the order the connector calls it:
+
+* ``lookup`` has no side effect: absent, written (ready) or still being written;
+* ``prepare_store`` is the only place chunks are evicted.  Keys already resident and
+  ready count as a reuse by the request, absent ones are to be stored; when the pool has
+  too few free chunks the policy evicts exactly the missing count among the ready,
+  unpinned chunks not offered in this call, or the whole call fails (nothing stored,
+  nothing evicted);
+* ``prepare_load`` pins its keys (a reuse); ``complete_load`` unpins them;
+  ``complete_store`` makes written chunks ready (and evictable);
+* ``request_finished`` applies the request's recency: every key it observed, head to
+  tail across its groups, in the policy's way.
+
+Recency (``lru``): a request gets a rank the first time the policy sees it; a key it
+inserts or first observes ranks ``(request rank, -position)`` (deeper positions of one
+request older), raised only; when the request finishes, its observed resident keys get
+fresh ranks from the tail to the head (the head most recent).  Eviction takes the least
+``(rank, key)`` first.  ``arc``: new keys enter T1; at a request's finish its keys move
+to the recent end tail to head, the ones it reused (not inserted) from T1 to T2; eviction
+follows the adaptive T1 target, evicted keys become ghosts (B1 / B2, each trimmed to the
+capacity), and a store of a ghost key moves the target.
+"""
+from __future__ import annotations
+
+import heapq
+
+from sim.cache.block_pool import GROUP_BITS
+
+GROUP_MASK = (1 << GROUP_BITS) - 1
+
+MISS = 0
+HIT = 1
+HIT_PENDING = 2
+
+
+class AccessState:
+    """What one request did to the tier (vLLM's per-request cache-access record)."""
+
+    __slots__ = ("seen", "key_groups", "inserted", "reused", "store_misses", "finished",
+                 "lru_rank", "positions")
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.key_groups: dict[int, list[int]] = {}
+        self.inserted: set[int] = set()
+        self.reused: set[int] = set()
+        self.store_misses: set[int] = set()
+        self.finished = False
+        self.lru_rank = 0                 # 0: the policy has not ranked this request yet
+        self.positions: dict[int, int] = {}   # key -> end token (the request's prefix order)
+
+
+def _head_to_tail(key_groups: dict[int, list[int]], positions: dict[int, int]) -> list[int]:
+    """Every observed key, group lists by group index (each by position), then one stable
+    sort by position: the head first, the lower group first at one position."""
+    keys: list[int] = []
+    for g in sorted(key_groups):
+        keys.extend(sorted(key_groups[g], key=positions.__getitem__))
+    keys.sort(key=positions.__getitem__)
+    return keys
+
+
+class LRUPolicy:
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.ranks: dict[int, tuple[int, int]] = {}
+        self.evictable: set[int] = set()
+        self.heap: list[tuple[tuple[int, int], int]] = []
+        self.next_rank = 0
+
+    def _rank_of(self, st: AccessState) -> int:
+        if st.lru_rank == 0:
+            self.next_rank += 1
+            st.lru_rank = self.next_rank
+        return st.lru_rank
+
+    def _push(self, key: int) -> None:
+        heapq.heappush(self.heap, (self.ranks[key], key))
+
+    def insert(self, key: int, st: AccessState) -> None:
+        pos = st.positions.get(key)
+        if pos is None:
+            self.next_rank += 1
+            self.ranks[key] = (self.next_rank, 0)
+        else:
+            self.ranks[key] = (self._rank_of(st), -pos)
+
+    def on_store_miss(self, keys: list[int], st: AccessState) -> None:
+        return None
+
+    def on_request_access(self, keys: list[int], st: AccessState, resident: dict) -> None:
+        r = self._rank_of(st)
+        for key in keys:
+            pos = st.positions.get(key)
+            if pos is None or key not in resident:
+                continue
+            rank = (r, -pos)
+            if self.ranks[key] >= rank:
+                continue
+            self.ranks[key] = rank
+            if key in self.evictable:
+                self._push(key)
+
+    def on_request_finished(self, order: list[int], inserted_only: set[int],
+                            reused: set[int], resident: dict) -> None:
+        for key in reversed(order):
+            if key not in resident:
+                continue
+            self.next_rank += 1
+            self.ranks[key] = (self.next_rank, 0)
+            if key in self.evictable:
+                self._push(key)
+
+    def evict(self, n: int, protected: set[int], resident: dict) -> list[int] | None:
+        if n == 0:
+            return []
+        heap = self.heap
+        selected: list[tuple[tuple[int, int], int]] = []
+        chosen: set[int] = set()
+        deferred: list[tuple[tuple[int, int], int]] = []
+        while heap and len(selected) < n:
+            entry = heapq.heappop(heap)
+            rank, key = entry
+            if key not in self.evictable or self.ranks.get(key) != rank or key in chosen:
+                continue
+            if key in protected:
+                deferred.append(entry)
+                continue
+            selected.append(entry)
+            chosen.add(key)
+        if len(selected) < n:
+            for e in selected:
+                heapq.heappush(heap, e)
+            for e in deferred:
+                heapq.heappush(heap, e)
+            return None
+        for e in deferred:
+            heapq.heappush(heap, e)
+        out = []
+        for _, key in selected:
+            self.evictable.discard(key)
+            del self.ranks[key]
+            out.append(key)
+        if len(heap) > max(64, 4 * len(self.evictable)):   # (drop stale entries)
+            self.heap = [(self.ranks[k], k) for k in self.evictable]
+            heapq.heapify(self.heap)
+        return out
+
+    def mark_evictable(self, key: int) -> None:
+        self.evictable.add(key)
+        self._push(key)
+
+    def mark_non_evictable(self, key: int) -> None:
+        self.evictable.discard(key)
+
+
+class ARCPolicy:
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.target = 0.0
+        self.t1: dict[int, None] = {}
+        self.t2: dict[int, None] = {}
+        self.b1: dict[int, None] = {}
+        self.b2: dict[int, None] = {}
+
+    def insert(self, key: int, st: AccessState) -> None:
+        self.t1[key] = None
+        self.b1.pop(key, None)
+        self.b2.pop(key, None)
+
+    def on_store_miss(self, keys: list[int], st: AccessState) -> None:
+        for key in reversed(keys):
+            if key in self.b1:
+                delta = max(1, len(self.b2) / len(self.b1))
+                self.target = min(self.target + delta, self.capacity)
+                del self.b1[key]
+                self.b1[key] = None
+            elif key in self.b2:
+                delta = max(1, len(self.b1) / len(self.b2))
+                self.target = max(self.target - delta, 0)
+                del self.b2[key]
+                self.b2[key] = None
+
+    def on_request_access(self, keys: list[int], st: AccessState, resident: dict) -> None:
+        return None
+
+    def on_request_finished(self, order: list[int], inserted_only: set[int],
+                            reused: set[int], resident: dict) -> None:
+        t1, t2 = self.t1, self.t2
+        for key in reversed(order):
+            if key in inserted_only:
+                if key in t1:
+                    del t1[key]
+                    t1[key] = None
+                elif key in t2:
+                    del t2[key]
+                    t2[key] = None
+                continue
+            if key in reused:
+                if key in t1:
+                    del t1[key]
+                    t2[key] = None
+                elif key in t2:
+                    del t2[key]
+                    t2[key] = None
+
+    def evict(self, n: int, protected: set[int], resident: dict) -> list[int] | None:
+        if n == 0:
+            return []
+        t1_it = iter(list(self.t1))
+        t2_it = iter(list(self.t2))
+
+        def nxt(it):
+            for key in it:
+                if resident[key] == 0 and key not in protected:
+                    return key
+            return None
+
+        virtual_t1 = len(self.t1)
+        picks: list[tuple[int, bool]] = []
+        for _ in range(n):
+            got = None
+            if virtual_t1 >= int(self.target):
+                key = nxt(t1_it)
+                if key is not None:
+                    got = (key, True)
+                    virtual_t1 -= 1
+            if got is None:
+                key = nxt(t2_it)
+                if key is not None:
+                    got = (key, False)
+            if got is None:
+                key = nxt(t1_it)
+                if key is None:
+                    return None
+                got = (key, True)
+                virtual_t1 -= 1
+            picks.append(got)
+        out = []
+        for key, from_t1 in picks:
+            if from_t1:
+                del self.t1[key]
+                self.b1[key] = None
+            else:
+                del self.t2[key]
+                self.b2[key] = None
+            out.append(key)
+        for ghost in (self.b1, self.b2):
+            extra = len(ghost) - self.capacity
+            if extra > 0:
+                for key in list(ghost)[:extra]:
+                    del ghost[key]
+        return out
+
+    def mark_evictable(self, key: int) -> None:
+        return None
+
+    def mark_non_evictable(self, key: int) -> None:
+        return None
+
+
+POLICIES = {"lru": LRUPolicy, "arc": ARCPolicy}
+
+
+class HostPool:
+    """The CPU chunk pool (vLLM's ``CPUOffloadingManager``): ``num_chunks`` chunks, a
+    reference count per resident key (-1 being written, 0 ready, > 0 pinned by loads)."""
+
+    def __init__(self, num_chunks: int, policy: str = "lru"):
+        self.num_chunks = num_chunks
+        self.policy = POLICIES[policy](num_chunks)
+        self.ref: dict[int, int] = {}           # resident key -> reference count
+        self.num_evictable = 0
+        self.num_pending = 0
+        self.evicted = 0                        # chunks evicted so far
+        self.failed = 0                         # prepare_store calls that could not allocate
+
+    # ------------------------------------------------------------------ queries --
+    def lookup(self, key: int) -> int:
+        r = self.ref.get(key)
+        if r is None:
+            return MISS
+        return HIT_PENDING if r < 0 else HIT
+
+    def is_ready(self, key: int) -> bool:
+        r = self.ref.get(key)
+        return r is not None and r >= 0
+
+    @property
+    def used(self) -> int:
+        return len(self.ref)
+
+    # ------------------------------------------------------------- bookkeeping --
+    def _record(self, keys: list[int], st: AccessState, reused: list[int] | None = None) -> None:
+        new = []
+        for key in keys:
+            if key in st.seen:
+                continue
+            st.key_groups.setdefault(key & GROUP_MASK, []).append(key)
+            st.seen.add(key)
+            new.append(key)
+        if new:
+            self.policy.on_request_access(new, st, self.ref)
+        if reused:
+            ins = st.inserted
+            for key in reused:
+                if key not in ins:
+                    st.reused.add(key)
+
+    # -------------------------------------------------------------- operations --
+    def prepare_load(self, keys: list[int], st: AccessState) -> None:
+        ref = self.ref
+        pol = self.policy
+        for key in keys:
+            r = ref[key]
+            assert r >= 0, "loading a chunk not written yet"
+            if r == 0:
+                pol.mark_non_evictable(key)
+                self.num_evictable -= 1
+            ref[key] = r + 1
+        self._record(keys, st, keys)
+
+    def complete_load(self, keys) -> None:
+        ref = self.ref
+        for key in keys:
+            r = ref[key] - 1
+            ref[key] = r
+            if r == 0:
+                self.num_evictable += 1
+                self.policy.mark_evictable(key)
+
+    def prepare_store(self, keys: list[int], st: AccessState) -> tuple[list[int], list[int]] | None:
+        """(keys to store, keys evicted), or None when the pool cannot take them."""
+        ref = self.ref
+        to_store = []
+        ready = []
+        for key in keys:
+            r = ref.get(key)
+            if r is None:
+                to_store.append(key)
+            elif r >= 0:
+                ready.append(key)
+        misses = [k for k in to_store if k not in st.store_misses]
+        if misses:
+            self.policy.on_store_miss(misses, st)
+            st.store_misses.update(misses)
+        recorded = set(to_store)
+        recorded.update(ready)
+        self._record([k for k in keys if k in recorded], st, ready)
+        if not to_store:
+            return [], []
+        need = len(to_store) - (self.num_chunks - len(ref))
+        evicted: list[int] = []
+        if need > 0:
+            if need > self.num_evictable:
+                self.failed += 1
+                return None
+            got = self.policy.evict(need, set(keys), ref)
+            if got is None:
+                self.failed += 1
+                return None
+            self.num_evictable -= len(got)
+            for key in got:
+                del ref[key]
+            evicted = got
+            self.evicted += len(got)
+        pol = self.policy
+        for key in to_store:
+            ref[key] = -1
+            pol.insert(key, st)
+        self.num_pending += len(to_store)
+        st.inserted.update(to_store)
+        return to_store, evicted
+
+    def complete_store(self, keys) -> None:
+        ref = self.ref
+        for key in keys:
+            r = ref.get(key)
+            if r is not None and r < 0:
+                ref[key] = 0
+                self.num_pending -= 1
+                self.num_evictable += 1
+                self.policy.mark_evictable(key)
+
+    def request_finished(self, st: AccessState) -> None:
+        if st.finished:
+            return
+        st.finished = True
+        order = _head_to_tail(st.key_groups, st.positions)
+        self.policy.on_request_finished(order, st.inserted - st.reused, st.reused, self.ref)
