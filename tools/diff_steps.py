@@ -320,6 +320,9 @@ def _summary_lines(summ, what: str, version: str, opts: Options,
              f"{summ.declined[BOTH_STALL]} cases where both never admit a request); "
              f"oracle {summ.oracle_s} s, ours {summ.ours_s} s",
              f"mismatching cases: {len(bad)}"]
+    if summ.coverage:
+        lines.insert(2, "coverage (cases): " + ", ".join(
+            f"{k} {v}" for k, v in sorted(summ.coverage.items())))
     if bad:
         lines.append("mismatching cases by field: " + ", ".join(
             f"{f} {n}" for f, n in summ.cases_by_field.most_common()))

@@ -107,6 +107,34 @@ def to_oracle(spec: dict) -> dict:
     return case
 
 
+def from_oracle_case(case: dict) -> dict:
+    """An oracle case (``sched_oracle.py`` / ``offload_oracle.py`` keys; prompts as ``n``
+    shared tokens or ``[shared, private]``) as a case of this module.  The offload driver's
+    default chunk bytes are its stand-in pages, well under one 4 KiB page: a case that
+    leaves ``kv_bytes_per_block`` out gets 1 here (one page a chunk, as there)."""
+    from sim.oracle.keys import from_oracle_config
+
+    which = OFFLOAD if case.get(OFFLOAD_SWITCH) is not None else STEPS
+    cfg = from_oracle_config(case, which)
+    if which == OFFLOAD:
+        cfg.setdefault("kv_bytes_per_block", 1)
+    reqs = []
+    for i, r in enumerate(case["requests"]):
+        rid = str(r.get("id", f"r{i}"))
+        t = r["tokens"]
+        if isinstance(t, int):
+            t = [t, 0]
+        if not (isinstance(t, list) and len(t) == 2):
+            raise ValueError(f"{case.get('id')}: {rid}: tokens {t!r} (use n or [shared, private])")
+        segs = ([["S", 0, t[0]]] if t[0] else []) + ([[f"P_{rid}", 0, t[1]]] if t[1] else [])
+        reqs.append({"id": rid, "segments": segs, "arrival": r.get("arrival", 0),
+                     "max_tokens": r.get("max_tokens", 16), "kind": "oracle"})
+    spec = {"name": str(case.get("id", "case")), "config": cfg, "requests": reqs}
+    if "max_steps" in case:
+        spec["max_steps"] = case["max_steps"]
+    return spec
+
+
 # ------------------------------------------------------------------------- our side --
 def run_ours(spec: dict, timeout: float | None = 20.0, literal: bool = True,
              override: dict | None = None, scheduler: type | None = None) -> dict:
@@ -309,6 +337,42 @@ def expect(ans: dict) -> dict[str, dict[str, Any]]:
     return {r["id"]: {f: oracle_value(r, f) for f in FIELDS} for r in ans["requests"]}
 
 
+def offload_coverage(spec: dict, ans: dict) -> list[str]:
+    """What a compared case with the CPU tier exercised (one tag per case each): its layout
+    (Nemotron-H-shaped: attention first; Qwen3-Next-shaped: Mamba first), EAGLE, chunks of
+    several blocks, ARC; host hits (async loads), partial-tail loads and stores, lookups
+    deferred, host evictions and failed allocations, flushes, a reload after preemption."""
+    cfg = spec["config"]
+    tags = ["mamba_first" if cfg["groups"][0] == "mamba" else "attention_first"]
+    if cfg.get("eagle"):
+        tags.append("eagle")
+    if cfg.get("blocks_per_chunk", 1) > 1 or (
+            cfg.get("offload_block_size") or cfg["block_size"]) > cfg["block_size"]:
+        tags.append("bpc>1")
+    if cfg.get("eviction_policy") == "arc":
+        tags.append("arc")
+    reqs = ans.get("requests") or []
+    adms = [a for r in reqs for a in r.get("admissions") or []]
+    if any(a["external"] for a in adms):
+        tags.append("external_hit")
+    if any(a["external"] and a.get("resume") for a in adms):
+        tags.append("preempt_reload")
+    if any(lk[2] is None for r in reqs for lk in r.get("lookups") or []):
+        tags.append("deferred_lookup")
+    unit = cfg.get("hash_block_size") or cfg["block_size"]
+    ends = [e for st in ans.get("steps") or [] for kind in ("loads", "stores")
+            for j in (st.get("offload") or {}).get(kind) or []
+            for g in j["groups"].values() for e in g["ends"]]
+    if any(e % cfg["block_size"] and e % unit == 0 for e in ends):
+        tags.append("partial_tail")
+    offs = [st.get("offload") or {} for st in ans.get("steps") or []]
+    for key, tag in (("evicted", "cpu_evict"), ("alloc_fail", "cpu_alloc_fail"),
+                     ("flush", "flush")):
+        if any(o.get(key) for o in offs):
+            tags.append(tag)
+    return tags
+
+
 def tester(timeout: float | None = 20.0, override: dict | None = None,
            ignore: frozenset | set = frozenset(), shrink_candidates=None, size=None,
            oracle: str = STEPS) -> Tester:
@@ -317,4 +381,5 @@ def tester(timeout: float | None = 20.0, override: dict | None = None,
     return Tester(oracle, to_oracle,
                   lambda spec: run_ours(spec, timeout, override=override),
                   lambda spec, ours, ans: compare(spec, ours, ans, ignore),
-                  shrink_candidates or (lambda spec: []), size)
+                  shrink_candidates or (lambda spec: []), size,
+                  offload_coverage if oracle == OFFLOAD else None)
