@@ -103,6 +103,19 @@ SUMMARY_FIELDS: tuple[str, ...] = (
 MEMORY_COLUMNS: tuple[str, ...] = ("time_s", "kv_blocks", "mamba_blocks", "in_use_blocks",
                                    "cached_blocks", "running", "waiting")
 
+# the CPU tier (``kv_offloading``; sim/cache/offload.py), written only when it is on, after
+# the columns and fields above: per request the tokens its first admission loaded from the
+# host pool, and those the pool held in every attention group past the hit but could not
+# serve (no Mamba state at a deeper chunk boundary, or off the Mamba chunk grid); the run's
+# host pool, transfers and evictions; the host chunks held at each memory row
+OFFLOAD_COLUMNS: tuple[str, ...] = ("cpu_hit_tokens", "cpu_no_state_tokens")
+OFFLOAD_SUMMARY_FIELDS: tuple[str, ...] = (
+    "kv_offloading_size_bytes", "host_chunks", "host_chunk_bytes", "host_pool_bytes",
+    "cpu_hit_tokens", "cpu_token_hit_rate", "cpu_request_hit_rate", "offload_loaded_bytes",
+    "offload_stored_bytes", "host_evictions", "host_store_failures", "host_chunks_peak",
+    "miss_cpu_no_state_tokens", "miss_cpu_no_state_rate")
+OFFLOAD_MEMORY_COLUMNS: tuple[str, ...] = ("host_chunks",)
+
 
 def records_in_arrival_order(served: list[tuple], refused: list[tuple],
                              slo=None) -> list[RequestRecord]:

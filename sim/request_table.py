@@ -533,7 +533,27 @@ class RequestTable(Sequence):
         if not -self._n <= i < self._n:
             raise IndexError("request index out of range")
         j = self._pos[i] if self._pos is not None else i % self._n
-        return RequestRecord._make([c.at(j) for c in self._cols.values()])
+        return RequestRecord._make([c.at(j) for c in self._record_cols()])
+
+    def _record_cols(self) -> list[_Column]:
+        """The columns of ``RequestRecord`` (a table may have more after them)."""
+        cols = list(self._cols.values())
+        return cols if len(cols) == len(REQUEST_COLUMNS) else cols[:len(REQUEST_COLUMNS)]
+
+    def names(self) -> list[str]:
+        """Every column's name, in requests.csv order: ``REQUEST_COLUMNS``, then any added
+        (``with_column``: the CPU tier's)."""
+        return list(self._cols)
+
+    def with_column(self, name: str, values: Sequence[Any]) -> RequestTable:
+        """This table (every request, in arrival order) with one more column after the
+        others: ``values``, one per request in arrival order (ints, or "")."""
+        if self._pos is not None or len(values) != self._n or name in self._cols:
+            raise ValueError(f"cannot add column {name!r} to this table")
+        col = _Column("i")
+        col.extend(tuple(values))
+        col.ids = {}
+        return RequestTable({**self._cols, name: col}, None, self._n)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -541,7 +561,7 @@ class RequestTable(Sequence):
         return self._row(i)
 
     def _columns(self) -> Iterator[Iterable[Any]]:
-        return (c.values(self._pos) for c in self._cols.values())
+        return (c.values(self._pos) for c in self._record_cols())
 
     def __iter__(self) -> Iterator[RequestRecord]:
         return map(RequestRecord._make, zip(*self._columns()))

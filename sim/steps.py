@@ -204,7 +204,7 @@ def build_offload(kv, cfg, off: dict):
     return OffloadConnector(kv, off["size"] // chunk, off["policy"], bpc,
                             eagle_groups=connector_eagle_groups(cfg),
                             worker=StepTransfers(off["load_steps"], off["store_steps"]),
-                            offload_prompt_only=off["prompt_only"], chunk_bytes=chunk)
+                            offload_prompt_only=off["prompt_only"], block_bytes=off["bpb"])
 
 
 def connector_eagle_groups(cfg) -> tuple[int, ...]:
@@ -221,7 +221,7 @@ def connector_eagle_groups(cfg) -> tuple[int, ...]:
 
 
 def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
-                   per_step: bool = False):
+                   per_step: bool = False, finish_orders: dict[int, list[str]] | None = None):
     """Per request, the step-level answers; with ``kv_events`` a mapping ``{"requests":
     [...], "kv_events": [{"step", "events"}, ...], "kv_events_error": None | {...}}`` of
     the KV events published step by step, in the oracle's canonical form (events are on
@@ -260,6 +260,7 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
         if per_step:
             conn.log = []
             conn.req_log = {}
+        conn.finish_orders = finish_orders
         sched.attach_connector(conn)
     log = None
     if ev_cfg.get("enable_kv_cache_events", kv_events):
@@ -326,6 +327,7 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
         res["steps"] = step_log
         if conn is not None:
             res["offload_steps"] = conn.log
+            res["finish_ties"] = conn.finish_ties
             res["offload_totals"] = {"loaded_chunks": conn.loaded_chunks,
                                      "stored_chunks": conn.stored_chunks,
                                      "evicted_chunks": conn.pool.evicted,

@@ -81,6 +81,7 @@ from sim.oracle import step_case
 from sim.oracle.harness import (
     BOTH_REJECT,
     BOTH_STALL,
+    BOTH_STOP,
     Outcome,
     Tester,
     add_oracle_args,
@@ -317,7 +318,9 @@ def _summary_lines(summ, what: str, version: str, opts: Options,
                  "chunk_ends@replay", "chunk_end_steps@replay"} else ""),
              f"compared {summ.compared} cases, {summ.checked} requests "
              f"({summ.declined[BOTH_REJECT]} configurations rejected by both sides, "
-             f"{summ.declined[BOTH_STALL]} cases where both never admit a request); "
+             f"{summ.declined[BOTH_STALL]} cases where both never admit a request"
+             + (f", {summ.declined[BOTH_STOP]} where vLLM fails an assertion and we stop at "
+                f"that step too" if summ.declined[BOTH_STOP] else "") + "); "
              f"oracle {summ.oracle_s} s, ours {summ.ours_s} s",
              f"mismatching cases: {len(bad)}"]
     if summ.coverage:

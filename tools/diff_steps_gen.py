@@ -263,7 +263,8 @@ def _offload_case(seed: int, idx: int) -> dict:
     groups; block 16/32/64, any hash unit dividing it) or Qwen3-Next (three Mamba groups,
     then attention; block 64, hash 16 or 64: partial tails), EAGLE in about half (its
     attention group flagged in most), a chunk of 1 block or 2-4, 4 to 512 host chunks (LRU or
-    ARC), transfers of 0-3 steps, sometimes decode chunks stored too; 1-2 producers of
+    ARC), transfers of 0-3 steps, sometimes decode chunks stored too, the shared-prefix
+    checkpoint or internal prefill checkpoints (MambaMixer2's) sometimes; 1-2 producers of
     shared prompts, fillers evicting them from a tight GPU pool, then consumers replaying
     or extending them (some arriving together: loads deferred while another loads), and
     sometimes a second turn on top of a consumer."""
@@ -282,6 +283,9 @@ def _offload_case(seed: int, idx: int) -> dict:
     cfg: dict[str, Any] = {"groups": groups, "block_size": block, "hash_block_size": unit}
     if rng.random() < 0.5:
         cfg["prefix_cache_retention_interval"] = 0
+    if rng.random() < 0.2:
+        cfg["shared_prefix_checkpoint"] = True
+    ckpt = rng.random() < 0.4 and draw_prefill_checkpoints(rng, cfg, unit)
     k = 0
     if rng.random() < 0.5:
         k = rng.randint(1, 2)
@@ -341,7 +345,7 @@ def _offload_case(seed: int, idx: int) -> dict:
                      "arrival": prev["arrival"] + rng.randint(2, 20),
                      "max_tokens": rng.randint(1, 6), "kind": "turn"})
     longest = max(sum(sg[2] for sg in q["segments"]) + q["max_tokens"] for q in reqs)
-    need = (-(-(longest + k + 2) // block) + 2) + groups.count("mamba") * (3 + k) + 1
+    need = (-(-(longest + k + 2) // block) + 2) + groups.count("mamba") * (3 + k + ckpt) + 1
     cfg["num_blocks"] = need + rng.randint(0, need // 2)
     return {"name": f"o{seed}_c{idx}_{shape}", "config": cfg, "requests": reqs,
             "max_steps": 600}

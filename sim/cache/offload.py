@@ -37,12 +37,30 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sim.cache.block_pool import GROUP_BITS
+from sim.config.errors import InputError
 from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, AccessState, HostPool
 from sim.cache.rules import cdiv, eagle_proof_margin
 
 if TYPE_CHECKING:
     from sim.cache.kv_manager import KVCacheManager
     from sim.cache.request import CacheRequest
+
+
+class ConnectorAssertion(InputError):
+    """Where vLLM 0.33.0's offloading connector fails one of its own assertions: the
+    engine core dies there, so the replay stops too (``step``: the scheduler step)."""
+
+    @classmethod
+    def at(cls, now: int, steps: bool, message: str) -> "ConnectorAssertion":
+        where = f"step {now}" if steps else f"at {now * 1e-9:.6f} s"
+        return cls(f"{where}: vLLM 0.33.0 stops here: {message}")
+
+    @property
+    def step(self) -> int:
+        """The step it stopped at (step cases), -1 in a timed run."""
+        # (from the message: SimPy re-raises a process's exception rebuilt from its args)
+        head = str(self).split(":", 1)[0]
+        return int(head.split()[-1]) if head.startswith("step ") else -1
 
 
 class GroupOffload:
@@ -127,35 +145,25 @@ class StepTransfers:
 
 
 class TimedTransfers:
-    """Jobs cross the host link at its bandwidth, one direction each, in issue order
-    (vLLM's worker: loads are submitted when their step starts, stores after the step's
-    forward -- at the start of the next step; flushed stores are waited for before the
-    forward).  Times in engine ns; a job's completion is seen by the first ``schedule()``
-    at or after it (vLLM polls at each step's end)."""
+    """Jobs cross the host links at their bandwidth (``backends.analytical.HostLinks``), as
+    vLLM's offloading worker submits them: a load when its step starts, a store after the
+    step's forward -- at the start of the next step (a flushed store at once, and the
+    step's forward waits for it).  Times in engine ns; a job's completion is seen by the
+    first ``schedule()`` at or after it (vLLM polls at each step's end)."""
 
     def __init__(self, load_bytes_per_s: float, store_bytes_per_s: float):
-        self.load_ns_per_byte = 1e9 / load_bytes_per_s
-        self.store_ns_per_byte = 1e9 / store_bytes_per_s
-        self.load_free = 0
-        self.store_free = 0
+        from backends.analytical import HostLinks
+
+        self.links = HostLinks(load_bytes_per_s, store_bytes_per_s)
         self.queued: list[tuple[Job, int]] = []     # stores waiting for the next step
         self.stall = 0                               # ns the step waits for flushed jobs
 
     def load(self, job: Job, nbytes: int, now: int) -> None:
-        start = now if now > self.load_free else self.load_free
-        end = start + int(nbytes * self.load_ns_per_byte + 0.5)
-        self.load_free = end
-        job.due = end
+        job.due = self.links.load(nbytes, now)
 
     def store(self, job: Job, nbytes: int, now: int) -> None:
         job.due = -2                    # (queued: submitted with the next step)
         self.queued.append((job, nbytes))
-
-    def _submit(self, job: Job, nbytes: int, now: int) -> None:
-        start = now if now > self.store_free else self.store_free
-        end = start + int(nbytes * self.store_ns_per_byte + 0.5)
-        self.store_free = end
-        job.due = end
 
     def start_step(self, now: int) -> None:
         self.stall = 0
@@ -163,14 +171,14 @@ class TimedTransfers:
             q = self.queued
             self.queued = []
             for job, nbytes in q:
-                self._submit(job, nbytes, now)
+                job.due = self.links.store(nbytes, now)
 
     def flush(self, job: Job, now: int) -> int:
         if job.due == -2:
             for i, (j, nbytes) in enumerate(self.queued):
                 if j is job:
                     del self.queued[i]
-                    self._submit(job, nbytes, now)
+                    job.due = self.links.store(nbytes, now)
                     break
         wait = job.due - now
         if wait > self.stall:
@@ -187,13 +195,16 @@ class OffloadConnector:
     def __init__(self, kv: KVCacheManager, num_chunks: int, policy: str = "lru",
                  blocks_per_chunk: int = 1, eagle_groups: tuple[int, ...] = (),
                  worker: Any = None, offload_prompt_only: bool = True,
-                 chunk_bytes: int = 0):
+                 block_bytes: int = 0, num_gpus: int = 1):
         self.kv = kv
         self.pool = HostPool(num_chunks, policy)
         self.worker = worker if worker is not None else StepTransfers()
         self.bpc = blocks_per_chunk
         self.prompt_only = offload_prompt_only
-        self.chunk_bytes = chunk_bytes           # bytes of one chunk (all ranks)
+        # bytes of one GPU block of one group on one GPU (what a GPU's host link moves per
+        # block; each GPU moves its own shard at once), and the GPUs
+        self.block_bytes = block_bytes
+        self.num_gpus = num_gpus
         self.unit = kv.hash_block_size
         specs = kv.coordinator.specs
         for s in specs:
@@ -242,6 +253,10 @@ class OffloadConnector:
         self.loaded_blocks = 0
         self.stored_blocks = 0
         self.log: list[dict] | None = None       # per-step records (sim steps --per-step)
+        # steps whose build saw several finished requests, and (tests) the order to take
+        # them in at given steps
+        self.finish_ties: list[tuple[int, list[str]]] = []
+        self.finish_orders: dict[int, list[str]] | None = None
         self.req_log: dict[str, dict] | None = None   # per-request records (ditto)
         self._step_rec: dict | None = None
         self.now = 0
@@ -284,6 +299,19 @@ class OffloadConnector:
         self.jobs[job.jid] = job
         return job
 
+    def step_stall(self) -> int:
+        """ns this step's forward waits for flushed stores (timed transfers only)."""
+        return getattr(self.worker, "stall", 0)
+
+    @property
+    def loaded_bytes(self) -> int:
+        """Bytes loaded into the GPUs so far, over every GPU of the replica."""
+        return self.loaded_blocks * self.block_bytes * self.num_gpus
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.stored_blocks * self.block_bytes * self.num_gpus
+
     def busy(self) -> bool:
         """Whether the engine must keep stepping (vLLM's ``has_pending_push_work`` and
         finished requests whose last stores are still to be built)."""
@@ -303,6 +331,33 @@ class OffloadConnector:
                     have.append((i + 1) * u)
             out[str(gc.gid)] = have
         return out
+
+    def attention_reach(self, req: CacheRequest, start: int) -> int:
+        """How far past ``start`` every attention group's chunks are written in the host
+        pool, one after the other (an EAGLE group's last one left out), within the lookup's
+        cap: what the tier held for attention whatever the Mamba groups hold."""
+        if not self.full:
+            return start
+        rs = self.reqs[req.request_id]
+        self._update_keys(rs)
+        cap = req.num_tokens - 1 if self.sliding else req.num_tokens
+        lookup = self.pool.lookup
+        reach = cap
+        for gi in self.full:
+            gc = self.groups[gi]
+            keys = rs.keys[gi]
+            first = start // gc.tpc
+            i = first
+            while i < len(keys) and lookup(keys[i]) == HIT:
+                i += 1
+            if gc.eagle and i > first:
+                i -= 1
+            end = i * gc.tpc
+            if end > cap // gc.tpc * gc.tpc:
+                end = cap // gc.tpc * gc.tpc
+            if end < reach:
+                reach = end
+        return reach if reach > start else start
 
     # ---------------------------------------------------------------- requests --
     def add_request(self, req: CacheRequest) -> None:
@@ -567,7 +622,7 @@ class OffloadConnector:
         rs.loading = True
         self.loaded_chunks += len(keys_to_load)
         self.loaded_blocks += nblocks
-        self.worker.load(job, len(keys_to_load) * self.chunk_bytes, self.now)
+        self.worker.load(job, nblocks * self.block_bytes, self.now)
 
     def load_done(self, rid: str) -> bool:
         return rid in self.recving
@@ -710,6 +765,12 @@ class OffloadConnector:
             if rs is not None:
                 self._sweep(rs, rs.req.num_computed_tokens + n, allocated, sched_ids)
         finished = self.finished_ids
+        if len(finished) > 1:
+            # vLLM walks the finished ids as a Python set (hash order, which varies from
+            # process to process); here in the order they finished
+            self.finish_ties.append((now, list(finished)))
+            if self.finish_orders is not None and now in self.finish_orders:
+                finished = [rid for rid in self.finish_orders[now] if rid in finished]
         for rid in finished:
             rs = self.reqs.get(rid)
             if rs is not None:
@@ -765,7 +826,7 @@ class OffloadConnector:
         rs.jobs.add(job.jid)
         self.stored_chunks += len(keys)
         self.stored_blocks += blocks
-        self.worker.store(job, len(keys) * self.chunk_bytes, self.now)
+        self.worker.store(job, blocks * self.block_bytes, self.now)
         if self.log is not None:
             self._rec().setdefault("stores", []).append(self._job_rec(job))
         return job
@@ -813,7 +874,17 @@ class OffloadConnector:
             if self.max_margin and not rs.loaded:
                 continue
             boundary = entries[0][2]
-            assert all(e[2] == boundary for e in entries)
+            if any(e[2] != boundary for e in entries):
+                # (an internal prefill checkpoint's state, keyed inside its block and
+                # committed since, offered beside the copy of the prompt's tail state)
+                raise ConnectorAssertion.at(self.now, isinstance(self.worker, StepTransfers), (
+                    f"its offloading connector fails an assertion (one partial-tail boundary "
+                    f"per request and step): request {rid!r} hands the CPU tier Mamba states "
+                    f"inside blocks at {sorted({e[2] for e in entries})} tokens in one step "
+                    f"(an internal prefill checkpoint's and the prompt tail's); vLLM serves "
+                    f"this only without kv_offloading, without internal prefill checkpoints "
+                    f"(kv_cache.num_prefill_checkpoint_blocks: 0) or with a hash unit equal "
+                    f"to the Mamba block"))
             req = rs.req
             if self.max_margin:
                 after = req.num_computed_tokens + scheduled.get(rid, 0)

@@ -283,6 +283,7 @@ class HostPool:
         self.num_pending = 0
         self.evicted = 0                        # chunks evicted so far
         self.failed = 0                         # prepare_store calls that could not allocate
+        self.peak = 0                           # most chunks held at once
 
     # ------------------------------------------------------------------ queries --
     def lookup(self, key: int) -> int:
@@ -379,6 +380,8 @@ class HostPool:
             pol.insert(key, st)
         self.num_pending += len(to_store)
         st.inserted.update(to_store)
+        if len(ref) > self.peak:
+            self.peak = len(ref)
         return to_store, evicted
 
     def complete_store(self, keys) -> None:

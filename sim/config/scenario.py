@@ -24,7 +24,8 @@ from sim.config.slo import SLOSection
 from sim.config.speculative import SpeculativeSection
 
 TOP_KEYS = {"name", "description", "seed", "model", "kv_cache", "gpu", "cache", "scheduler",
-            "speculative", "workload", "backend", "output", "slo", "kv_events", "attribution"}
+            "speculative", "workload", "backend", "output", "slo", "kv_events", "attribution",
+            "kv_offloading"}
 
 
 class ScenarioError(InputError):
@@ -50,6 +51,8 @@ class Scenario:
     kv_events: KVEventsSection = field(default_factory=KVEventsSection)
     # miss attribution (requests.csv *_tokens classes, summary miss_*): false turns it off
     attribution: bool = True
+    # the CPU tier (sim/config/kv_offloading.py): None when off (absent or size_gb 0)
+    kv_offloading: Any = None
     raw: dict = field(default_factory=dict, repr=False)
 
 
@@ -226,8 +229,12 @@ def scenario_from_mapping(data, path: Path) -> Scenario:
     attribution = data.get("attribution", True)
     if not isinstance(attribution, bool):
         raise ConfigError("attribution", f"must be true or false, got {show(attribution)}")
+    from sim.config.kv_offloading import KVOffloadingSection
+
+    offload = KVOffloadingSection.from_value(data.get("kv_offloading"))
     return Scenario(path=path, name=str(name), description=desc or "",
                     seed=seed, model=model, kv_cache=kv, gpu=gpu, cache=cache, scheduler=sched,
                     speculative=spec, workload=wl, backend=backend, output=out, slo=slo,
                     kv_events=KVEventsSection.from_value(data.get("kv_events")),
-                    attribution=attribution, raw=data)
+                    attribution=attribution,
+                    kv_offloading=offload if offload.enabled else None, raw=data)

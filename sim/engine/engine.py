@@ -118,6 +118,9 @@ class Engine:
             d = ns(self.backend.step_time(plan))
             if plan.finished:
                 plan.finished.clear()
+        conn = self.sched.connector
+        if conn is not None:
+            d += conn.step_stall()   # (the CPU tier: stores this step must flush first)
         return d if d > 1 else 1
 
     def make_plan(self, items: list[ScheduledItem], now: int) -> StepPlan:

@@ -48,7 +48,7 @@ class SimRequest:
                  "is_prefill_chunk", "recording", "cache_mark", "cache_mark_end", "rejected",
                  "priority",
                  "arrival_step", "miss", "last_delivery_ns", "deliveries", "session",
-                 "cpu_hit_tokens", "loading")
+                 "cpu_hit_tokens", "cpu_no_state_tokens", "loading")
 
     def __init__(self, cache: CacheRequest, max_tokens: int, index: int):
         # (integer fields are machine integers: no tagged-int checks in the compiled
@@ -97,6 +97,7 @@ class SimRequest:
         # the CPU tier (kv_offloading): tokens its first admission loaded from the host
         # pool, and whether it waits for a load now (vLLM's WAITING_FOR_REMOTE_KVS)
         self.cpu_hit_tokens: i64 = 0
+        self.cpu_no_state_tokens: i64 = 0     # held in attention groups past the hit
         self.loading = False
 
     def __repr__(self) -> str:
@@ -600,6 +601,9 @@ class Scheduler:
             if looked_up and r.hit_tokens < 0:
                 r.hit_tokens = new_local
                 r.cpu_hit_tokens = ext
+                reach = conn.attention_reach(c, c.num_computed_tokens + new_local - new_local % sbs)
+                if reach > new_local + ext:
+                    r.cpu_no_state_tokens = reach - new_local - ext
                 r.junction = lookup.junction if lookup is not None else 0
                 r.attention_hit_tokens = attn_alone
                 if attr is not None:

@@ -21,6 +21,7 @@ from typing import Any
 from sim.oracle.harness import (
     BOTH_REJECT,
     BOTH_STALL,
+    BOTH_STOP,
     COMPARED,
     Mismatch,
     OurTimeout,
@@ -137,11 +138,13 @@ def from_oracle_case(case: dict) -> dict:
 
 # ------------------------------------------------------------------------- our side --
 def run_ours(spec: dict, timeout: float | None = 20.0, literal: bool = True,
-             override: dict | None = None, scheduler: type | None = None) -> dict:
+             override: dict | None = None, scheduler: type | None = None,
+             finish_orders: dict[int, list[str]] | None = None) -> dict:
     """``{"results": [...]}`` | ``{"case_error": msg}`` | ``{"crash": tb}`` |
     ``{"hang": seconds}``.  ``scheduler``: a subclass of ``sim.steps.Scheduler`` to run
     instead, for this run only (e.g. one that records its decisions)."""
     from sim.cache.case import CaseError
+    from sim.cache.offload import ConnectorAssertion
     import sim.steps as steps_mod
 
     data = to_ours(spec, literal, override)
@@ -152,17 +155,21 @@ def run_ours(spec: dict, timeout: float | None = 20.0, literal: bool = True,
     try:
         got = call_with_timeout(
             lambda: steps_mod.run_steps_data(data, spec["name"], kv_events=events,
-                                             per_step=True), timeout)
+                                             per_step=True, finish_orders=finish_orders),
+            timeout)
         if events:   # (the KV events beside the requests: compared when the case has them)
             return {"results": got["requests"], "steps": got["steps"],
                     "kv_events": got["kv_events"], "kv_events_error": got["kv_events_error"]}
         if "offload_steps" in got:
             return {"results": got["requests"], "steps": got["steps"],
                     "offload_steps": got["offload_steps"],
-                    "offload_totals": got["offload_totals"]}
+                    "offload_totals": got["offload_totals"],
+                    "finish_ties": got["finish_ties"]}
         return {"results": got["requests"], "steps": got["steps"]}
     except OurTimeout:
         return {"hang": timeout}
+    except ConnectorAssertion as e:   # where vLLM's engine dies on its own assertion
+        return {"stopped": e.step, "message": str(e)}
     except CaseError as e:
         return {"case_error": str(e)}
     except Exception:  # noqa: BLE001 - a crash of our engine is itself a finding
@@ -197,6 +204,11 @@ def compare(spec: dict, ours: dict, ans: dict, ignore: frozenset | set = frozens
     if "crash" in ours:
         return Verdict(COMPARED, [Mismatch("crash", "-", ours["crash"].strip().splitlines()[-1],
                                            ans.get("error"))], n)
+    if "stopped" in ours:
+        if str(ans.get("error", "")).startswith(f"step {ours['stopped']}: AssertionError"):
+            return Verdict(BOTH_STOP)
+        return Verdict(COMPARED, [Mismatch("stopped", "-", ours["message"], ans.get("error"))],
+                       n)
     if "hang" in ours and "max_steps" in str(ans.get("error")):
         # vLLM never admits some request either (the pool cannot hold it): both stall
         return Verdict(BOTH_STALL)
@@ -326,7 +338,7 @@ def label(f: str, r: dict, o: dict, a, b) -> str:
 
 def short(ours: dict) -> str:
     """Our side's outcome in one line (when it has no results)."""
-    for k in ("case_error", "crash", "hang"):
+    for k in ("case_error", "crash", "hang", "message"):
         if k in ours:
             return f"{k}: {str(ours[k]).strip().splitlines()[-1]}"
     return "accepted"
@@ -335,6 +347,36 @@ def short(ours: dict) -> str:
 def expect(ans: dict) -> dict[str, dict[str, Any]]:
     """The oracle's answers in our result keys (a step case's ``expect`` block)."""
     return {r["id"]: {f: oracle_value(r, f) for f in FIELDS} for r in ans["requests"]}
+
+
+MAX_TIE_ORDERS = 120
+
+
+def compare_ties(spec: dict, ours: dict, ans: dict, ignore: frozenset | set = frozenset(),
+                 timeout: float | None = 20.0, override: dict | None = None) -> Verdict:
+    """``compare``, where vLLM's order is not determined: its connector takes the requests
+    that finished in one step in Python set order (string hashes, random per process), and
+    that order decides their host-pool recency.  When the first answer mismatches and steps
+    had several finished requests, the other orders of those steps are tried (at most
+    ``MAX_TIE_ORDERS``); the case matches if one of them does (the verdict's ``checked``
+    is unchanged)."""
+    import itertools
+
+    v = compare(spec, ours, ans, ignore)
+    ties = ours.get("finish_ties") or []
+    if not v.mismatches or not ties:
+        return v
+    choices = [[(step, list(p)) for p in itertools.permutations(ids)] for step, ids in ties]
+    for n, combo in enumerate(itertools.product(*choices)):
+        if n == 0:
+            continue        # (the order already run)
+        if n > MAX_TIE_ORDERS:
+            break
+        alt = run_ours(spec, timeout, override=override, finish_orders=dict(combo))
+        w = compare(spec, alt, ans, ignore)
+        if not w.mismatches:
+            return w
+    return v
 
 
 def offload_coverage(spec: dict, ans: dict) -> list[str]:
@@ -380,6 +422,7 @@ def tester(timeout: float | None = 20.0, override: dict | None = None,
     ``OFFLOAD`` for cases with the CPU tier)."""
     return Tester(oracle, to_oracle,
                   lambda spec: run_ours(spec, timeout, override=override),
-                  lambda spec, ours, ans: compare(spec, ours, ans, ignore),
+                  lambda spec, ours, ans: compare_ties(spec, ours, ans, ignore, timeout,
+                                                       override),
                   shrink_candidates or (lambda spec: []), size,
                   offload_coverage if oracle == OFFLOAD else None)
