@@ -60,7 +60,7 @@ def parse_steps(data):
         raise CaseError("top level: expected a mapping with config and requests")
     for k in data:
         if k not in ("config", "requests", "source", "expect", "description",
-                     "expect_kv_events"):
+                     "expect_kv_events", "expect_offload_steps"):
             raise CaseError(f"{k}: unknown key")
     cfg_in = data.get("config") or {}
     if not isinstance(cfg_in, dict):
@@ -283,10 +283,16 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
     # not at that step's update as vLLM does: same hits, later events; step one by one)
     eng = Engine(sched, FixedStep(UNIT_S), make, lambda r: None,
                  jump=not isinstance(acc, list) and log is None and not per_step)
+    stalled = None
     try:
         eng.run(StepArrival(rid, arrival * UNIT_S, [], mt) for rid, _, arrival, mt, _ in traces)
-    except CapacityError as e:   # the engine's progress guard: a request that never fits
-        raise CapacityError(f"{source}: {e}") from None
+    except CapacityError as e:
+        # the engine's progress guard: what is left can never be scheduled (a request the
+        # pool can never hold).  vLLM's scheduler keeps such a request waiting for good
+        # (its test_can_fit_full_sequence_full_attention_still_gates_oversized) while it
+        # serves the others; so does a step case: it ends there, reporting the requests
+        # still waiting ("waiting": true, their steps null)
+        stalled = f"{source}: {e}"
     rejected = {id(r) for r in eng.rejected}
     out = []
     for rid in file_order:
@@ -301,19 +307,22 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
         hit = r.hit_tokens
         if conn is not None and r.cpu_hit_tokens:
             hit = min(hit + r.cpu_hit_tokens, r.cache.num_prompt_tokens - 1)
+        never = r.first_scheduled_ns < 0     # (only when stalled: every other request ends)
         out.append({
             "id": rid,
             "arrival_step": r.arrival_ns,
-            "first_scheduled_step": r.first_scheduled_ns,
-            "hit": hit,
-            "junction": r.junction,
+            "first_scheduled_step": None if never else r.first_scheduled_ns,
+            "hit": None if never else hit,
+            "junction": None if never else r.junction,
             "chunk_ends": list(r.chunk_ends),
             "chunk_end_steps": list(r.chunk_end_steps),
-            "first_token_step": r.first_token_ns - 1,
-            "finish_step": r.finish_ns - 1,
+            "first_token_step": r.first_token_ns - 1 if r.first_token_ns >= 0 else None,
+            "finish_step": r.finish_ns - 1 if r.finish_ns >= 0 else None,
             "preemptions": r.preemptions,
             "output_tokens": r.num_output,
         })
+        if r.finish_ns < 0:
+            out[-1]["waiting"] = True
         if conn is not None:
             out[-1]["gpu_hit"] = r.hit_tokens if r.hit_tokens >= 0 else None
             out[-1]["external_hit"] = r.cpu_hit_tokens if r.hit_tokens >= 0 else None
@@ -323,6 +332,8 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
     if not (kv_events or per_step):
         return out
     res: dict = {"requests": out}
+    if stalled is not None:
+        res["stalled"] = stalled
     if per_step:
         res["steps"] = step_log
         if conn is not None:

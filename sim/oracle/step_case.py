@@ -160,6 +160,8 @@ def run_ours(spec: dict, timeout: float | None = 20.0, literal: bool = True,
         if events:   # (the KV events beside the requests: compared when the case has them)
             return {"results": got["requests"], "steps": got["steps"],
                     "kv_events": got["kv_events"], "kv_events_error": got["kv_events_error"]}
+        if "stalled" in got:     # some request never fits: it waits, as in vLLM
+            return {"stall": got["stalled"]}
         if "offload_steps" in got:
             return {"results": got["requests"], "steps": got["steps"],
                     "offload_steps": got["offload_steps"],
@@ -209,6 +211,10 @@ def compare(spec: dict, ours: dict, ans: dict, ignore: frozenset | set = frozens
             return Verdict(BOTH_STOP)
         return Verdict(COMPARED, [Mismatch("stopped", "-", ours["message"], ans.get("error"))],
                        n)
+    if "stall" in ours:
+        if "max_steps" in str(ans.get("error")):
+            return Verdict(BOTH_STALL)   # vLLM never schedules some request either
+        return Verdict(COMPARED, [Mismatch("stall", "-", ours["stall"], ans.get("error"))], n)
     if "hang" in ours and "max_steps" in str(ans.get("error")):
         # vLLM never admits some request either (the pool cannot hold it): both stall
         return Verdict(BOTH_STALL)
@@ -338,15 +344,46 @@ def label(f: str, r: dict, o: dict, a, b) -> str:
 
 def short(ours: dict) -> str:
     """Our side's outcome in one line (when it has no results)."""
-    for k in ("case_error", "crash", "hang", "message"):
+    for k in ("case_error", "crash", "hang", "stall", "message"):
         if k in ours:
             return f"{k}: {str(ours[k]).strip().splitlines()[-1]}"
     return "accepted"
 
 
 def expect(ans: dict) -> dict[str, dict[str, Any]]:
-    """The oracle's answers in our result keys (a step case's ``expect`` block)."""
-    return {r["id"]: {f: oracle_value(r, f) for f in FIELDS} for r in ans["requests"]}
+    """The oracle's answers in our result keys (a step case's ``expect`` block; with the
+    CPU tier its per-request fields too)."""
+    fields = FIELDS + (OFFLOAD_FIELDS if ans.get("totals") is not None else [])
+    return {r["id"]: {f: oracle_value(r, f) for f in fields} for r in ans["requests"]}
+
+
+def _plain(v: Any) -> Any:
+    """Tuples as lists (what YAML writes and reads back)."""
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def offload_steps_canonical(records: list[dict]) -> list[dict]:
+    """Per-step offload records (ours, or the oracle's ``offload`` parts with their step)
+    in the canonical form ``OFFLOAD_STEP_FIELDS`` are compared in; empty steps left out."""
+    out = []
+    for rec in records:
+        row: dict[str, Any] = {"step": rec["step"]}
+        for f in OFFLOAD_STEP_FIELDS:
+            v = offload_step_value(rec, f)
+            if v:
+                row[f] = _plain(v)
+        if len(row) > 1:
+            out.append(row)
+    return out
+
+
+def expect_offload_steps(ans: dict) -> list[dict]:
+    """The oracle's per-step transfers, canonical (a golden step case's
+    ``expect_offload_steps``)."""
+    return offload_steps_canonical([dict(s["offload"], step=s["step"])
+                                    for s in ans.get("steps") or [] if s.get("offload")])
 
 
 MAX_TIE_ORDERS = 120
@@ -385,11 +422,12 @@ def offload_coverage(spec: dict, ans: dict) -> list[str]:
     several blocks, ARC; host hits (async loads), partial-tail loads and stores, lookups
     deferred, host evictions and failed allocations, flushes, a reload after preemption."""
     cfg = spec["config"]
-    tags = ["mamba_first" if cfg["groups"][0] == "mamba" else "attention_first"]
+    groups = cfg.get("groups", ["full", "mamba"])
+    block = cfg.get("block_size", 16)
+    tags = ["mamba_first" if groups[0] == "mamba" else "attention_first"]
     if cfg.get("eagle"):
         tags.append("eagle")
-    if cfg.get("blocks_per_chunk", 1) > 1 or (
-            cfg.get("offload_block_size") or cfg["block_size"]) > cfg["block_size"]:
+    if cfg.get("blocks_per_chunk", 1) > 1 or (cfg.get("offload_block_size") or block) > block:
         tags.append("bpc>1")
     if cfg.get("eviction_policy") == "arc":
         tags.append("arc")
@@ -401,11 +439,11 @@ def offload_coverage(spec: dict, ans: dict) -> list[str]:
         tags.append("preempt_reload")
     if any(lk[2] is None for r in reqs for lk in r.get("lookups") or []):
         tags.append("deferred_lookup")
-    unit = cfg.get("hash_block_size") or cfg["block_size"]
+    unit = cfg.get("hash_block_size") or block
     ends = [e for st in ans.get("steps") or [] for kind in ("loads", "stores")
             for j in (st.get("offload") or {}).get(kind) or []
             for g in j["groups"].values() for e in g["ends"]]
-    if any(e % cfg["block_size"] and e % unit == 0 for e in ends):
+    if any(e % block and e % unit == 0 for e in ends):
         tags.append("partial_tail")
     offs = [st.get("offload") or {} for st in ans.get("steps") or []]
     for key, tag in (("evicted", "cpu_evict"), ("alloc_fail", "cpu_alloc_fail"),
