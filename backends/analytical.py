@@ -171,14 +171,14 @@ class HostLinks:
         """A load of ``nbytes`` submitted at ``start``: when it is done."""
         if self.load_free > start:
             start = self.load_free
-        end: i64 = start + int(nbytes * self.load_ns_per_byte + 0.5)
+        end: i64 = start + int(float(nbytes) * self.load_ns_per_byte + 0.5)
         self.load_free = end
         return end
 
     def store(self, nbytes: i64, start: i64) -> i64:
         if self.store_free > start:
             start = self.store_free
-        end: i64 = start + int(nbytes * self.store_ns_per_byte + 0.5)
+        end: i64 = start + int(float(nbytes) * self.store_ns_per_byte + 0.5)
         self.store_free = end
         return end
 

@@ -377,6 +377,13 @@ class KVCacheManager:
                 out.append(t[mi] if t else [])
         return out
 
+    def group_table(self, rid: str, gid: int) -> list[Block]:
+        """``rid``'s block table in group ``gid`` (empty if none)."""
+        m = self.coordinator.manager_of[gid]
+        st = m._get(rid)
+        t = st.table if st is not None else None
+        return t[gid - m.group_ids[0]] if t else []
+
     def remove_skipped(self, req: CacheRequest, processed: int) -> None:
         """Free the blocks no group needs past ``processed`` computed tokens (vLLM does
         this for a finished request before a KV connector sees its table: a Mamba group

@@ -406,10 +406,10 @@ class MambaManager(SingleTypeManager):
         fresh = pool.take_new_blocks(new * width, self.group_id) if new else pool.fresh
         tail: i64 = -1   # a producer's partial-tail state this copy preserves (connector)
         if self.has_handoffs and srcs is not None and was_allocated:
-            got = self.producer_tail.get(rid)
-            if got is not None:
+            at = self.producer_tail.get(rid)
+            if at is not None:
                 del self.producer_tail[rid]
-                tail = got
+                tail = at
         mi: i64 = 0
         while mi < width:
             blocks = t[mi]

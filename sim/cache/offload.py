@@ -66,7 +66,7 @@ class ConnectorAssertion(InputError):
 class GroupOffload:
     """One KV-cache group as the connector offloads it."""
 
-    __slots__ = ("gid", "tpb", "tpc", "hpc", "window", "eagle", "cow")
+    __slots__ = ("gid", "tpb", "tpc", "hpc", "window", "eagle", "cow", "pki")
 
     def __init__(self, gid: int, tpb: int, bpc: int, unit: int, mamba: bool, eagle: bool):
         self.gid = gid
@@ -76,6 +76,7 @@ class GroupOffload:
         self.window: int | None = 1 if mamba else None   # chunks a hit needs at its end
         self.eagle = eagle               # is_eagle_group: one trailing chunk is volatile
         self.cow = mamba                 # Mamba align: states come from the GPU hand-off
+        self.pki = 0                     # which of the request's prefix-key lists (by hpc)
 
 
 class Job:
@@ -98,13 +99,15 @@ class Job:
 class ReqOffload:
     """One request's offload state (vLLM's ``RequestOffloadState``)."""
 
-    __slots__ = ("req", "st", "keys", "block_ids", "next_stored", "hit_end", "num_local",
-                 "jobs", "tail", "loaded", "finished", "signaled", "loading")
+    __slots__ = ("req", "st", "pk", "block_ids", "next_stored", "hit_end", "num_local",
+                 "jobs", "tail", "loaded", "finished", "signaled", "loading", "swept")
 
-    def __init__(self, req: CacheRequest, ngroups: int):
+    def __init__(self, req: CacheRequest, ngroups: int, nlists: int):
         self.req = req
         self.st = AccessState()
-        self.keys: list[list[int]] = [[] for _ in range(ngroups)]
+        # the prefix keys of its chunks, one list per chunk size (a group's chunk key is
+        # its prefix key with the group in the low bits: groups of one chunk size share one)
+        self.pk: list[list[int]] = [[] for _ in range(nlists)]
         self.block_ids: list[list[int]] = [[] for _ in range(ngroups)]
         self.next_stored = [0] * ngroups
         self.hit_end = [0] * ngroups
@@ -115,6 +118,7 @@ class ReqOffload:
         self.finished = False
         self.signaled = False            # the manager saw its finish
         self.loading = False             # admitted, waiting for its load (scheduler side)
+        self.swept = False               # every prompt chunk the sweep may store is behind it
 
 
 class StepTransfers:
@@ -217,6 +221,12 @@ class OffloadConnector:
         for gc in self.groups:
             if gc.tpc % self.unit:
                 raise ValueError("kv_offloading: a chunk must hold whole hash units")
+        hpcs: list[int] = []
+        for gc in self.groups:
+            if gc.hpc not in hpcs:
+                hpcs.append(gc.hpc)
+            gc.pki = hpcs.index(gc.hpc)
+        self.hpcs = hpcs
         self.full = tuple(i for i, gc in enumerate(self.groups) if gc.window is None)
         self.sliding = tuple(i for i, gc in enumerate(self.groups) if gc.window is not None)
         self.lookup_groups = self.full + self.sliding
@@ -263,27 +273,36 @@ class OffloadConnector:
         kv.enable_offload_handoffs()
 
     # ------------------------------------------------------------------ helpers --
-    def _key(self, req: CacheRequest, idx: int, gid: int) -> int:
-        return (req.block_hashes.key(idx) << GROUP_BITS) | gid
-
     def _update_keys(self, rs: ReqOffload) -> None:
+        """The request's chunk keys for every complete chunk of its hashes (prompt and
+        outputs), with their end tokens (the prefix order the host pool ranks by)."""
         req = rs.req
-        n = req.block_hashes.count
+        bh = req.block_hashes
+        n = bh.count
         pos = rs.st.positions
-        for gi, gc in enumerate(self.groups):
-            keys = rs.keys[gi]
-            want = n // gc.hpc
-            k = len(keys)
+        u = self.unit
+        for li, hpc in enumerate(self.hpcs):
+            pks = rs.pk[li]
+            want = n // hpc
+            k = len(pks)
             while k < want:
                 k += 1
-                key = self._key(req, k * gc.hpc - 1, gc.gid)
-                keys.append(key)
-                pos[key] = k * gc.tpc
+                pk = bh.key(k * hpc - 1)
+                pks.append(pk)
+                pos[pk] = k * hpc * u
+
+    def _gkeys(self, rs: ReqOffload, gi: int, lo: int, hi: int) -> list[int]:
+        """Group ``gi``'s chunk keys ``lo`` .. ``hi - 1``."""
+        gid = self.groups[gi].gid
+        return [(pk << GROUP_BITS) | gid for pk in rs.pk[self.groups[gi].pki][lo:hi]]
+
+    def _nkeys(self, rs: ReqOffload, gi: int) -> int:
+        return len(rs.pk[self.groups[gi].pki])
 
     def _boundary_key(self, rs: ReqOffload, gid: int, tokens: int) -> int:
-        key = self._key(rs.req, tokens // self.unit - 1, gid)
-        rs.st.positions[key] = tokens
-        return key
+        pk = rs.req.block_hashes.key(tokens // self.unit - 1)
+        rs.st.positions[pk] = tokens
+        return (pk << GROUP_BITS) | gid
 
     def _offloadable(self, rs: ReqOffload, n: int) -> int:
         req = rs.req
@@ -345,10 +364,11 @@ class OffloadConnector:
         reach = cap
         for gi in self.full:
             gc = self.groups[gi]
-            keys = rs.keys[gi]
+            pks = rs.pk[gc.pki]
+            gid = gc.gid
             first = start // gc.tpc
             i = first
-            while i < len(keys) and lookup(keys[i]) == HIT:
+            while i < len(pks) and lookup((pks[i] << GROUP_BITS) | gid) == HIT:
                 i += 1
             if gc.eagle and i > first:
                 i -= 1
@@ -361,7 +381,7 @@ class OffloadConnector:
 
     # ---------------------------------------------------------------- requests --
     def add_request(self, req: CacheRequest) -> None:
-        self.reqs[req.request_id] = ReqOffload(req, len(self.groups))
+        self.reqs[req.request_id] = ReqOffload(req, len(self.groups), len(self.hpcs))
         if self.req_log is not None:
             self.req_log[req.request_id] = {"admissions": [], "lookups": [],
                                             "load_done_step": None}
@@ -389,6 +409,7 @@ class OffloadConnector:
         for gi in range(len(self.groups)):
             rs.block_ids[gi].clear()
             rs.next_stored[gi] = 0
+        rs.swept = False
         if rs.jobs:
             hit: int | None = None
         else:
@@ -399,12 +420,14 @@ class OffloadConnector:
             self.req_log[rid]["lookups"].append([self.now, local, hit, bool(hit)])
         return hit
 
-    def _prefix_lookup(self, keys: list[int]) -> int | None:
+    def _prefix_lookup(self, pks: list[int], lo: int, hi: int, gid: int) -> int | None:
+        """Chunks ``lo`` .. ``hi - 1`` of a group: how many, from ``lo``, the pool holds
+        (being written counts, but makes the answer None: deferred)."""
         n = 0
         defer = False
         lookup = self.pool.lookup
-        for key in keys:
-            r = lookup(key)
+        for i in range(lo, hi):
+            r = lookup((pks[i] << GROUP_BITS) | gid)
             if r == MISS:
                 break
             n += 1
@@ -412,13 +435,16 @@ class OffloadConnector:
                 defer = True
         return None if defer else n
 
-    def _window_lookup(self, keys: list[int], window: int, first_window: int) -> int | None:
+    def _window_lookup(self, pks: list[int], lo: int, hi: int, gid: int, window: int,
+                       first_window: int) -> int | None:
+        """Chunks ``lo`` .. ``hi - 1`` of a group with a window (Mamba: one chunk), from the
+        end: the end (from ``lo``) of the last run of ``window`` chunks held."""
         pending = False
         run = 0
         need = first_window or window
         lookup = self.pool.lookup
-        for idx in range(len(keys) - 1, -1, -1):
-            r = lookup(keys[idx])
+        for idx in range(hi - lo - 1, -1, -1):
+            r = lookup((pks[lo + idx] << GROUP_BITS) | gid)
             if r == HIT:
                 run += 1
             elif r == HIT_PENDING:
@@ -453,24 +479,24 @@ class OffloadConnector:
             for gi in current:
                 gc = self.groups[gi]
                 tpc = gc.tpc
-                keys = rs.keys[gi]
+                pks = rs.pk[gc.pki]
+                nk = len(pks)
                 unverified = gc.eagle and gi not in verified
-                if cap > len(keys) * tpc:
-                    cap = len(keys) * tpc
+                if cap > nk * tpc:
+                    cap = nk * tpc
                 if cap - c0 < tpc:
                     return 0
                 query_max = cap
                 if unverified:
-                    query_max = min(cap + tpc, len(keys) * tpc)
-                nchunks = min(cdiv(query_max, tpc), len(keys))
+                    query_max = min(cap + tpc, nk * tpc)
+                nchunks = min(cdiv(query_max, tpc), nk)
                 start = c0 // tpc
-                sub = keys[start:nchunks]
                 if gc.window is None:
-                    nh = self._prefix_lookup(sub)
+                    nh = self._prefix_lookup(pks, start, nchunks, gc.gid)
                     rs.hit_end[gi] = start + (nh or 0)
                 else:
                     w = gc.window + (1 if unverified else 0)
-                    nh = self._window_lookup(sub, w, gc.window + (1 if unverified else 0))
+                    nh = self._window_lookup(pks, start, nchunks, gc.gid, w, w)
                 if nh == 0:
                     return 0
                 if nh is None:
@@ -499,7 +525,7 @@ class OffloadConnector:
         if self.loading_keys:
             end = c0 + num_hit
             for gi, gc in enumerate(self.groups):
-                sub = rs.keys[gi][c0 // gc.tpc:cdiv(end, gc.tpc)]
+                sub = self._gkeys(rs, gi, c0 // gc.tpc, cdiv(end, gc.tpc))
                 if gc.window is not None:
                     sub = sub[-gc.window:]
                 for key in sub:
@@ -532,7 +558,7 @@ class OffloadConnector:
             for gi, gc in enumerate(self.groups):
                 if gc.cow:
                     continue
-                key = rs.keys[gi][bridge]
+                key = (rs.pk[gc.pki][bridge] << GROUP_BITS) | gc.gid
                 pending = pending or key in self.loading_keys
                 if rs.hit_end[gi] <= bridge:
                     unconfirmed.append(key)
@@ -554,9 +580,21 @@ class OffloadConnector:
         return complete
 
     def _lookup_tail(self, rs: ReqOffload, b: int, pending: bool) -> tuple[bool, bool]:
+        bh = rs.req.block_hashes
+        pos = rs.st.positions
+        u = self.unit
+        lookup = self.pool.lookup
+        at_b = -1             # (the prefix key at b, shared by the groups without a margin)
         for gc in self.groups:
-            key = self._boundary_key(rs, gc.gid, b + self.margins.get(gc.gid, 0))
-            r = self.pool.lookup(key)
+            t = b + self.margins.get(gc.gid, 0)
+            if t != b:
+                pk = bh.key(t // u - 1)
+            else:
+                if at_b < 0:
+                    at_b = bh.key(b // u - 1)
+                pk = at_b
+            pos[pk] = t
+            r = lookup((pk << GROUP_BITS) | gc.gid)
             if r == MISS:
                 return False, pending
             pending = pending or r != HIT
@@ -601,7 +639,7 @@ class OffloadConnector:
             npending = ngpu - start
             nchunks = cdiv(cached, gc.tpc)
             if npending:
-                gk = rs.keys[gi][start // self.bpc:nchunks - (tail is not None)]
+                gk = self._gkeys(rs, gi, start // self.bpc, nchunks - (tail is not None))
                 if tail is not None:
                     gk.append(self._boundary_key(rs, gc.gid, tail + self.margins.get(gc.gid, 0)))
                 keys_to_load.extend(gk)
@@ -609,7 +647,7 @@ class OffloadConnector:
                 if groups is not None:
                     groups[str(gc.gid)] = {"chunks": len(gk), "blocks": npending,
                                            "start_block": start,
-                                           "ends": sorted(pos[k] for k in gk)}
+                                           "ends": sorted(pos[k >> GROUP_BITS] for k in gk)}
             rs.next_stored[gi] = nchunks
         self.pool.prepare_load(keys_to_load, rs.st)
         job = self._new_job(rid, keys_to_load, False)
@@ -734,13 +772,11 @@ class OffloadConnector:
         # the scheduled requests' keys and (attention) block tables
         for rid, _, _ in scheduled:
             rs = self.reqs[rid]
-            self._update_keys(rs)
-            tables = kv.group_tables(rid)
-            for gi, gc in enumerate(self.groups):
-                if gc.cow:
-                    continue
+            if not rs.swept:
+                self._update_keys(rs)
+            for gi in self.full:
                 ids = rs.block_ids[gi]
-                t = tables[gi]
+                t = kv.group_table(rid, gi)
                 if len(ids) < len(t):
                     ids.extend(b.block_id for b in t[len(ids):])
         # flushes: preempted requests' jobs, jobs whose source blocks come back
@@ -910,7 +946,7 @@ class OffloadConnector:
             if self.log is not None:
                 pos = rs.st.positions
                 groups = {str(gc.gid): {"chunks": 1, "blocks": 1, "start_block": idx,
-                                        "ends": [pos[k]]}
+                                        "ends": [pos[k >> GROUP_BITS]]}
                           for gc, k in zip(self.groups, keys) if k in stored}
             job = self._store_job(rs, [k for k in keys if k in stored], len(src), groups)
             job.fenced = src
@@ -925,7 +961,7 @@ class OffloadConnector:
         a = len(rs.block_ids[gi]) // self.bpc
         if a < n:
             n = a
-        k = len(rs.keys[gi])
+        k = len(rs.pk[gc.pki])
         return k if k < n else n
 
     def _advance(self, rs: ReqOffload, offl: int) -> None:
@@ -934,11 +970,25 @@ class OffloadConnector:
             if n > rs.next_stored[gi]:
                 rs.next_stored[gi] = n
 
+    def _check_swept(self, rs: ReqOffload) -> None:
+        """Prompt chunks only (vLLM's default): once every attention group stored its last
+        complete prompt chunk, the request's sweeps store nothing more (until a new lookup
+        starts them again)."""
+        if not self.prompt_only:
+            return
+        prompt = rs.req.num_prompt_tokens
+        for gi in self.full:
+            if rs.next_stored[gi] < prompt // self.groups[gi].tpc:
+                return
+        rs.swept = True
+
     def _sweep(self, rs: ReqOffload, after: int, allocated: set[int] | None,
                sched_ids: list[tuple[str, bool]]) -> set[int] | None:
         """Store the request's complete prompt chunks not stored yet (vLLM's
         ``_build_store_jobs`` for one request); returns the allocated-ids set (built when
         first needed)."""
+        if rs.swept:
+            return allocated
         offl = self._offloadable(rs, after)
         bpc = self.bpc
         new_keys: list[int] = []
@@ -949,7 +999,8 @@ class OffloadConnector:
             ranges.append((start, n))
             if gc.cow or n <= start:
                 continue
-            keys = rs.keys[gi]
+            pks = rs.pk[gc.pki]
+            gid = gc.gid
             ids = rs.block_ids[gi]
             for c in range(start, n):
                 first = c * bpc
@@ -959,15 +1010,17 @@ class OffloadConnector:
                         ok = False
                         break
                 if ok:
-                    new_keys.append(keys[c])
+                    new_keys.append((pks[c] << GROUP_BITS) | gid)
         if not new_keys:
             self._advance(rs, offl)
+            self._check_swept(rs)
             return allocated
         out = self._prepare_store(new_keys, rs)
         if out is None:
             return allocated
         if not out[0]:
             self._advance(rs, offl)
+            self._check_swept(rs)
             return allocated
         stored = set(out[0])
         src: list[int] = []
@@ -975,16 +1028,16 @@ class OffloadConnector:
         pos = rs.st.positions
         for gi, gc in enumerate(self.groups):
             start, n = ranges[gi]
-            keys = rs.keys[gi]
+            pks = rs.pk[gc.pki]
+            gid = gc.gid
             ids = rs.block_ids[gi]
             nb = 0
             first_blk = -1
             ends = []
             for c in range(start, n):
-                key = keys[c]
-                if key not in stored:
+                if gc.cow or ((pks[c] << GROUP_BITS) | gid) not in stored:
                     continue
-                ends.append(pos[key])
+                ends.append(pos[pks[c]])
                 for b in range(bpc):
                     bid = ids[c * bpc + b]
                     if bid == 0:
@@ -1001,6 +1054,7 @@ class OffloadConnector:
                 rs.next_stored[gi] = n
         job = self._store_job(rs, list(out[0]), len(src), groups)
         job.deferred = src
+        self._check_swept(rs)
         if rs.finished:
             if allocated is None:
                 allocated = self._allocated_ids(sched_ids)

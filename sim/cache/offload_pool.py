@@ -56,16 +56,20 @@ class AccessState:
         self.store_misses: set[int] = set()
         self.finished = False
         self.lru_rank = 0                 # 0: the policy has not ranked this request yet
-        self.positions: dict[int, int] = {}   # key -> end token (the request's prefix order)
+        # prefix key (a chunk key without its group bits) -> end token: the request's order
+        self.positions: dict[int, int] = {}
 
 
 def _head_to_tail(key_groups: dict[int, list[int]], positions: dict[int, int]) -> list[int]:
     """Every observed key, group lists by group index (each by position), then one stable
     sort by position: the head first, the lower group first at one position."""
+    def pos(k: int) -> int:
+        return positions[k >> GROUP_BITS]
+
     keys: list[int] = []
     for g in sorted(key_groups):
-        keys.extend(sorted(key_groups[g], key=positions.__getitem__))
-    keys.sort(key=positions.__getitem__)
+        keys.extend(sorted(key_groups[g], key=pos))
+    keys.sort(key=pos)
     return keys
 
 
@@ -87,7 +91,7 @@ class LRUPolicy:
         heapq.heappush(self.heap, (self.ranks[key], key))
 
     def insert(self, key: int, st: AccessState) -> None:
-        pos = st.positions.get(key)
+        pos = st.positions.get(key >> GROUP_BITS)
         if pos is None:
             self.next_rank += 1
             self.ranks[key] = (self.next_rank, 0)
@@ -100,7 +104,7 @@ class LRUPolicy:
     def on_request_access(self, keys: list[int], st: AccessState, resident: dict) -> None:
         r = self._rank_of(st)
         for key in keys:
-            pos = st.positions.get(key)
+            pos = st.positions.get(key >> GROUP_BITS)
             if pos is None or key not in resident:
                 continue
             rank = (r, -pos)
