@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cache.offload import ConnectorAssertion
+from sim.cache.offload_stop import ConnectorAssertion
 from sim.config.scenario import ScenarioError, load_scenario
 from sim.records import OFFLOAD_COLUMNS, OFFLOAD_MEMORY_COLUMNS, OFFLOAD_SUMMARY_FIELDS
 from sim.run import simulate, write_run

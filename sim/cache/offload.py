@@ -34,33 +34,17 @@ them, and nothing reads them in between).
 """
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING, Any
 
 from sim.cache.block_pool import GROUP_BITS
-from sim.config.errors import InputError
+from sim.cache.offload_stop import ConnectorAssertion
 from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, AccessState, HostPool
 from sim.cache.rules import cdiv, eagle_proof_margin
 
 if TYPE_CHECKING:
     from sim.cache.kv_manager import KVCacheManager
     from sim.cache.request import CacheRequest
-
-
-class ConnectorAssertion(InputError):
-    """Where vLLM 0.33.0's offloading connector fails one of its own assertions: the
-    engine core dies there, so the replay stops too (``step``: the scheduler step)."""
-
-    @classmethod
-    def at(cls, now: int, steps: bool, message: str) -> "ConnectorAssertion":
-        where = f"step {now}" if steps else f"at {now * 1e-9:.6f} s"
-        return cls(f"{where}: vLLM 0.33.0 stops here: {message}")
-
-    @property
-    def step(self) -> int:
-        """The step it stopped at (step cases), -1 in a timed run."""
-        # (from the message: SimPy re-raises a process's exception rebuilt from its args)
-        head = str(self).split(":", 1)[0]
-        return int(head.split()[-1]) if head.startswith("step ") else -1
 
 
 class GroupOffload:
@@ -79,9 +63,13 @@ class GroupOffload:
         self.pki = 0                     # which of the request's prefix-key lists (by hpc)
 
 
+def _done_order(job: Job) -> tuple[bool, int]:
+    return (job.store, job.jid)
+
+
 class Job:
     __slots__ = ("jid", "rid", "keys", "store", "fenced", "deferred", "chunks", "blocks",
-                 "due", "groups")
+                 "due", "seen", "nbytes", "groups")
 
     def __init__(self, jid: int, rid: str, keys: list[int], store: bool):
         self.jid = jid
@@ -92,7 +80,9 @@ class Job:
         self.deferred: list[int] = []    # ... watched once the request has finished
         self.chunks = len(keys)
         self.blocks = 0                  # GPU blocks moved
-        self.due = -1                    # when its completion is seen (the worker's unit)
+        self.due = -1                    # when it completes (the worker's unit)
+        self.seen = -1                   # the engine time its completion is seen from
+        self.nbytes = 0                  # bytes over one GPU's host link
         self.groups: dict[str, Any] | None = None   # per group, for step logs
 
 
@@ -121,34 +111,60 @@ class ReqOffload:
         self.swept = False               # every prompt chunk the sweep may store is behind it
 
 
-class StepTransfers:
+class Transfers:
+    """How long transfers take.  A job's ``seen`` is the earliest engine time at which the
+    next ``schedule()`` sees it done (-1: not known yet)."""
+
+    steps = False
+
+    def load(self, job: Job, nbytes: int, now: int) -> None:
+        raise NotImplementedError
+
+    def store(self, job: Job, nbytes: int, now: int) -> None:
+        raise NotImplementedError
+
+    def flush(self, job: Job, now: int) -> None:
+        raise NotImplementedError
+
+    def start_step(self, now: int) -> list[Job]:
+        """At a step's start: the jobs whose completion time became known."""
+        return []
+
+    def stall_ns(self) -> int:
+        return 0
+
+    def waiting_to_start(self) -> bool:
+        """Whether jobs wait for the next step to be submitted."""
+        return False
+
+
+class StepTransfers(Transfers):
     """The oracle's stand-in worker: a job issued by the step at ``now`` completes at the
     end of step ``now + steps`` (0: its own step), seen by the next ``schedule()``; a
     flushed job completes in the flushing step.  One step is ``unit`` engine ns."""
+
+    steps = True
 
     def __init__(self, load_steps: int = 1, store_steps: int = 1, unit: int = 1):
         self.load_steps = load_steps
         self.store_steps = store_steps
         self.unit = unit
 
+    def _due(self, job: Job, step: int) -> None:
+        job.due = step
+        job.seen = (step + 1) * self.unit
+
     def load(self, job: Job, nbytes: int, now: int) -> None:
-        job.due = now // self.unit + self.load_steps
+        self._due(job, now // self.unit + self.load_steps)
 
     def store(self, job: Job, nbytes: int, now: int) -> None:
-        job.due = now // self.unit + self.store_steps
+        self._due(job, now // self.unit + self.store_steps)
 
-    def flush(self, job: Job, now: int) -> int:
-        job.due = now // self.unit
-        return 0
-
-    def start_step(self, now: int) -> None:
-        return None
-
-    def done(self, job: Job, now: int) -> bool:
-        return job.due < now // self.unit
+    def flush(self, job: Job, now: int) -> None:
+        self._due(job, now // self.unit)
 
 
-class TimedTransfers:
+class TimedTransfers(Transfers):
     """Jobs cross the host links at their bandwidth (``backends.analytical.HostLinks``), as
     vLLM's offloading worker submits them: a load when its step starts, a store after the
     step's forward -- at the start of the next step (a flushed store at once, and the
@@ -159,38 +175,40 @@ class TimedTransfers:
         from backends.analytical import HostLinks
 
         self.links = HostLinks(load_bytes_per_s, store_bytes_per_s)
-        self.queued: list[tuple[Job, int]] = []     # stores waiting for the next step
-        self.stall = 0                               # ns the step waits for flushed jobs
+        self.queued: list[Job] = []      # stores waiting for the next step
+        self.stall = 0                   # ns the step waits for flushed jobs
 
     def load(self, job: Job, nbytes: int, now: int) -> None:
-        job.due = self.links.load(nbytes, now)
+        job.nbytes = nbytes
+        job.due = job.seen = self.links.load(nbytes, now)
 
     def store(self, job: Job, nbytes: int, now: int) -> None:
-        job.due = -2                    # (queued: submitted with the next step)
-        self.queued.append((job, nbytes))
+        job.nbytes = nbytes
+        self.queued.append(job)          # (submitted with the next step: seen unknown)
 
-    def start_step(self, now: int) -> None:
+    def start_step(self, now: int) -> list[Job]:
         self.stall = 0
-        if self.queued:
-            q = self.queued
-            self.queued = []
-            for job, nbytes in q:
-                job.due = self.links.store(nbytes, now)
+        q = self.queued
+        if not q:
+            return q
+        self.queued = []
+        for job in q:
+            job.due = job.seen = self.links.store(job.nbytes, now)
+        return q
 
-    def flush(self, job: Job, now: int) -> int:
-        if job.due == -2:
-            for i, (j, nbytes) in enumerate(self.queued):
-                if j is job:
-                    del self.queued[i]
-                    job.due = self.links.store(nbytes, now)
-                    break
+    def flush(self, job: Job, now: int) -> None:
+        if job.seen < 0:
+            self.queued.remove(job)
+            job.due = job.seen = self.links.store(job.nbytes, now)
         wait = job.due - now
         if wait > self.stall:
             self.stall = wait
-        return wait
 
-    def done(self, job: Job, now: int) -> bool:
-        return 0 <= job.due <= now
+    def stall_ns(self) -> int:
+        return self.stall
+
+    def waiting_to_start(self) -> bool:
+        return bool(self.queued)
 
 
 class OffloadConnector:
@@ -198,11 +216,11 @@ class OffloadConnector:
 
     def __init__(self, kv: KVCacheManager, num_chunks: int, policy: str = "lru",
                  blocks_per_chunk: int = 1, eagle_groups: tuple[int, ...] = (),
-                 worker: Any = None, offload_prompt_only: bool = True,
+                 worker: Transfers | None = None, offload_prompt_only: bool = True,
                  block_bytes: int = 0, num_gpus: int = 1):
         self.kv = kv
         self.pool = HostPool(num_chunks, policy)
-        self.worker = worker if worker is not None else StepTransfers()
+        self.worker: Transfers = worker if worker is not None else StepTransfers()
         self.bpc = blocks_per_chunk
         self.prompt_only = offload_prompt_only
         # bytes of one GPU block of one group on one GPU (what a GPU's host link moves per
@@ -247,6 +265,7 @@ class OffloadConnector:
         self.max_margin = max(self.margins.values(), default=0)
         self.reqs: dict[str, ReqOffload] = {}
         self.jobs: dict[int, Job] = {}
+        self.due: list[tuple[int, int]] = []     # (seen, job): completions, as a heap
         self.next_job = 0
         self.loading_keys: set[int] = set()      # keys of async loads in flight
         self.block_jobs: dict[int, set[int]] = {}   # fenced block id -> pending jobs
@@ -320,7 +339,7 @@ class OffloadConnector:
 
     def step_stall(self) -> int:
         """ns this step's forward waits for flushed stores (timed transfers only)."""
-        return getattr(self.worker, "stall", 0)
+        return self.worker.stall_ns()
 
     @property
     def loaded_bytes(self) -> int:
@@ -330,6 +349,23 @@ class OffloadConnector:
     @property
     def stored_bytes(self) -> int:
         return self.stored_blocks * self.block_bytes * self.num_gpus
+
+    def quiet(self, running: list[Any]) -> bool:
+        """Whether the next steps of the running requests (a decode jump) would do nothing
+        here but let transfers complete: no finished request to wrap up, no store waiting
+        for the next step's start, every running request's sweep over."""
+        if self.finished_ids:
+            return False
+        if not self.jobs:
+            return True
+        if self.worker.waiting_to_start():
+            return False
+        reqs = self.reqs
+        for r in running:
+            rs = reqs.get(r.cache.request_id)
+            if rs is None or not rs.swept:
+                return False
+        return True
 
     def busy(self) -> bool:
         """Whether the engine must keep stepping (vLLM's ``has_pending_push_work`` and
@@ -661,6 +697,7 @@ class OffloadConnector:
         self.loaded_chunks += len(keys_to_load)
         self.loaded_blocks += nblocks
         self.worker.load(job, nblocks * self.block_bytes, self.now)
+        self._watch(job)
 
     def load_done(self, rid: str) -> bool:
         return rid in self.recving
@@ -675,15 +712,22 @@ class OffloadConnector:
     def start_step(self, now: int) -> None:
         """Before ``schedule()``: the completions reported since the last one."""
         self.now = now
-        self.worker.start_step(now)
-        kv = self.kv
-        kv.pool.popped = []
-        if not self.jobs:
+        for job in self.worker.start_step(now):
+            self._watch(job)
+        self.kv.pool.popped = []
+        heap = self.due
+        if not heap or heap[0][0] > now:
             return
-        done = [j for j in self.jobs.values() if self.worker.done(j, now)]
+        done: list[Job] = []
+        while heap and heap[0][0] <= now:
+            seen, jid = heapq.heappop(heap)
+            job = self.jobs.get(jid)
+            if job is not None and job.seen == seen:
+                job.seen = -3            # (taken: a second entry of the job is stale)
+                done.append(job)
         if not done:
             return
-        done.sort(key=lambda j: (j.store, j.jid))
+        done.sort(key=_done_order)
         for job in done:
             rs = self.reqs[job.rid]
             if job.store:
@@ -707,9 +751,14 @@ class OffloadConnector:
             if self.log is not None:
                 self._done_rec(job)
 
+    def _watch(self, job: Job) -> None:
+        """Watch for ``job``'s completion (its ``seen`` known)."""
+        if job.seen >= 0:
+            heapq.heappush(self.due, (job.seen, job.jid))
+
     def _done_rec(self, job: Job) -> None:
         """A completion in the step log, at the step that reported it (in steps)."""
-        step = job.due if isinstance(self.worker, StepTransfers) else self.now
+        step = job.due if self.worker.steps else self.now
         recs = self.log
         assert recs is not None
         for r in reversed(recs):
@@ -828,8 +877,9 @@ class OffloadConnector:
             rec = self._rec() if self.log is not None else None
             for jid in sorted(self.flush_jobs):
                 job = self.jobs.get(jid)
-                if job is not None and not self.worker.done(job, now):
+                if job is not None and not 0 <= job.seen <= now:
                     self.worker.flush(job, now)
+                    self._watch(job)
             if rec is not None:
                 rec["flush"] = sorted(self.flush_jobs)
         if self.log is not None:
@@ -863,6 +913,7 @@ class OffloadConnector:
         self.stored_chunks += len(keys)
         self.stored_blocks += blocks
         self.worker.store(job, blocks * self.block_bytes, self.now)
+        self._watch(job)
         if self.log is not None:
             self._rec().setdefault("stores", []).append(self._job_rec(job))
         return job
@@ -913,7 +964,7 @@ class OffloadConnector:
             if any(e[2] != boundary for e in entries):
                 # (an internal prefill checkpoint's state, keyed inside its block and
                 # committed since, offered beside the copy of the prompt's tail state)
-                raise ConnectorAssertion.at(self.now, isinstance(self.worker, StepTransfers), (
+                raise ConnectorAssertion.at(self.now, self.worker.steps, (
                     f"its offloading connector fails an assertion (one partial-tail boundary "
                     f"per request and step): request {rid!r} hands the CPU tier Mamba states "
                     f"inside blocks at {sorted({e[2] for e in entries})} tokens in one step "

@@ -89,6 +89,9 @@ class LRUPolicy:
 
     def _push(self, key: int) -> None:
         heapq.heappush(self.heap, (self.ranks[key], key))
+        if len(self.heap) >= max(64, 2 * len(self.evictable)):   # (drop stale entries)
+            self.heap = [(self.ranks[k], k) for k in self.evictable]
+            heapq.heapify(self.heap)
 
     def insert(self, key: int, st: AccessState) -> None:
         pos = st.positions.get(key >> GROUP_BITS)
@@ -154,7 +157,7 @@ class LRUPolicy:
             self.evictable.discard(key)
             del self.ranks[key]
             out.append(key)
-        if len(heap) > max(64, 4 * len(self.evictable)):   # (drop stale entries)
+        if len(heap) >= max(64, 2 * len(self.evictable)):   # (drop stale entries)
             self.heap = [(self.ranks[k], k) for k in self.evictable]
             heapq.heapify(self.heap)
         return out

@@ -264,7 +264,7 @@ class Scheduler:
         if self.waiting:
             return False
         if self.connector is not None:
-            return not (self.holding or self.connector.busy())
+            return not self.holding and self.connector.quiet(self.running)
         return True
 
     def attach_connector(self, connector: Any) -> None:

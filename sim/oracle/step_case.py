@@ -144,7 +144,7 @@ def run_ours(spec: dict, timeout: float | None = 20.0, literal: bool = True,
     ``{"hang": seconds}``.  ``scheduler``: a subclass of ``sim.steps.Scheduler`` to run
     instead, for this run only (e.g. one that records its decisions)."""
     from sim.cache.case import CaseError
-    from sim.cache.offload import ConnectorAssertion
+    from sim.cache.offload_stop import ConnectorAssertion
     import sim.steps as steps_mod
 
     data = to_ours(spec, literal, override)
