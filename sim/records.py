@@ -107,7 +107,9 @@ MEMORY_COLUMNS: tuple[str, ...] = ("time_s", "kv_blocks", "mamba_blocks", "in_us
 # the columns and fields above: per request the tokens its first admission loaded from the
 # host pool, and those the pool held in every attention group past the hit but could not
 # serve (no Mamba state at a deeper chunk boundary, or off the Mamba chunk grid); the run's
-# host pool, transfers and evictions; the host chunks held at each memory row
+# host pool (``host_pool_bytes`` per GPU, as ``pool_bytes``; ``kv_offloading_size_bytes``
+# over the replica), bytes moved over every GPU's link, host hits and evictions; the host
+# chunks held at each memory row
 OFFLOAD_COLUMNS: tuple[str, ...] = ("cpu_hit_tokens", "cpu_no_state_tokens")
 OFFLOAD_SUMMARY_FIELDS: tuple[str, ...] = (
     "kv_offloading_size_bytes", "host_chunks", "host_chunk_bytes", "host_pool_bytes",

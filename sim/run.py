@@ -395,7 +395,7 @@ def offload_summary(sc: Scenario, dep, rows, summary: dict) -> dict:
         "kv_offloading_size_bytes": sc.kv_offloading.size_bytes,
         "host_chunks": pool.num_chunks,
         "host_chunk_bytes": chunk,
-        "host_pool_bytes": pool.num_chunks * chunk,
+        "host_pool_bytes": pool.num_chunks * chunk // sc.gpu.count,   # per GPU, as pool_bytes
         "cpu_hit_tokens": hit,
         "cpu_token_hit_rate": hit / prompt if prompt else 0.0,
         "cpu_request_hit_rate": sum(1 for v in cpu if v > 0) / n if n else 0.0,

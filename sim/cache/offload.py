@@ -115,7 +115,8 @@ class Transfers:
     """How long transfers take.  A job's ``seen`` is the earliest engine time at which the
     next ``schedule()`` sees it done (-1: not known yet)."""
 
-    steps = False
+    def __init__(self) -> None:
+        self.steps = False       # (times in steps, the oracle's; else in engine ns)
 
     def load(self, job: Job, nbytes: int, now: int) -> None:
         raise NotImplementedError
@@ -143,9 +144,9 @@ class StepTransfers(Transfers):
     end of step ``now + steps`` (0: its own step), seen by the next ``schedule()``; a
     flushed job completes in the flushing step.  One step is ``unit`` engine ns."""
 
-    steps = True
-
     def __init__(self, load_steps: int = 1, store_steps: int = 1, unit: int = 1):
+        super().__init__()
+        self.steps = True
         self.load_steps = load_steps
         self.store_steps = store_steps
         self.unit = unit
@@ -174,6 +175,7 @@ class TimedTransfers(Transfers):
     def __init__(self, load_bytes_per_s: float, store_bytes_per_s: float):
         from backends.analytical import HostLinks
 
+        super().__init__()
         self.links = HostLinks(load_bytes_per_s, store_bytes_per_s)
         self.queued: list[Job] = []      # stores waiting for the next step
         self.stall = 0                   # ns the step waits for flushed jobs
@@ -712,8 +714,8 @@ class OffloadConnector:
     def start_step(self, now: int) -> None:
         """Before ``schedule()``: the completions reported since the last one."""
         self.now = now
-        for job in self.worker.start_step(now):
-            self._watch(job)
+        for started in self.worker.start_step(now):
+            self._watch(started)
         self.kv.pool.popped = []
         heap = self.due
         if not heap or heap[0][0] > now:
@@ -761,19 +763,14 @@ class OffloadConnector:
         step = job.due if self.worker.steps else self.now
         recs = self.log
         assert recs is not None
-        for r in reversed(recs):
-            if r["step"] == step:
-                break
-            if r["step"] < step:
-                r = {"step": step}
-                k = len(recs)
-                while k > 0 and recs[k - 1]["step"] > step:
-                    k -= 1
-                recs.insert(k, r)
-                break
+        k = len(recs)
+        while k > 0 and recs[k - 1]["step"] > step:
+            k -= 1
+        if k > 0 and recs[k - 1]["step"] == step:
+            r = recs[k - 1]
         else:
             r = {"step": step}
-            recs.insert(0, r)
+            recs.insert(k, r)
         r.setdefault("done_stores" if job.store else "done_loads", []).append(job.jid)
 
     def _unfence(self, jid: int, bids: list[int]) -> None:
@@ -820,11 +817,11 @@ class OffloadConnector:
         sched_ids = [(rid, fresh) for rid, _, fresh in scheduled]
         # the scheduled requests' keys and (attention) block tables
         for rid, _, _ in scheduled:
-            rs = self.reqs[rid]
-            if not rs.swept:
-                self._update_keys(rs)
+            srs = self.reqs[rid]
+            if not srs.swept:
+                self._update_keys(srs)
             for gi in self.full:
-                ids = rs.block_ids[gi]
+                ids = srs.block_ids[gi]
                 t = kv.group_table(rid, gi)
                 if len(ids) < len(t):
                     ids.extend(b.block_id for b in t[len(ids):])

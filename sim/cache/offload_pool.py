@@ -63,19 +63,46 @@ class AccessState:
 def _head_to_tail(key_groups: dict[int, list[int]], positions: dict[int, int]) -> list[int]:
     """Every observed key, group lists by group index (each by position), then one stable
     sort by position: the head first, the lower group first at one position."""
-    def pos(k: int) -> int:
-        return positions[k >> GROUP_BITS]
-
     keys: list[int] = []
     for g in sorted(key_groups):
-        keys.extend(sorted(key_groups[g], key=pos))
-    keys.sort(key=pos)
+        keys.extend(sorted(key_groups[g], key=lambda k: positions[k >> GROUP_BITS]))
+    keys.sort(key=lambda k: positions[k >> GROUP_BITS])
     return keys
 
 
-class LRUPolicy:
+class Policy:
+    """What the host pool asks of an eviction policy (vLLM's ``CachePolicy``)."""
+
     def __init__(self, capacity: int):
         self.capacity = capacity
+
+    def insert(self, key: int, st: AccessState) -> None:
+        raise NotImplementedError
+
+    def on_store_miss(self, keys: list[int], st: AccessState) -> None:
+        return None
+
+    def on_request_access(self, keys: list[int], st: AccessState,
+                          resident: dict[int, int]) -> None:
+        return None
+
+    def on_request_finished(self, order: list[int], inserted_only: set[int],
+                            reused: set[int], resident: dict[int, int]) -> None:
+        raise NotImplementedError
+
+    def evict(self, n: int, protected: set[int], resident: dict[int, int]) -> list[int] | None:
+        raise NotImplementedError
+
+    def mark_evictable(self, key: int) -> None:
+        return None
+
+    def mark_non_evictable(self, key: int) -> None:
+        return None
+
+
+class LRUPolicy(Policy):
+    def __init__(self, capacity: int):
+        super().__init__(capacity)
         self.ranks: dict[int, tuple[int, int]] = {}
         self.evictable: set[int] = set()
         self.heap: list[tuple[tuple[int, int], int]] = []
@@ -101,10 +128,8 @@ class LRUPolicy:
         else:
             self.ranks[key] = (self._rank_of(st), -pos)
 
-    def on_store_miss(self, keys: list[int], st: AccessState) -> None:
-        return None
-
-    def on_request_access(self, keys: list[int], st: AccessState, resident: dict) -> None:
+    def on_request_access(self, keys: list[int], st: AccessState,
+                          resident: dict[int, int]) -> None:
         r = self._rank_of(st)
         for key in keys:
             pos = st.positions.get(key >> GROUP_BITS)
@@ -118,7 +143,7 @@ class LRUPolicy:
                 self._push(key)
 
     def on_request_finished(self, order: list[int], inserted_only: set[int],
-                            reused: set[int], resident: dict) -> None:
+                            reused: set[int], resident: dict[int, int]) -> None:
         for key in reversed(order):
             if key not in resident:
                 continue
@@ -127,7 +152,7 @@ class LRUPolicy:
             if key in self.evictable:
                 self._push(key)
 
-    def evict(self, n: int, protected: set[int], resident: dict) -> list[int] | None:
+    def evict(self, n: int, protected: set[int], resident: dict[int, int]) -> list[int] | None:
         if n == 0:
             return []
         heap = self.heap
@@ -152,7 +177,7 @@ class LRUPolicy:
             return None
         for e in deferred:
             heapq.heappush(heap, e)
-        out = []
+        out: list[int] = []
         for _, key in selected:
             self.evictable.discard(key)
             del self.ranks[key]
@@ -170,9 +195,9 @@ class LRUPolicy:
         self.evictable.discard(key)
 
 
-class ARCPolicy:
+class ARCPolicy(Policy):
     def __init__(self, capacity: int):
-        self.capacity = capacity
+        super().__init__(capacity)
         self.target = 0.0
         self.t1: dict[int, None] = {}
         self.t2: dict[int, None] = {}
@@ -187,22 +212,20 @@ class ARCPolicy:
     def on_store_miss(self, keys: list[int], st: AccessState) -> None:
         for key in reversed(keys):
             if key in self.b1:
-                delta = max(1, len(self.b2) / len(self.b1))
-                self.target = min(self.target + delta, self.capacity)
+                delta = max(1.0, len(self.b2) / len(self.b1))
+                self.target = min(self.target + delta, float(self.capacity))
                 del self.b1[key]
                 self.b1[key] = None
             elif key in self.b2:
-                delta = max(1, len(self.b1) / len(self.b2))
-                self.target = max(self.target - delta, 0)
+                delta = max(1.0, len(self.b1) / len(self.b2))
+                self.target = max(self.target - delta, 0.0)
                 del self.b2[key]
                 self.b2[key] = None
 
-    def on_request_access(self, keys: list[int], st: AccessState, resident: dict) -> None:
-        return None
-
     def on_request_finished(self, order: list[int], inserted_only: set[int],
-                            reused: set[int], resident: dict) -> None:
-        t1, t2 = self.t1, self.t2
+                            reused: set[int], resident: dict[int, int]) -> None:
+        t1 = self.t1
+        t2 = self.t2
         for key in reversed(order):
             if key in inserted_only:
                 if key in t1:
@@ -220,39 +243,48 @@ class ARCPolicy:
                     del t2[key]
                     t2[key] = None
 
-    def evict(self, n: int, protected: set[int], resident: dict) -> list[int] | None:
+    @staticmethod
+    def _next(keys: list[int], at: list[int], resident: dict[int, int],
+              protected: set[int]) -> int:
+        """The next key of ``keys`` from ``at[0]`` (advanced past it) that is ready and
+        unpinned and not protected; -1 if none (the scans only move forward)."""
+        i = at[0]
+        while i < len(keys):
+            key = keys[i]
+            i += 1
+            if resident[key] == 0 and key not in protected:
+                at[0] = i
+                return key
+        at[0] = i
+        return -1
+
+    def evict(self, n: int, protected: set[int], resident: dict[int, int]) -> list[int] | None:
         if n == 0:
             return []
-        t1_it = iter(list(self.t1))
-        t2_it = iter(list(self.t2))
-
-        def nxt(it):
-            for key in it:
-                if resident[key] == 0 and key not in protected:
-                    return key
-            return None
-
+        t1 = list(self.t1)
+        t2 = list(self.t2)
+        at1 = [0]
+        at2 = [0]
         virtual_t1 = len(self.t1)
         picks: list[tuple[int, bool]] = []
         for _ in range(n):
-            got = None
+            key = -1
+            from_t1 = False
             if virtual_t1 >= int(self.target):
-                key = nxt(t1_it)
-                if key is not None:
-                    got = (key, True)
+                key = self._next(t1, at1, resident, protected)
+                if key >= 0:
+                    from_t1 = True
                     virtual_t1 -= 1
-            if got is None:
-                key = nxt(t2_it)
-                if key is not None:
-                    got = (key, False)
-            if got is None:
-                key = nxt(t1_it)
-                if key is None:
+            if key < 0:
+                key = self._next(t2, at2, resident, protected)
+            if key < 0:
+                key = self._next(t1, at1, resident, protected)
+                if key < 0:
                     return None
-                got = (key, True)
+                from_t1 = True
                 virtual_t1 -= 1
-            picks.append(got)
-        out = []
+            picks.append((key, from_t1))
+        out: list[int] = []
         for key, from_t1 in picks:
             if from_t1:
                 del self.t1[key]
@@ -268,14 +300,14 @@ class ARCPolicy:
                     del ghost[key]
         return out
 
-    def mark_evictable(self, key: int) -> None:
-        return None
-
-    def mark_non_evictable(self, key: int) -> None:
-        return None
 
 
-POLICIES = {"lru": LRUPolicy, "arc": ARCPolicy}
+def make_policy(name: str, capacity: int) -> Policy:
+    if name == "arc":
+        return ARCPolicy(capacity)
+    if name == "lru":
+        return LRUPolicy(capacity)
+    raise ValueError(f"eviction_policy: must be lru or arc, got {name!r}")
 
 
 class HostPool:
@@ -284,7 +316,7 @@ class HostPool:
 
     def __init__(self, num_chunks: int, policy: str = "lru"):
         self.num_chunks = num_chunks
-        self.policy = POLICIES[policy](num_chunks)
+        self.policy = make_policy(policy, num_chunks)
         self.ref: dict[int, int] = {}           # resident key -> reference count
         self.num_evictable = 0
         self.num_pending = 0

@@ -24,6 +24,7 @@ from mypy_extensions import i64
 from backends.base import StepItem
 from sim.cache.attribution import Miss, MissAttribution
 from sim.cache.kv_manager import KVCacheManager
+from sim.cache.offload import OffloadConnector
 from sim.cache.request import CacheRequest
 from sim.config.scheduler import SchedulerConfig
 from sim.engine.request_queue import FCFSQueue, RequestQueue, make_queue
@@ -190,7 +191,7 @@ class Scheduler:
         # requests that hold blocks while waiting (an async load, or one done and not yet
         # scheduled) wait in ``holding``, drained before ``waiting``; ``inflight`` are the
         # requests admitted with prompt left to compute (an async load's reservation)
-        self.connector: Any = None
+        self.connector: OffloadConnector | None = None
         self.holding: RequestQueue = make_queue(cfg)
         self.inflight: dict[str, SimRequest] = {}
         self.spec_step_blocks: i64 = 0
@@ -267,7 +268,7 @@ class Scheduler:
             return not self.holding and self.connector.quiet(self.running)
         return True
 
-    def attach_connector(self, connector: Any) -> None:
+    def attach_connector(self, connector: OffloadConnector) -> None:
         """Serve with the CPU tier's connector (``sim/cache/offload.py``)."""
         self.connector = connector
         K = self.num_speculative_tokens
@@ -504,6 +505,7 @@ class Scheduler:
         admission that loads from the tier allocates its blocks and waits, scheduling
         nothing, until the load is done."""
         conn = self.connector
+        assert conn is not None
         kv = self.kv
         attr = self.attribution
         K = self.num_speculative_tokens
@@ -659,10 +661,12 @@ class Scheduler:
         """After the step is scheduled: the connector's part of it (stores, flushes, the
         finished requests' recency), then the requests done prefilling leave the set of
         in-flight prefills."""
+        conn = self.connector
+        assert conn is not None
         fresh = self.fresh
         sched = [(it.req.cache.request_id, it.num_tokens, it.req.cache.request_id in fresh)
                  for it in out]
-        self.connector.build(sched)
+        conn.build(sched)
         fresh.clear()
         if self.inflight:
             for it in out:
