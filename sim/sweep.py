@@ -308,10 +308,9 @@ def _execute(sweep: Sweep, tmp: Path, executor: str, workers: int, address: str 
 
 def write_points_csv(path: Path, sweep: Sweep, results: list[dict]) -> None:
     metrics: list[str] = []
-    for r in results:
+    for r in results:      # (every point's fields: the CPU tier's only where it is on)
         if r["status"] == "ok":
-            metrics = [k for k in r["summary"] if k not in TIMING]
-            break
+            metrics += [k for k in r["summary"] if k not in TIMING and k not in metrics]
     with open(path, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(["point", "label", "status", "error", *sweep.axes, *metrics,

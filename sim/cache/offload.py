@@ -39,10 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 from sim.cache.block_pool import GROUP_BITS
 from sim.cache.offload_stop import ConnectorAssertion
-from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, AccessState, HostPool
+from sim.cache.offload_pool import GROUP_MASK, HIT, HIT_PENDING, MISS, AccessState, HostPool
 from sim.cache.rules import cdiv, eagle_proof_margin
 
 if TYPE_CHECKING:
+    from sim.cache.block_pool import Block
     from sim.cache.kv_manager import KVCacheManager
     from sim.cache.request import CacheRequest
 
@@ -89,7 +90,7 @@ class Job:
 class ReqOffload:
     """One request's offload state (vLLM's ``RequestOffloadState``)."""
 
-    __slots__ = ("req", "st", "pk", "block_ids", "next_stored", "hit_end", "num_local",
+    __slots__ = ("req", "st", "pk", "tables", "next_stored", "hit_end", "num_local",
                  "jobs", "tail", "loaded", "finished", "signaled", "loading", "swept")
 
     def __init__(self, req: CacheRequest, ngroups: int, nlists: int):
@@ -98,7 +99,10 @@ class ReqOffload:
         # the prefix keys of its chunks, one list per chunk size (a group's chunk key is
         # its prefix key with the group in the low bits: groups of one chunk size share one)
         self.pk: list[list[int]] = [[] for _ in range(nlists)]
-        self.block_ids: list[list[int]] = [[] for _ in range(ngroups)]
+        # its block table in each attention group as vLLM's connector holds it (from the
+        # step it is scheduled after a lookup; the table itself: it only grows while the
+        # request runs, and stays as it was once the request has finished)
+        self.tables: list[list[Block]] = [[] for _ in range(ngroups)]
         self.next_stored = [0] * ngroups
         self.hit_end = [0] * ngroups
         self.num_local = 0
@@ -270,6 +274,10 @@ class OffloadConnector:
         self.due: list[tuple[int, int]] = []     # (seen, job): completions, as a heap
         self.next_job = 0
         self.loading_keys: set[int] = set()      # keys of async loads in flight
+        # the partial-tail keys the pool holds (the only keys off their group's chunk
+        # grid): per group, how many at each position; and each one's group and position
+        self.tail_pos: list[dict[int, int]] = [{} for _ in self.groups]
+        self.tail_keys: dict[int, int] = {}
         self.block_jobs: dict[int, set[int]] = {}   # fenced block id -> pending jobs
         # this step's
         self.load_jobs: list[Job] = []
@@ -445,7 +453,7 @@ class OffloadConnector:
         rid = req.request_id
         rs = self.reqs[rid]
         for gi in range(len(self.groups)):
-            rs.block_ids[gi].clear()
+            rs.tables[gi] = []
             rs.next_stored[gi] = 0
         rs.swept = False
         if rs.jobs:
@@ -618,8 +626,13 @@ class OffloadConnector:
         return complete
 
     def _lookup_tail(self, rs: ReqOffload, b: int, pending: bool) -> tuple[bool, bool]:
+        first = self.groups[0]
+        t0 = b + self.margins.get(first.gid, 0)
+        if t0 % first.tpc and t0 not in self.tail_pos[0]:
+            # (the first group's key there would be a partial-tail key, and the pool holds
+            # none at that position: a miss, known without computing the key)
+            return False, pending
         bh = rs.req.block_hashes
-        pos = rs.st.positions
         u = self.unit
         lookup = self.pool.lookup
         at_b = -1             # (the prefix key at b, shared by the groups without a margin)
@@ -631,7 +644,6 @@ class OffloadConnector:
                 if at_b < 0:
                     at_b = bh.key(b // u - 1)
                 pk = at_b
-            pos[pk] = t
             r = lookup((pk << GROUP_BITS) | gc.gid)
             if r == MISS:
                 return False, pending
@@ -788,7 +800,7 @@ class OffloadConnector:
             r = self._step_rec = {"step": self.now}
         return r
 
-    def _allocated_ids(self, scheduled: list[tuple[str, bool]]) -> set[int]:
+    def _allocated_ids(self, scheduled: list[tuple[str, int, bool]]) -> set[int]:
         """Block ids allocated in this step as vLLM's connector counts them: the tables of
         the requests allocated in the waiting loop, the blocks handed out this step
         (running requests' new blocks, copy-on-write copies)."""
@@ -799,7 +811,7 @@ class OffloadConnector:
                 for b in t:
                     if not b.is_null:
                         out.add(b.block_id)
-        for rid, fresh in scheduled:
+        for rid, _, fresh in scheduled:
             if fresh:
                 for t in kv.group_tables(rid):
                     for b in t:
@@ -814,17 +826,14 @@ class OffloadConnector:
         kv = self.kv
         now = self.now
         allocated: set[int] | None = None
-        sched_ids = [(rid, fresh) for rid, _, fresh in scheduled]
         # the scheduled requests' keys and (attention) block tables
-        for rid, _, _ in scheduled:
+        for rid, _, fresh in scheduled:
             srs = self.reqs[rid]
+            if fresh:
+                for gi in self.full:
+                    srs.tables[gi] = kv.group_table(rid, gi)
             if not srs.swept:
                 self._update_keys(srs)
-            for gi in self.full:
-                ids = srs.block_ids[gi]
-                t = kv.group_table(rid, gi)
-                if len(ids) < len(t):
-                    ids.extend(b.block_id for b in t[len(ids):])
         # flushes: preempted requests' jobs, jobs whose source blocks come back
         for rid in self.preempted_ids:
             rs = self.reqs.get(rid)
@@ -832,7 +841,7 @@ class OffloadConnector:
                 continue
             self.flush_jobs.update(j for j in rs.jobs if not self._is_batch_load(j))
         if self.block_jobs:
-            allocated = self._allocated_ids(sched_ids)
+            allocated = self._allocated_ids(scheduled)
             for bid in allocated:
                 js = self.block_jobs.get(bid)
                 if js:
@@ -844,8 +853,8 @@ class OffloadConnector:
                 self._tail_stores(handoffs, {rid: n for rid, n, _ in scheduled})
         for rid, n, _ in scheduled:
             rs = self.reqs.get(rid)
-            if rs is not None:
-                self._sweep(rs, rs.req.num_computed_tokens + n, allocated, sched_ids)
+            if rs is not None and not rs.swept:
+                allocated = self._sweep(rs, rs.req.num_computed_tokens + n, allocated, scheduled)
         finished = self.finished_ids
         if len(finished) > 1:
             # vLLM walks the finished ids as a Python set (hash order, which varies from
@@ -860,7 +869,7 @@ class OffloadConnector:
                 after = req.num_tokens - 1
                 if after < req.num_prompt_tokens:
                     after = req.num_prompt_tokens
-                allocated = self._sweep(rs, after, allocated, sched_ids)
+                allocated = self._sweep(rs, after, allocated, scheduled)
         for rid in finished:
             rs = self.reqs.get(rid)
             if rs is None:
@@ -917,6 +926,15 @@ class OffloadConnector:
 
     def _prepare_store(self, keys: list[int], rs: ReqOffload) -> tuple[list[int], list[int]] | None:
         out = self.pool.prepare_store(keys, rs.st)
+        if out is not None and self.tail_keys:
+            for key in out[1]:
+                t = self.tail_keys.pop(key, -1)
+                if t >= 0:
+                    tp = self.tail_pos[key & GROUP_MASK]
+                    if tp[t] == 1:
+                        del tp[t]
+                    else:
+                        tp[t] -= 1
         if self.log is not None:
             if out is None:
                 r = self._rec()
@@ -978,18 +996,25 @@ class OffloadConnector:
                     continue
             cow = {gid: block for gid, block, _ in entries}
             idx = boundary // B
-            if any(not gc.cow and idx >= len(rs.block_ids[gi])
+            if any(not gc.cow and idx >= len(rs.tables[gi])
                    for gi, gc in enumerate(self.groups)):
                 continue
             keys = [self._boundary_key(rs, gc.gid, boundary + self.margins.get(gc.gid, 0))
                     for gc in self.groups]
-            bids = [cow[gc.gid].block_id if gc.cow else rs.block_ids[gi][idx]
+            bids = [cow[gc.gid].block_id if gc.cow else rs.tables[gi][idx].block_id
                     for gi, gc in enumerate(self.groups)]
             out = self._prepare_store(keys, rs)
             if out is None or not out[0]:
                 continue
             stored = set(out[0])
             src = [bids[i] for i, k in enumerate(keys) if k in stored]
+            for gi, gc in enumerate(self.groups):
+                k = keys[gi]
+                t = boundary + self.margins.get(gc.gid, 0)
+                if k in stored and t % gc.tpc:
+                    self.tail_keys[k] = t
+                    tp = self.tail_pos[gi]
+                    tp[t] = tp.get(t, 0) + 1
             groups = None
             if self.log is not None:
                 pos = rs.st.positions
@@ -1006,7 +1031,7 @@ class OffloadConnector:
         n = offl // gc.tpc
         if gc.eagle and offl > rs.req.num_prompt_tokens and not rs.finished:
             n = n - 1 if n > 0 else 0
-        a = len(rs.block_ids[gi]) // self.bpc
+        a = len(rs.tables[gi]) // self.bpc
         if a < n:
             n = a
         k = len(rs.pk[gc.pki])
@@ -1031,7 +1056,7 @@ class OffloadConnector:
         rs.swept = True
 
     def _sweep(self, rs: ReqOffload, after: int, allocated: set[int] | None,
-               sched_ids: list[tuple[str, bool]]) -> set[int] | None:
+               scheduled: list[tuple[str, int, bool]]) -> set[int] | None:
         """Store the request's complete prompt chunks not stored yet (vLLM's
         ``_build_store_jobs`` for one request); returns the allocated-ids set (built when
         first needed)."""
@@ -1049,12 +1074,12 @@ class OffloadConnector:
                 continue
             pks = rs.pk[gc.pki]
             gid = gc.gid
-            ids = rs.block_ids[gi]
+            tbl = rs.tables[gi]
             for c in range(start, n):
                 first = c * bpc
                 ok = True
                 for b in range(bpc):
-                    if ids[first + b] == 0:
+                    if tbl[first + b].is_null:
                         ok = False
                         break
                 if ok:
@@ -1078,7 +1103,7 @@ class OffloadConnector:
             start, n = ranges[gi]
             pks = rs.pk[gc.pki]
             gid = gc.gid
-            ids = rs.block_ids[gi]
+            tbl = rs.tables[gi]
             nb = 0
             first_blk = -1
             ends = []
@@ -1087,7 +1112,7 @@ class OffloadConnector:
                     continue
                 ends.append(pos[pks[c]])
                 for b in range(bpc):
-                    bid = ids[c * bpc + b]
+                    bid = tbl[c * bpc + b].block_id
                     if bid == 0:
                         continue
                     if first_blk < 0:
@@ -1105,7 +1130,7 @@ class OffloadConnector:
         self._check_swept(rs)
         if rs.finished:
             if allocated is None:
-                allocated = self._allocated_ids(sched_ids)
+                allocated = self._allocated_ids(scheduled)
             for bid in src:
                 self.block_jobs.setdefault(bid, set()).add(job.jid)
                 if bid in allocated:

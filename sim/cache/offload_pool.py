@@ -32,6 +32,7 @@ capacity), and a store of a ghost key moves the target.
 from __future__ import annotations
 
 import heapq
+from typing import Final
 
 from sim.cache.block_pool import GROUP_BITS
 
@@ -45,12 +46,11 @@ HIT_PENDING = 2
 class AccessState:
     """What one request did to the tier (vLLM's per-request cache-access record)."""
 
-    __slots__ = ("seen", "key_groups", "inserted", "reused", "store_misses", "finished",
+    __slots__ = ("seen", "inserted", "reused", "store_misses", "finished",
                  "lru_rank", "positions")
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
-        self.key_groups: dict[int, list[int]] = {}
         self.inserted: set[int] = set()
         self.reused: set[int] = set()
         self.store_misses: set[int] = set()
@@ -60,14 +60,13 @@ class AccessState:
         self.positions: dict[int, int] = {}
 
 
-def _head_to_tail(key_groups: dict[int, list[int]], positions: dict[int, int]) -> list[int]:
-    """Every observed key, group lists by group index (each by position), then one stable
-    sort by position: the head first, the lower group first at one position."""
-    keys: list[int] = []
-    for g in sorted(key_groups):
-        keys.extend(sorted(key_groups[g], key=lambda k: positions[k >> GROUP_BITS]))
-    keys.sort(key=lambda k: positions[k >> GROUP_BITS])
-    return keys
+def _head_to_tail(seen: set[int], positions: dict[int, int]) -> list[int]:
+    """Every observed key, head to tail: by position, the lower group first at one
+    position (vLLM: each group's keys by position, the groups in order, then one stable
+    sort by position; a key's group is its low bits, and keys at one position share their
+    prefix key)."""
+    order = sorted([(positions[k >> GROUP_BITS], k) for k in seen])
+    return [k for _, k in order]
 
 
 class Policy:
@@ -100,12 +99,30 @@ class Policy:
         return None
 
 
+# LRU ranks as one integer, unique per key: vLLM's (request rank, -position) tuples, or
+# (fresh rank, 0), ordered alike, then the key's group (vLLM breaks a tie of two keys -- one
+# request's, at one position, so one prefix -- by the group index ending the key's bytes):
+# (rank << POS_BITS | (2**POS_BITS - 1 - position)) << GROUP_BITS | group.  Positions stay
+# below 2**22 tokens, so ranks stay machine integers until 2**34 requests and finishes.
+POS_BITS: Final = 22
+TOP: Final = (1 << POS_BITS) - 1
+SHIFT: Final = POS_BITS + GROUP_BITS
+
+
 class LRUPolicy(Policy):
+    """vLLM's LRU policy: the evictable keys by rank, least first.  Ranks a request's
+    finish hands out only grow, so they go to the end of a sorted list (``fifo``, read from
+    ``head``); any other goes to a heap.  ``owner`` maps a rank to its key; a rank a key no
+    longer has (or no longer evictable) is skipped, as vLLM's lazy heap skips it."""
+
     def __init__(self, capacity: int):
         super().__init__(capacity)
-        self.ranks: dict[int, tuple[int, int]] = {}
+        self.ranks: dict[int, int] = {}       # key -> rank
+        self.owner: dict[int, int] = {}       # rank -> key
         self.evictable: set[int] = set()
-        self.heap: list[tuple[tuple[int, int], int]] = []
+        self.heap: list[int] = []
+        self.fifo: list[int] = []
+        self.head = 0
         self.next_rank = 0
 
     def _rank_of(self, st: AccessState) -> int:
@@ -114,61 +131,101 @@ class LRUPolicy(Policy):
             st.lru_rank = self.next_rank
         return st.lru_rank
 
+    def _set(self, key: int, rank: int) -> None:
+        old = self.ranks.get(key, -1)
+        if old >= 0:
+            del self.owner[old]
+        self.ranks[key] = rank
+        self.owner[rank] = key
+
+    def _fresh(self, key: int) -> int:
+        self.next_rank += 1
+        return (((self.next_rank << POS_BITS) | TOP) << GROUP_BITS) | (key & GROUP_MASK)
+
     def _push(self, key: int) -> None:
-        heapq.heappush(self.heap, (self.ranks[key], key))
-        if len(self.heap) >= max(64, 2 * len(self.evictable)):   # (drop stale entries)
-            self.heap = [(self.ranks[k], k) for k in self.evictable]
-            heapq.heapify(self.heap)
+        rank = self.ranks[key]
+        fifo = self.fifo
+        if len(fifo) == self.head or rank >= fifo[len(fifo) - 1]:
+            fifo.append(rank)
+        else:
+            heapq.heappush(self.heap, rank)
+        if len(self.heap) + len(fifo) - self.head >= max(256, 4 * len(self.evictable)):
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Drop the stale entries: every evictable key's rank, in order, in the list."""
+        ranks = self.ranks
+        self.fifo = sorted([ranks[k] for k in self.evictable])
+        self.head = 0
+        self.heap = []
+
+    def _pop(self) -> int:
+        """The least rank of the two (-1: none)."""
+        heap = self.heap
+        fifo = self.fifo
+        h = self.head
+        if h < len(fifo) and (not heap or fifo[h] < heap[0]):
+            self.head = h + 1
+            if self.head > 4096 and 2 * self.head > len(fifo):
+                self.fifo = fifo[self.head:]
+                self.head = 0
+            return fifo[h]
+        if heap:
+            return heapq.heappop(heap)
+        return -1
 
     def insert(self, key: int, st: AccessState) -> None:
         pos = st.positions.get(key >> GROUP_BITS)
         if pos is None:
-            self.next_rank += 1
-            self.ranks[key] = (self.next_rank, 0)
+            self._set(key, self._fresh(key))
         else:
-            self.ranks[key] = (self._rank_of(st), -pos)
+            self._set(key, (((self._rank_of(st) << POS_BITS) | (TOP - pos)) << GROUP_BITS)
+                      | (key & GROUP_MASK))
 
     def on_request_access(self, keys: list[int], st: AccessState,
                           resident: dict[int, int]) -> None:
-        r = self._rank_of(st)
+        r = self._rank_of(st) << POS_BITS
+        ranks = self.ranks
         for key in keys:
             pos = st.positions.get(key >> GROUP_BITS)
             if pos is None or key not in resident:
                 continue
-            rank = (r, -pos)
-            if self.ranks[key] >= rank:
+            rank = ((r | (TOP - pos)) << GROUP_BITS) | (key & GROUP_MASK)
+            if ranks[key] >= rank:
                 continue
-            self.ranks[key] = rank
+            self._set(key, rank)
             if key in self.evictable:
                 self._push(key)
 
     def on_request_finished(self, order: list[int], inserted_only: set[int],
                             reused: set[int], resident: dict[int, int]) -> None:
-        for key in reversed(order):
+        for k in range(len(order) - 1, -1, -1):
+            key = order[k]
             if key not in resident:
                 continue
-            self.next_rank += 1
-            self.ranks[key] = (self.next_rank, 0)
+            self._set(key, self._fresh(key))
             if key in self.evictable:
                 self._push(key)
 
     def evict(self, n: int, protected: set[int], resident: dict[int, int]) -> list[int] | None:
         if n == 0:
             return []
-        heap = self.heap
-        selected: list[tuple[tuple[int, int], int]] = []
-        chosen: set[int] = set()
-        deferred: list[tuple[tuple[int, int], int]] = []
-        while heap and len(selected) < n:
-            entry = heapq.heappop(heap)
-            rank, key = entry
-            if key not in self.evictable or self.ranks.get(key) != rank or key in chosen:
+        owner = self.owner
+        evictable = self.evictable
+        selected: list[int] = []
+        deferred: list[int] = []
+        while len(selected) < n:
+            rank = self._pop()
+            if rank < 0:
+                break
+            key = owner.get(rank, -1)
+            if key < 0 or key not in evictable or rank in selected:
                 continue
             if key in protected:
-                deferred.append(entry)
+                deferred.append(rank)
                 continue
-            selected.append(entry)
-            chosen.add(key)
+            selected.append(rank)
+        heap = self.heap
         if len(selected) < n:
             for e in selected:
                 heapq.heappush(heap, e)
@@ -178,13 +235,14 @@ class LRUPolicy(Policy):
         for e in deferred:
             heapq.heappush(heap, e)
         out: list[int] = []
-        for _, key in selected:
-            self.evictable.discard(key)
-            del self.ranks[key]
+        ranks = self.ranks
+        for rank in selected:
+            key = owner.pop(rank)
+            evictable.discard(key)
+            del ranks[key]
             out.append(key)
-        if len(heap) >= max(64, 2 * len(self.evictable)):   # (drop stale entries)
-            self.heap = [(self.ranks[k], k) for k in self.evictable]
-            heapq.heapify(self.heap)
+        if len(heap) + len(self.fifo) - self.head >= max(256, 4 * len(evictable)):
+            self._rebuild()
         return out
 
     def mark_evictable(self, key: int) -> None:
@@ -345,7 +403,6 @@ class HostPool:
         for key in keys:
             if key in st.seen:
                 continue
-            st.key_groups.setdefault(key & GROUP_MASK, []).append(key)
             st.seen.add(key)
             new.append(key)
         if new:
@@ -437,5 +494,5 @@ class HostPool:
         if st.finished:
             return
         st.finished = True
-        order = _head_to_tail(st.key_groups, st.positions)
+        order = _head_to_tail(st.seen, st.positions)
         self.policy.on_request_finished(order, st.inserted - st.reused, st.reused, self.ref)
