@@ -22,7 +22,7 @@ from sim.oracle.worker import oracle_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = sorted((ROOT / "tests" / "golden_offload").glob("*.yaml"))
-HAND = ROOT / "tests" / "golden" / "offload" / "cases.json"
+HAND = ROOT / "tests" / "golden_offload" / "hand" / "cases.json"
 SEED = 20260402
 N_CASES = 20
 
@@ -170,7 +170,7 @@ def test_both_stop_where_vllm_fails_its_assertion():
         pytest.skip(why)
     from sim.oracle.worker import start_oracle
 
-    spec = yaml.safe_load((ROOT / "tests" / "golden" / "offload" / "stop.yaml").read_text())
+    spec = yaml.safe_load((ROOT / "tests" / "golden_offload" / "hand" / "stop.yaml").read_text())
     oracle = start_oracle(OFFLOAD, workers=1)
     try:
         ans = oracle.run([step_case.to_oracle(spec)])[0]
@@ -183,7 +183,7 @@ def test_both_stop_where_vllm_fails_its_assertion():
 
 
 def test_we_stop_where_the_oracle_died():
-    spec = yaml.safe_load((ROOT / "tests" / "golden" / "offload" / "stop.yaml").read_text())
+    spec = yaml.safe_load((ROOT / "tests" / "golden_offload" / "hand" / "stop.yaml").read_text())
     ours = step_case.run_ours(spec)
     assert "stopped" in ours, ours
     assert spec["oracle_error"].startswith(f"step {ours['stopped']}: AssertionError")
