@@ -153,6 +153,36 @@ class DecodeTimes:
         return self.overhead + (compute if compute > memory else memory)
 
 
+class HostLinks:
+    """Each GPU's host link, one direction for loads (host -> GPU) and one for stores (GPU
+    -> host), PCIe being full duplex; the KV offloading tier's transfers cross them in the
+    order they are submitted, while the GPU computes (vLLM's offloading worker copies on
+    its own streams: a step waits only for the stores it must flush).  Every GPU of a
+    replica moves its own shard of a block at once, so one link's bytes are one GPU's.
+    Times in ns."""
+
+    def __init__(self, load_bytes_per_s: float, store_bytes_per_s: float):
+        self.load_ns_per_byte = 1e9 / load_bytes_per_s
+        self.store_ns_per_byte = 1e9 / store_bytes_per_s
+        self.load_free: i64 = 0       # when the load direction is idle again
+        self.store_free: i64 = 0
+
+    def load(self, nbytes: i64, start: i64) -> i64:
+        """A load of ``nbytes`` submitted at ``start``: when it is done."""
+        if self.load_free > start:
+            start = self.load_free
+        end: i64 = start + int(float(nbytes) * self.load_ns_per_byte + 0.5)
+        self.load_free = end
+        return end
+
+    def store(self, nbytes: i64, start: i64) -> i64:
+        if self.store_free > start:
+            start = self.store_free
+        end: i64 = start + int(float(nbytes) * self.store_ns_per_byte + 0.5)
+        self.store_free = end
+        return end
+
+
 def build_backend(scenario: Any, deployment: Any, plant: str | None = None) -> Any:
     """``backend.kind: analytical``: the deployment's cost model (``sim/run.py`` builds it
     from the model, the GPU and the backend section or its profile; a test may put any

@@ -119,7 +119,7 @@ def as_read(fields) -> dict[str, list[float]]:
     from sim.records import MEMORY_COLUMNS
     from sim.requests_csv import FLOAT_FIELD
 
-    names = MEMORY_COLUMNS + (("replica",) if len(fields) > len(MEMORY_COLUMNS) else ())
+    names = getattr(fields, "names", MEMORY_COLUMNS)    # (``sim.records.MemoryFields``)
     return {name: ([float(FLOAT_FIELD % v) for v in vals] if spec == FLOAT_FIELD
                    else list(vals))
             for name, (spec, vals) in zip(names, fields)}

@@ -102,7 +102,21 @@ class Point:
 
     @property
     def hit_pct(self) -> float:
-        return self.m("token_hit_rate") * 100.0
+        return self.reuse * 100.0
+
+    @property
+    def reuse(self) -> float:
+        """Prompt tokens reused, as a share: the GPU prefix-cache hit, plus what the CPU
+        tier loaded where the run had one (``cpu_token_hit_rate``)."""
+        cpu = self.metrics.get("cpu_token_hit_rate")
+        return self.m("token_hit_rate") + (float(cpu) if isinstance(cpu, (int, float)) else 0.0)
+
+    @property
+    def cache_bytes(self) -> float:
+        """Cache memory provisioned per GPU: the GPU pool, plus the CPU tier's host pool
+        (its share per GPU, ``host_pool_bytes``) where the run had one."""
+        host = self.metrics.get("host_pool_bytes")
+        return self.m("pool_bytes") + (float(host) if isinstance(host, (int, float)) else 0.0)
 
     @property
     def states_per_request(self) -> float:
@@ -343,20 +357,21 @@ def provisioned(points: list[Point]) -> bool:
     every point carries it and they differ in it (a sweep of budgets).  Else peak
     Mamba-state memory: where every point provisions the same pool (a sweep of cache
     switches) it would stack them on one line; an older sweep folder has no pool_bytes."""
-    pools = {p.m("pool_bytes") for p in points}
+    pools = {p.cache_bytes for p in points}
     return len(pools) > 1 and all(finite(b) for b in pools)
 
 
 def pareto_items(points: list[Point]):
     """``(id, memory, hit)`` of each point, memory as ``provisioned`` decides (the
     figure, the frontier tables and report_pareto.csv read the same)."""
-    metric = "pool_bytes" if provisioned(points) else "mamba_state_bytes_peak"
-    return [(p.id, p.m(metric), p.m("token_hit_rate")) for p in points]
+    if provisioned(points):
+        return [(p.id, p.cache_bytes, p.reuse) for p in points]
+    return [(p.id, p.m("mamba_state_bytes_peak"), p.reuse) for p in points]
 
 
 def by_memory(points: list[Point]) -> list[Point]:
     if provisioned(points):
-        return sorted(points, key=lambda p: (p.m("pool_bytes"), -p.hit_pct, natural_key(p.id)))
+        return sorted(points, key=lambda p: (p.cache_bytes, -p.hit_pct, natural_key(p.id)))
     return sorted(points, key=lambda p: (p.mamba_gib, -p.hit_pct, natural_key(p.id)))
 
 

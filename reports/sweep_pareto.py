@@ -60,9 +60,14 @@ class MemoryAxis:
     provisioned: bool
 
 
-PROVISIONED = MemoryAxis(lambda p: p.m("pool_bytes") / style.GIB, "pool_bytes",
+PROVISIONED = MemoryAxis(lambda p: p.cache_bytes / style.GIB, "pool_bytes",
                          "provisioned cache memory per GPU (GiB, pool_bytes)",
                          "provisioned cache memory per GPU", True)
+# with the CPU tier: its host pool per GPU beside the GPU pool (Point.cache_bytes)
+PROVISIONED_HOST = MemoryAxis(lambda p: p.cache_bytes / style.GIB, "pool_bytes",
+                              "provisioned cache memory per GPU (GiB): GPU pool_bytes + "
+                              "host_pool_bytes", "provisioned GPU + host cache memory per GPU",
+                              True)
 USED = MemoryAxis(lambda p: p.mamba_gib, "mamba_state_bytes_peak",
                   "peak Mamba-state memory per GPU (GiB)", "peak Mamba-state memory per GPU",
                   False)
@@ -90,9 +95,11 @@ def memory_axis(points: list[Point]) -> MemoryAxis:
     """Provisioned memory when ``sweep_data.provisioned`` says so (a sweep of budgets,
     or of a fleet's replicas: the whole fleet's), else peak Mamba-state memory (see
     there: the frontier tables read the same)."""
-    if provisioned(points):
-        return FLEET if _fleet(points) else PROVISIONED
-    return FLEET_USED if _fleet(points) else USED
+    if not provisioned(points):
+        return FLEET_USED if _fleet(points) else USED
+    if _fleet(points):
+        return FLEET
+    return PROVISIONED_HOST if any(p.m("host_pool_bytes") > 0 for p in points) else PROVISIONED
 
 
 def frontier_items(points: list[Point], axis: MemoryAxis):

@@ -54,6 +54,8 @@ NATIVE_MODULES = (
     "sim.cache.split",
     "sim.cache.evictions",
     "sim.cache.attribution",
+    "sim.cache.offload_pool",
+    "sim.cache.offload",
     "sim.engine.scheduler",
     "sim.engine.arrivals",
     "sim.engine.gate",

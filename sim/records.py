@@ -103,6 +103,33 @@ SUMMARY_FIELDS: tuple[str, ...] = (
 MEMORY_COLUMNS: tuple[str, ...] = ("time_s", "kv_blocks", "mamba_blocks", "in_use_blocks",
                                    "cached_blocks", "running", "waiting")
 
+# the CPU tier (``kv_offloading``; sim/cache/offload.py), written only when it is on, after
+# the columns and fields above: per request the tokens its first admission loaded from the
+# host pool, and those the pool held in every attention group past the hit but could not
+# serve (no Mamba state at a deeper chunk boundary, or off the Mamba chunk grid); the run's
+# host pool (``host_pool_bytes`` per GPU, as ``pool_bytes``; ``kv_offloading_size_bytes``
+# over the replica), bytes moved over every GPU's link, host hits and evictions; the host
+# chunks held at each memory row
+OFFLOAD_COLUMNS: tuple[str, ...] = ("cpu_hit_tokens", "cpu_no_state_tokens")
+OFFLOAD_SUMMARY_FIELDS: tuple[str, ...] = (
+    "kv_offloading_size_bytes", "host_chunks", "host_chunk_bytes", "host_pool_bytes",
+    "cpu_hit_tokens", "cpu_token_hit_rate", "cpu_request_hit_rate", "offload_loaded_bytes",
+    "offload_stored_bytes", "host_evictions", "host_store_failures", "host_chunks_peak",
+    "miss_cpu_no_state_tokens", "miss_cpu_no_state_rate")
+OFFLOAD_MEMORY_COLUMNS: tuple[str, ...] = ("host_chunks",)
+
+
+class MemoryFields(list):
+    """memory.csv's columns as written: ``(%-format, values)`` each, in order, and their
+    ``names`` (``MEMORY_COLUMNS``, then the CPU tier's, then a fleet's ``replica``) --
+    which columns a run has is known where they are built, not guessed from a count."""
+
+    def __init__(self, names: tuple[str, ...], fields) -> None:
+        super().__init__(fields)
+        self.names = tuple(names)
+        if len(self.names) != len(self):
+            raise ValueError(f"{len(self)} memory columns for {len(self.names)} names")
+
 
 def records_in_arrival_order(served: list[tuple], refused: list[tuple],
                              slo=None) -> list[RequestRecord]:

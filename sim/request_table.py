@@ -542,12 +542,12 @@ class RequestTable(Sequence):
 
     def names(self) -> list[str]:
         """Every column's name, in requests.csv order: ``REQUEST_COLUMNS``, then any added
-        (``with_column``: a fleet's ``replica``)."""
+        (``with_column``: a fleet's ``replica``, the CPU tier's)."""
         return list(self._cols)
 
     def with_column(self, name: str, values: Sequence[Any]) -> RequestTable:
         """This table (every request, in arrival order) with one more column after the
-        others: ``values``, one per request in arrival order (ints)."""
+        others: ``values``, one per request in arrival order (ints, or "")."""
         if self._pos is not None or len(values) != self._n or name in self._cols:
             raise ValueError(f"cannot add column {name!r} to this table")
         col = _Column("i")

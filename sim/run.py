@@ -18,7 +18,7 @@ import sys
 import time
 import types
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import compress
 from pathlib import Path
 from typing import Callable, Sequence
@@ -37,7 +37,8 @@ from sim.engine.record import ROW_FIELDS, Recorder, RequestMaker, StepSampler
 from sim.engine.scheduler import TOO_LONG_FOR_POOL, Scheduler, SimRequest
 from sim.models.layout import derive_layout
 from sim.cache.policies import PoolShape, get_policy
-from sim.records import (LATENCY_STATS, MEMORY_COLUMNS, MISS_CLASSES, REQUEST_COLUMNS,
+from sim.records import (LATENCY_STATS, MEMORY_COLUMNS, MISS_CLASSES, OFFLOAD_COLUMNS,
+                         MemoryFields, OFFLOAD_MEMORY_COLUMNS, OFFLOAD_SUMMARY_FIELDS, REQUEST_COLUMNS,
                          SUMMARY_FIELDS, RequestRecord)
 from sim import requests_csv
 from sim.request_table import RequestColumns, RequestTable
@@ -62,6 +63,7 @@ class Deployment:
     records: RequestTable | list[RequestRecord] = field(default_factory=list)
     kv_events: object | None = None   # sim/kv_events.RunEvents: the KV event stream, if on
     memory: list | None = None       # memory.csv's fields, once built (``memory_prelude``)
+    offload: object | None = None    # the CPU tier's connector (sim/cache/offload.py), if on
 
 
 def build_deployment(sc: Scenario) -> Deployment:
@@ -111,7 +113,15 @@ def build_deployment(sc: Scenario) -> Deployment:
                       costs=(layout.attn_bytes_per_token, layout.mamba_bytes_per_seq,
                              sc.model.flops_per_token(0),
                              sc.model.flops_per_token(1) - sc.model.flops_per_token(0)))
-    kv = get_policy(sc.cache.policy).build(sc.cache, sc.cache.options, shape)
+    off = getattr(sc, "kv_offloading", None)
+    switches = sc.cache
+    if off is not None:
+        if sc.cache.policy != "vllm":
+            raise ConfigError("kv_offloading.size_gb", f"the CPU tier is vLLM's offloading "
+                              f"connector: it needs cache.policy vllm, not {sc.cache.policy}")
+        # a KV connector keeps the legacy hashes (vLLM: num_hash_lookahead_tokens 0)
+        switches = replace(sc.cache, kv_connector=sc.cache.kv_connector or "OffloadingConnector")
+    kv = get_policy(sc.cache.policy).build(switches, sc.cache.options, shape)
     if sc.scheduler.max_model_len is not None:
         check_max_model_len(kv, sc.scheduler.max_model_len, block_bytes,
                             "kv_cache.num_gpu_blocks_override" if overridden else
@@ -120,7 +130,33 @@ def build_deployment(sc: Scenario) -> Deployment:
                             f"the memory budget of {sc.gpu.count} x {sc.gpu.type} at "
                             f"gpu_memory_utilization {sc.gpu.gpu_memory_utilization}")
     cost = cost_model(sc, layout, gpu)
-    return Deployment(layout, groups, num_blocks, block_bytes, budget, cost, kv)
+    dep = Deployment(layout, groups, num_blocks, block_bytes, budget, cost, kv)
+    if off is not None:
+        dep.offload = build_offload(sc, off, kv, layout, block_bytes, sd.uses_eagle)
+    return dep
+
+
+def build_offload(sc: Scenario, off, kv: KVCacheManager, layout, block_bytes: int,
+                  uses_eagle: bool):
+    """The CPU tier's connector for this replica (``kv_offloading``): its chunks as vLLM
+    sizes them, its transfers timed on each GPU's host link."""
+    from sim.cache.offload import OffloadConnector, TimedTransfers
+
+    bpc = off.chunk_blocks(kv.group_block_sizes)
+    n, chunk = off.num_chunks(block_bytes, sc.gpu.count, bpc)
+    if n < 1:
+        raise ConfigError("kv_offloading.size_gb", f"{off.size_gb:g} GiB holds no chunk of "
+                          f"{chunk:,} bytes ({bpc} pool block(s) of {block_bytes:,} bytes on each "
+                          f"of {sc.gpu.count} GPU(s))")
+    try:
+        return OffloadConnector(
+            kv, n, off.eviction_policy, bpc,
+            eagle_groups=layout.eagle_groups if uses_eagle else (),
+            worker=TimedTransfers(off.load_bandwidth_gb_s * 1e9, off.store_bandwidth_gb_s * 1e9),
+            offload_prompt_only=off.offload_prompt_only, block_bytes=block_bytes,
+            num_gpus=sc.gpu.count)
+    except ValueError as e:
+        raise ConfigError("kv_offloading", str(e).removeprefix("kv_offloading: ")) from None
 
 
 def _derive(sc, kvs, spec, method):
@@ -324,8 +360,14 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     sched = Scheduler(sc.scheduler, kv, accepted_per_step=sc.speculative.mean_accepted_tokens
                       if sc.speculative.method else 0.0, fast_decode=fast_decode,
                       reject_unservable=True)
+    tier = None
+    if dep.offload is not None:
+        sched.attach_connector(dep.offload)
+        tier = TierRecorder()
     maker = RequestMaker(kv, StreamRegistry())
     sampler = StepSampler(sched)
+    if dep.offload is not None:
+        sampler.host = dep.offload.pool
     dep.sampler = sampler
     kept = RequestColumns()          # the finished requests' rows, column by column
     rec = Recorder(maker, sampler, kept.add, kept.add_batch)
@@ -341,6 +383,8 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
                  jump=jump and dep.kv_events is None, progress=progress)
     # (called natively: see Engine.maker)
     eng.maker, eng.recorder, eng.sampler = maker, rec, sampler
+    if tier is not None:
+        eng.observers.append(tier)
     if getattr(sc, "attribution", True):   # why each request missed (sim/cache/attribution.py)
         from sim.cache.attribution import MissAttribution
 
@@ -360,9 +404,13 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
         rec.reject(r)
     rec.flush()
     dep.records = kept.table(sc.slo)
+    if tier is not None:
+        dep.records = tier.columns(dep.records)
     rows = dep.records.served()
     wall = time.perf_counter() - t_wall
     summary = summarize(sc, dep, rows, eng, sched, wall)
+    if dep.offload is not None:
+        summary = offload_summary(sc, dep, rows, summary)
     if sc.backend.kind == "torch":   # the torch backend's resume-vs-scratch checks
         stats = backend.stats  # type: ignore[attr-defined]
         recs = stats.records
@@ -373,6 +421,65 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
         summary["torch_forward_s"] = stats.forward_s
         dep.verify = recs
     return dep, rows, summary
+
+
+class TierRecorder:
+    """The CPU tier's per-request figures (``OFFLOAD_COLUMNS``), taken as requests finish
+    (an engine observer: only when the tier is on)."""
+
+    def __init__(self) -> None:
+        self.got: dict[int, tuple[int, int]] = {}
+
+    def on_step(self, items, start: int, end: int, k: int) -> None:
+        return None
+
+    def on_finish(self, req: SimRequest, now: int) -> None:
+        self.got[req.index] = (req.cpu_hit_tokens, req.cpu_no_state_tokens)
+
+    def columns(self, table: RequestTable) -> RequestTable:
+        """``table`` with the tier's columns ("" for a request refused on arrival)."""
+        got = self.got
+        for j, name in enumerate(OFFLOAD_COLUMNS):
+            table = table.with_column(name, [got[i][j] if i in got else ""
+                                             for i in range(len(table))])
+        return table
+
+
+def offload_summary(sc: Scenario, dep, rows, summary: dict) -> dict:
+    """summary.json with the CPU tier's fields (``OFFLOAD_SUMMARY_FIELDS``) before the two
+    that measure the machine; a fleet's (``dep.replicas``) are every replica's, summed, as
+    its ``pool_bytes`` is."""
+    conns = [r.dep.offload for r in dep.replicas] if hasattr(dep, "replicas") else [dep.offload]
+    pools = [c.pool for c in conns]
+    prompt = summary["prompt_tokens"]
+    cpu = [v for v in _col(rows, "cpu_hit_tokens") if v != ""]
+    miss = [v for v in _col(rows, "cpu_no_state_tokens") if v != ""]
+    hit = sum(cpu)
+    n = len(rows)
+    chunk = sc.kv_offloading.num_chunks(dep.block_bytes, sc.gpu.count, conns[0].bpc)[1]
+    chunks = sum(p.num_chunks for p in pools)
+    tier = {
+        "kv_offloading_size_bytes": sc.kv_offloading.size_bytes * len(conns),
+        "host_chunks": chunks,
+        "host_chunk_bytes": chunk,
+        "host_pool_bytes": chunks * chunk // sc.gpu.count,   # per GPU, as pool_bytes
+        "cpu_hit_tokens": hit,
+        "cpu_token_hit_rate": hit / prompt if prompt else 0.0,
+        "cpu_request_hit_rate": sum(1 for v in cpu if v > 0) / n if n else 0.0,
+        "offload_loaded_bytes": sum(c.loaded_bytes for c in conns),
+        "offload_stored_bytes": sum(c.stored_bytes for c in conns),
+        "host_evictions": sum(p.evicted for p in pools),
+        "host_store_failures": sum(p.failed for p in pools),
+        "host_chunks_peak": sum(p.peak for p in pools),
+        "miss_cpu_no_state_tokens": sum(miss),
+        "miss_cpu_no_state_rate": sum(miss) / prompt if prompt else 0.0,
+    }
+    assert tuple(tier) == OFFLOAD_SUMMARY_FIELDS
+    out = {k: v for k, v in summary.items() if k not in ("wall_s", "sim_requests_per_s")}
+    out.update(tier)
+    out["wall_s"] = summary["wall_s"]
+    out["sim_requests_per_s"] = summary["sim_requests_per_s"]
+    return out
 
 
 def why_rejected(sched: Scheduler, r: SimRequest) -> str:
@@ -635,8 +742,9 @@ def memory_fields(sampler: StepSampler) -> list[tuple[str, Sequence]]:
     waiting, at the start of each engine step (evenly thinned past ``MEMORY_ROWS``
     rows); the time in seconds with six decimals."""
     raw = sampler.row_bytes()
+    names = MEMORY_COLUMNS + (OFFLOAD_MEMORY_COLUMNS if sampler.host is not None else ())
     if not raw:
-        return [(requests_csv.INT_FIELD, ()) for _ in MEMORY_COLUMNS]
+        return MemoryFields(names, [(requests_csv.INT_FIELD, ()) for _ in names])
     import numpy as np
 
     # (the rows' columns by numpy, in arrays: the same numbers as the rows' tuples --
@@ -646,7 +754,10 @@ def memory_fields(sampler: StepSampler) -> list[tuple[str, Sequence]]:
     secs = array("d", (t.astype(np.float64) * 1e-9).tobytes())
     counts = [array("q", c.astype("<i8").tobytes())
               for c in (a, m, in_use, a + m - in_use, running, waiting)]
-    return [(requests_csv.FLOAT_FIELD, secs)] + [(requests_csv.INT_FIELD, c) for c in counts]
+    if sampler.host is not None:     # the CPU tier's host chunks (OFFLOAD_MEMORY_COLUMNS)
+        counts.append(array("q", sampler.host_data))
+    return MemoryFields(names, [(requests_csv.FLOAT_FIELD, secs)]
+                        + [(requests_csv.INT_FIELD, c) for c in counts])
 
 
 def memory_prelude(sc: Scenario, dep) -> tuple | None:
@@ -678,12 +789,11 @@ def _memory_of(dep) -> list | None:
     return getattr(dep, "memory", None)
 
 
-def write_memory_csv(path: Path, fields: list[tuple[str, Sequence]]) -> None:
+def write_memory_csv(path: Path, fields: MemoryFields) -> None:
     """``memory.csv`` from its ``memory_fields`` (as ``csv.writer`` writes each row: at
     most MEMORY_ROWS rows, one %-formatting)."""
     with open(path, "w", newline="") as f:
-        extra = ("replica",) if len(fields) > len(MEMORY_COLUMNS) else ()   # (a fleet's)
-        csv.writer(f, lineterminator="\n").writerow(MEMORY_COLUMNS + extra)
+        csv.writer(f, lineterminator="\n").writerow(fields.names)
         requests_csv.write_fields(f, fields)
 
 

@@ -25,6 +25,13 @@ UNIT_S = 1e-9   # one step = one engine nanosecond
 # vLLM's KV cache events (sim/cache/events.py): the switch (``KVEventsConfig``), the default
 # ``kv_cache_report_mode`` of every request, and the corrected stream instead of vLLM's
 EVENT_KEYS = ("enable_kv_cache_events", "report_mode", "kv_events_fix_emit")
+# the CPU tier (vLLM's --kv-offloading-size, the offload oracle's keys): on when
+# kv_offloading_size_bytes is set; a chunk is blocks_per_chunk GPU blocks of one group,
+# kv_bytes_per_block each, rounded up to page_size_alignment; transfers complete a fixed
+# number of steps after the step that issues them (the oracle's stand-in worker)
+OFFLOAD_KEYS = ("kv_offloading_size_bytes", "kv_bytes_per_block", "page_size_alignment",
+                "eviction_policy", "offload_block_size", "blocks_per_chunk", "transfer_steps",
+                "load_steps", "store_steps", "offload_prompt_only")
 REPORT_MODES = (None, "full", "incremental")
 
 
@@ -55,7 +62,7 @@ def parse_steps(data):
         raise CaseError("top level: expected a mapping with config and requests")
     for k in data:
         if k not in ("config", "requests", "source", "expect", "description",
-                     "expect_kv_events"):
+                     "expect_kv_events", "expect_offload_steps"):
             raise CaseError(f"{k}: unknown key")
     cfg_in = data.get("config") or {}
     if not isinstance(cfg_in, dict):
@@ -63,6 +70,7 @@ def parse_steps(data):
     cfg_in = dict(cfg_in)
     sched_keys = {k: cfg_in.pop(k) for k in list(cfg_in) if k in STEP_KEYS}
     events = {k: cfg_in.pop(k) for k in EVENT_KEYS if k in cfg_in}   # (not cache keys here)
+    offload = parse_offload({k: cfg_in.pop(k) for k in OFFLOAD_KEYS if k in cfg_in})
     for k in ("enable_kv_cache_events", "kv_events_fix_emit"):
         if not isinstance(events.get(k, False), bool):
             raise CaseError(f"config.{k}: must be true or false, got {show(events[k])}")
@@ -78,7 +86,8 @@ def parse_steps(data):
                     ("eagle_lookahead_hashes", lookahead_hashes)):
         if not isinstance(v, bool):
             raise CaseError(f"config.{name}: must be true or false, got {show(v)}")
-    if lookahead_hashes and eagle:
+    if lookahead_hashes and eagle and offload is None:
+        # (a KV connector keeps the legacy hashes: vLLM's num_hash_lookahead_tokens is 0)
         cfg_in.setdefault("num_hash_lookahead_tokens", 1)
     if eagle:
         cfg_in.setdefault("num_prefill_lookahead", 1)
@@ -145,11 +154,76 @@ def parse_steps(data):
         traces.append((rid, runs, arrival, mt, prio))
         events.setdefault("modes", {})[rid] = r.get("report_mode")
     order = sorted(range(len(traces)), key=lambda i: (traces[i][2], i))
+    if offload is not None:
+        events["offload"] = offload
     return cfg, sc, acc, streams, [traces[i] for i in order], [t[0] for t in traces], events
 
 
+def parse_offload(raw: dict) -> dict | None:
+    """The tier's keys of a step case, checked; None when it is off."""
+    size = raw.get("kv_offloading_size_bytes")
+    if size is None:
+        if raw:
+            raise CaseError(f"config.{sorted(raw)[0]}: needs kv_offloading_size_bytes (the "
+                            f"CPU tier is off without it)")
+        return None
+    out: dict = {"size": _int("kv_offloading_size_bytes", size, 1)}
+    out["bpb"] = _int("kv_bytes_per_block", raw.get("kv_bytes_per_block", 4096), 1)
+    out["align"] = _int("page_size_alignment", raw.get("page_size_alignment", 4096), 1)
+    pol = raw.get("eviction_policy", "lru")
+    if pol not in ("lru", "arc"):
+        raise CaseError(f"config.eviction_policy: must be lru or arc, got {pol!r}")
+    out["policy"] = pol
+    if raw.get("offload_block_size") is not None and raw.get("blocks_per_chunk") is not None:
+        raise CaseError("config.offload_block_size: set it or blocks_per_chunk, not both")
+    out["block_size"] = (None if raw.get("offload_block_size") is None
+                         else _int("offload_block_size", raw["offload_block_size"], 1))
+    out["bpc"] = (None if raw.get("blocks_per_chunk") is None
+                  else _int("blocks_per_chunk", raw["blocks_per_chunk"], 1))
+    t = _int("transfer_steps", raw.get("transfer_steps", 1), 0)
+    out["load_steps"] = _int("load_steps", raw.get("load_steps", t), 0)
+    out["store_steps"] = _int("store_steps", raw.get("store_steps", t), 0)
+    po = raw.get("offload_prompt_only", True)
+    if not isinstance(po, bool):
+        raise CaseError(f"config.offload_prompt_only: must be true or false, got {po!r}")
+    out["prompt_only"] = po
+    return out
+
+
+def build_offload(kv, cfg, off: dict):
+    """The step case's connector (``sim/cache/offload.py``) on ``kv``."""
+    from sim.cache.offload import OffloadConnector, StepTransfers
+
+    sizes = set(kv.group_block_sizes)
+    bpc = off["bpc"] or 1
+    if off["block_size"] is not None:
+        if len(sizes) != 1 or off["block_size"] % next(iter(sizes)):
+            raise CaseError(f"config.offload_block_size: {off['block_size']} must be a multiple "
+                            f"of the one block size of every group ({sorted(sizes)})")
+        bpc = off["block_size"] // next(iter(sizes))
+    align = off["align"]
+    chunk = -(-off["bpb"] * bpc // align) * align
+    return OffloadConnector(kv, off["size"] // chunk, off["policy"], bpc,
+                            eagle_groups=connector_eagle_groups(cfg),
+                            worker=StepTransfers(off["load_steps"], off["store_steps"]),
+                            offload_prompt_only=off["prompt_only"], block_bytes=off["bpb"])
+
+
+def connector_eagle_groups(cfg) -> tuple[int, ...]:
+    """The groups vLLM's connector treats as EAGLE groups: those flagged
+    ``is_eagle_group`` (none flagged: none, whatever the GPU side drops)."""
+    if not cfg.eagle:
+        return ()
+    eg = cfg.eagle_groups
+    if isinstance(eg, tuple):
+        return eg
+    if eg == "attention":
+        return tuple(i for i, s in enumerate(cfg.group_specs()) if s.kind == "full")
+    return ()
+
+
 def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
-                   per_step: bool = False):
+                   per_step: bool = False, finish_orders: dict[int, list[str]] | None = None):
     """Per request, the step-level answers; with ``kv_events`` a mapping ``{"requests":
     [...], "kv_events": [{"step", "events"}, ...], "kv_events_error": None | {...}}`` of
     the KV events published step by step, in the oracle's canonical form (events are on
@@ -179,6 +253,17 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
         sched.step_log = step_log     # (the scheduler records each step's decisions)
     if isinstance(acc, list):
         sched.set_accept_pattern(acc)
+    conn = None
+    if ev_cfg.get("offload") is not None:
+        try:
+            conn = build_offload(kv, cfg, ev_cfg["offload"])
+        except ValueError as e:
+            raise CaseError(f"{source}: config: {e}") from None
+        if per_step:
+            conn.log = []
+            conn.req_log = {}
+        conn.finish_orders = finish_orders
+        sched.attach_connector(conn)
     log = None
     if ev_cfg.get("enable_kv_cache_events", kv_events):
         log = _StepEvents(sched, ev_cfg)
@@ -200,10 +285,16 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
     # not at that step's update as vLLM does: same hits, later events; step one by one)
     eng = Engine(sched, FixedStep(UNIT_S), make, lambda r: None,
                  jump=not isinstance(acc, list) and log is None and not per_step)
+    stalled = None
     try:
         eng.run(StepArrival(rid, arrival * UNIT_S, [], mt) for rid, _, arrival, mt, _ in traces)
-    except CapacityError as e:   # the engine's progress guard: a request that never fits
-        raise CapacityError(f"{source}: {e}") from None
+    except CapacityError as e:
+        # the engine's progress guard: what is left can never be scheduled (a request the
+        # pool can never hold).  vLLM's scheduler keeps such a request waiting for good
+        # (its test_can_fit_full_sequence_full_attention_still_gates_oversized) while it
+        # serves the others; so does a step case: it ends there, reporting the requests
+        # still waiting ("waiting": true, their steps null)
+        stalled = f"{source}: {e}"
     rejected = {id(r) for r in eng.rejected}
     out = []
     for rid in file_order:
@@ -215,24 +306,45 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
             out.append({"id": rid, "error": f"prompt of {r.cache.num_prompt_tokens} tokens >= "
                                             f"max_model_len {cfg.max_model_len} (vLLM rejects it)"})
             continue
+        hit = r.hit_tokens
+        if conn is not None and r.cpu_hit_tokens:
+            hit = min(hit + r.cpu_hit_tokens, r.cache.num_prompt_tokens - 1)
+        never = r.first_scheduled_ns < 0     # (only when stalled: every other request ends)
         out.append({
             "id": rid,
             "arrival_step": r.arrival_ns,
-            "first_scheduled_step": r.first_scheduled_ns,
-            "hit": r.hit_tokens,
-            "junction": r.junction,
+            "first_scheduled_step": None if never else r.first_scheduled_ns,
+            "hit": None if never else hit,
+            "junction": None if never else r.junction,
             "chunk_ends": list(r.chunk_ends),
             "chunk_end_steps": list(r.chunk_end_steps),
-            "first_token_step": r.first_token_ns - 1,
-            "finish_step": r.finish_ns - 1,
+            "first_token_step": r.first_token_ns - 1 if r.first_token_ns >= 0 else None,
+            "finish_step": r.finish_ns - 1 if r.finish_ns >= 0 else None,
             "preemptions": r.preemptions,
             "output_tokens": r.num_output,
         })
+        if r.finish_ns < 0:
+            out[-1]["waiting"] = True
+        if conn is not None:
+            out[-1]["gpu_hit"] = r.hit_tokens if r.hit_tokens >= 0 else None
+            out[-1]["external_hit"] = r.cpu_hit_tokens if r.hit_tokens >= 0 else None
+            if conn.req_log is not None:
+                out[-1].update(conn.req_log.get(rid, {}))
+                out[-1]["cpu_cached_positions"] = conn.cached_positions(r.cache)
     if not (kv_events or per_step):
         return out
     res: dict = {"requests": out}
+    if stalled is not None:
+        res["stalled"] = stalled
     if per_step:
         res["steps"] = step_log
+        if conn is not None:
+            res["offload_steps"] = conn.log
+            res["finish_ties"] = conn.finish_ties
+            res["offload_totals"] = {"loaded_chunks": conn.loaded_chunks,
+                                     "stored_chunks": conn.stored_chunks,
+                                     "evicted_chunks": conn.pool.evicted,
+                                     "alloc_failures": conn.pool.failed}
     if kv_events:
         res.update(log.result() if log is not None else {"kv_events": [],
                                                          "kv_events_error": None})

@@ -81,6 +81,7 @@ from sim.oracle import step_case
 from sim.oracle.harness import (
     BOTH_REJECT,
     BOTH_STALL,
+    BOTH_STOP,
     Outcome,
     Tester,
     add_oracle_args,
@@ -89,18 +90,19 @@ from sim.oracle.harness import (
     run_both,
     shrink,
 )
-from sim.oracle.keys import STEPS
+from sim.oracle.keys import OFFLOAD, STEPS
 from sim.oracle.segments import prompt_notation
 from sim.oracle.step_case import FIELDS, oracle_value
 from sim.oracle.worker import OracleUnavailable, start_oracle
 
 # (OPT_IN_PROFILES: for the pytest wrapper)
 if __package__:   # imported (tools.diff_steps)
-    from tools.diff_steps_gen import (OPT_IN_PROFILES, PROFILES, gen_case,  # noqa: F401
-                                      mooncake_case, shrink_candidates, size)
+    from tools.diff_steps_gen import (OFFLOAD_PROFILES, OPT_IN_PROFILES,  # noqa: F401
+                                      PROFILES, gen_case, mooncake_case, shrink_candidates,
+                                      size)
 else:             # run as a script: its folder is the first entry of sys.path
-    from diff_steps_gen import (OPT_IN_PROFILES, PROFILES, gen_case,  # noqa: F401
-                                mooncake_case, shrink_candidates, size)
+    from diff_steps_gen import (OFFLOAD_PROFILES, OPT_IN_PROFILES, PROFILES,  # noqa: F401
+                                gen_case, mooncake_case, shrink_candidates, size)
 
 # ``--assume NAME``: look past a known mismatch class (exploration only; a plain run uses none).
 ASSUMPTIONS = {
@@ -132,9 +134,9 @@ class Options:
                 out.ignore.update({"chunk_ends@replay", "chunk_end_steps@replay"})
         return out
 
-    def tester(self, timeout: float | None = 20.0) -> Tester:
+    def tester(self, timeout: float | None = 20.0, oracle: str = STEPS) -> Tester:
         return step_case.tester(timeout, self.extra or None, frozenset(self.ignore),
-                                shrink_candidates, size)
+                                shrink_candidates, size, oracle)
 
     def run_ours(self, spec: dict, timeout: float | None = 20.0, literal: bool = True,
                  scheduler: type | None = None) -> dict:
@@ -307,17 +309,23 @@ def keep_case(keep: Path, out: Outcome, opts: Options) -> None:
 
 
 # --------------------------------------------------------------------------- main --
-def _summary_lines(summ, what: str, version: str, opts: Options) -> list[str]:
+def _summary_lines(summ, what: str, version: str, opts: Options,
+                   driver: str = STEPS) -> list[str]:
     bad = summ.mismatches
-    lines = [f"vllm {version} sched_oracle vs sim.steps: {what}"
+    lines = [f"vllm {version} {driver} vs sim.steps: {what}"
              + (f"; assuming {', '.join(sorted(opts.assume))}" if opts.assume else "")
              + (f"; ignoring {', '.join(sorted(opts.ignore))}" if opts.ignore - {
                  "chunk_ends@replay", "chunk_end_steps@replay"} else ""),
              f"compared {summ.compared} cases, {summ.checked} requests "
              f"({summ.declined[BOTH_REJECT]} configurations rejected by both sides, "
-             f"{summ.declined[BOTH_STALL]} cases where both never admit a request); "
+             f"{summ.declined[BOTH_STALL]} cases where both never admit a request"
+             + (f", {summ.declined[BOTH_STOP]} where vLLM fails an assertion and we stop at "
+                f"that step too" if summ.declined[BOTH_STOP] else "") + "); "
              f"oracle {summ.oracle_s} s, ours {summ.ours_s} s",
              f"mismatching cases: {len(bad)}"]
+    if summ.coverage:
+        lines.insert(2, "coverage (cases): " + ", ".join(
+            f"{k} {v}" for k, v in sorted(summ.coverage.items())))
     if bad:
         lines.append("mismatching cases by field: " + ", ".join(
             f"{f} {n}" for f, n in summ.cases_by_field.most_common()))
@@ -400,13 +408,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         specs = [gen_case(args.seed, i, args.profile)
                  for i in range(args.start, args.start + args.cases)]
+    which = OFFLOAD if any(step_case.driver(sp) == OFFLOAD for sp in specs) else STEPS
+    if which == OFFLOAD and any(step_case.driver(sp) != OFFLOAD for sp in specs):
+        raise SystemExit("cases with and without the CPU tier go to different oracle drivers: "
+                         "replay them separately")
     try:
-        oracle = start_oracle(STEPS, args.oracle_python, args.oracle_dir,
+        oracle = start_oracle(which, args.oracle_python, args.oracle_dir,
                               workers=min(args.workers, max(1, len(specs) // 4)))
     except OracleUnavailable as e:
         print(f"skipped: {e}")
         return 0
-    tester = opts.tester(args.timeout)
+    tester = opts.tester(args.timeout, which)
     try:
         summ = run_both(tester, specs, oracle, collect=bool(args.write_golden))
         if args.write_golden:
@@ -420,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         what = (f"{len(specs)} replayed case(s)" if args.replay else
                 f"seed {args.seed}, profile {args.profile}, "
                 f"cases {args.start}..{args.start + len(specs) - 1}")
-        print("\n".join(_summary_lines(summ, what, oracle.version, opts)))
+        print("\n".join(_summary_lines(summ, what, oracle.version, opts, which)))
         if bad and args.classify:
             print("\n".join(_classify(bad, opts)))
         for j, out in enumerate(bad):

@@ -18,7 +18,9 @@ from sim.oracle.keys import draw_prefill_checkpoints
 
 BIG_POOL = 1024
 BIG_BUDGET = 8192
-PROFILES = ("default", "edge", "length", "budget", "ckpt", "events")
+PROFILES = ("default", "edge", "length", "budget", "ckpt", "events", "offload")
+# profiles whose cases carry the CPU tier (compared against offload_oracle.py)
+OFFLOAD_PROFILES = ("offload",)
 # profiles the pytest wrappers would skip (none: every profile must match vLLM in CI)
 OPT_IN_PROFILES: tuple[str, ...] = ()
 
@@ -52,6 +54,8 @@ def gen_case(seed: int, idx: int, profile: str = "default") -> dict:
         return _ckpt_case(seed, idx)
     if profile == "events":
         return _events_case(seed, idx)
+    if profile == "offload":
+        return _offload_case(seed, idx)
     edge = profile == "edge"
     rng = random.Random(f"diff_steps:{seed}:{idx}" + (":edge" if edge else ""))
     block = rng.choice([16, 32, 64])
@@ -251,6 +255,100 @@ def _events_case(seed: int, idx: int) -> dict:
                 q["report_mode"] = "full"
     spec["name"] = "v" + spec["name"][1:]
     return spec
+
+
+def _offload_case(seed: int, idx: int) -> dict:
+    """``profile="offload"``: the CPU tier on (vLLM's OffloadingConnector, compared against
+    ``offload_oracle.py``).  Layouts shaped like Nemotron-H (attention first, then 1-3 Mamba
+    groups; block 16/32/64, any hash unit dividing it) or Qwen3-Next (three Mamba groups,
+    then attention; block 64, hash 16 or 64: partial tails), EAGLE in about half (its
+    attention group flagged in most), a chunk of 1 block or 2-4, 4 to 512 host chunks (LRU or
+    ARC), transfers of 0-3 steps, sometimes decode chunks stored too, the shared-prefix
+    checkpoint or internal prefill checkpoints (MambaMixer2's) sometimes; 1-2 producers of
+    shared prompts, fillers evicting them from a tight GPU pool, then consumers replaying
+    or extending them (some arriving together: loads deferred while another loads), and
+    sometimes a second turn on top of a consumer."""
+    rng = random.Random(f"diff_steps:{seed}:{idx}:offload")
+    shape = rng.choice(["nemo", "nemo", "qwen"])
+    if shape == "nemo":
+        block = rng.choice([16, 32, 64])
+        groups = ["full"] + ["mamba"] * rng.choice([1, 1, 2, 3])
+        unit = rng.choice([d for d in (4, 8, 16, 32, 64) if block % d == 0])
+        attn = [0]
+    else:
+        block = 64
+        groups = ["mamba", "mamba", "mamba", "full"]
+        unit = rng.choice([16, 64])
+        attn = [3]
+    cfg: dict[str, Any] = {"groups": groups, "block_size": block, "hash_block_size": unit}
+    if rng.random() < 0.5:
+        cfg["prefix_cache_retention_interval"] = 0
+    if rng.random() < 0.2:
+        cfg["shared_prefix_checkpoint"] = True
+    ckpt = rng.random() < 0.4 and draw_prefill_checkpoints(rng, cfg, unit)
+    k = 0
+    if rng.random() < 0.5:
+        k = rng.randint(1, 2)
+        cfg["eagle"] = True
+        cfg["num_speculative_tokens"] = k
+        cfg["accepted_tokens"] = rng.randint(0, k)
+        if rng.random() < 0.5:
+            cfg["eagle_lookahead_hashes"] = True   # (a connector keeps the legacy hashes)
+        if rng.random() < 0.75:
+            cfg["eagle_groups"] = attn
+    r = rng.random()
+    bpc = 1
+    if r < 0.2:
+        bpc = rng.choice([2, 4])
+        cfg["blocks_per_chunk"] = bpc
+    elif r < 0.35:
+        bpc = rng.choice([1, 2])
+        cfg["offload_block_size"] = block * bpc
+    chunks = rng.choice([4, 8, 16, 32]) if rng.random() < 0.3 else rng.choice([64, 128, 512])
+    cfg["kv_offloading_size_bytes"] = chunks * 4096 * bpc
+    cfg["kv_bytes_per_block"] = 4096
+    cfg["page_size_alignment"] = 4096
+    cfg["eviction_policy"] = rng.choice(["lru", "arc"])
+    cfg["transfer_steps"] = rng.choice([0, 1, 1, 2, 3])
+    if rng.random() < 0.15:
+        cfg["offload_prompt_only"] = False
+    cfg["max_num_batched_tokens"] = rng.choice([64, 128, 256, 1024, BIG_BUDGET])
+    cfg["max_num_seqs"] = rng.choice([2, 4, 16])
+    chunk = block * bpc
+    systems = [chunk * rng.randint(1, 4) + rng.choice([0, 0, unit, rng.randint(1, block - 1)])
+               for _ in range(rng.randint(1, 2))]
+    reqs: list[dict] = []
+    t = 0
+    for i, n in enumerate(systems):
+        reqs.append({"id": f"prod{i}", "segments": [[f"sys{i}", 0, n],
+                                                    [f"p{i}", 0, rng.randint(1, block)]],
+                     "arrival": t, "max_tokens": rng.randint(1, 8), "kind": "fresh"})
+        t += rng.randint(0, 3)
+    for j in range(rng.randint(1, 3)):
+        t += rng.randint(1, 4)
+        reqs.append({"id": f"fill{j}", "segments": [[f"f{j}", 0, rng.randint(2, 5) * block]],
+                     "arrival": t, "max_tokens": rng.randint(1, 6), "kind": "private"})
+    t += rng.randint(1, 6)
+    for c in range(rng.randint(1, 3)):
+        i = rng.randrange(len(systems))
+        segs: list[list] = [[f"sys{i}", 0, systems[i]]]
+        if rng.random() < 0.5:
+            segs.append([f"p{i}", 0, rng.randint(1, block)])
+        segs.append([f"c{c}", 0, rng.randint(1, 2 * block)])
+        reqs.append({"id": f"cons{c}", "segments": segs,
+                     "arrival": t + (0 if rng.random() < 0.5 else rng.randint(1, 3)),
+                     "max_tokens": rng.randint(1, 10), "kind": "replay"})
+    if rng.random() < 0.3:
+        prev = rng.choice([q for q in reqs if q["kind"] == "replay"])
+        segs = copy.deepcopy(prev["segments"]) + [["t0", 0, rng.randint(1, block)]]
+        reqs.append({"id": "turn0", "segments": segs,
+                     "arrival": prev["arrival"] + rng.randint(2, 20),
+                     "max_tokens": rng.randint(1, 6), "kind": "turn"})
+    longest = max(sum(sg[2] for sg in q["segments"]) + q["max_tokens"] for q in reqs)
+    need = (-(-(longest + k + 2) // block) + 2) + groups.count("mamba") * (3 + k + ckpt) + 1
+    cfg["num_blocks"] = need + rng.randint(0, need // 2)
+    return {"name": f"o{seed}_c{idx}_{shape}", "config": cfg, "requests": reqs,
+            "max_steps": 600}
 
 
 def mooncake_case(path: Path, n: int, start: int = 0, step_ms: float = 30.0,

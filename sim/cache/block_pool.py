@@ -116,6 +116,8 @@ class BlockPool:
         self.fresh: list[Block] = []
         # ``free_skipped``'s scratch: the non-null indices of the range it frees
         self._live = vec[i64]()
+        # the ids of the blocks handed out since a KV connector asked (None: nobody asks)
+        self.popped: list[int] | None = None
 
     # -- lookups -------------------------------------------------------------
     def get_cached_block(self, block_hash: int, group_ids: list[int]) -> list[Block] | None:
@@ -401,6 +403,10 @@ class BlockPool:
             out[i] = b
             i += 1
         self.num_free_blocks -= n   # (n <= the free count, checked above: no sentinel popped)
+        popped = self.popped
+        if popped is not None:
+            for j in range(n):
+                popped.append(out[j].block_id)
         o = occ[kind] + n
         occ[kind] = o
         if o > self.peak[kind]:

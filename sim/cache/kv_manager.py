@@ -130,6 +130,32 @@ class KVCacheManager:
         return [s.kind for s in self.coordinator.specs]
 
     @property
+    def scheduler_block_size(self) -> int:
+        return self.coordinator.scheduler_block_size
+
+    @property
+    def group_block_sizes(self) -> list[int]:
+        """Each KV-cache group's block size, in layout order."""
+        return [m.block_size for m in self.coordinator.manager_of]
+
+    def truncate_hit(self, blocks: list[list[Block]], num_tokens: int) -> list[list[Block]]:
+        """A lookup's hit lists cut at ``num_tokens`` (a block boundary of every group;
+        vLLM's ``truncate_computed_blocks``: a Mamba list may be shorter)."""
+        out: list[list[Block]] = []
+        for gid in range(len(blocks)):
+            n = num_tokens // self.coordinator.manager_of[gid].block_size
+            out.append(blocks[gid][:n])
+        return out
+
+    def remaining_blocks(self, req: CacheRequest, num_tokens: int, num_main: int,
+                         prefill_end: int) -> int:
+        """Blocks ``req`` still needs to hold ``num_tokens`` slots (``num_main`` of the
+        target model) past what it holds (vLLM's ``_request_remaining_blocks``)."""
+        n = req.num_computed_tokens
+        return self.coordinator.blocks_to_allocate(req.request_id, num_tokens, self.empty, n, n,
+                                                   num_main, True, prefill_end)
+
+    @property
     def min_block_size(self) -> int:
         return min(m.block_size for m in self.coordinator.managers)
 
@@ -265,21 +291,25 @@ class KVCacheManager:
     def allocate_slots(self, req: CacheRequest, num_new_tokens: int, num_new_computed: int = 0,
                        new_computed: list[list[Block]] | None = None,
                        num_lookahead_tokens: int = 0,
-                       full_sequence_must_fit: bool = False) -> bool:
+                       full_sequence_must_fit: bool = False, num_external: int = 0,
+                       delay_cache: bool = False, reserved: int = 0) -> bool:
         """Reserve slots for ``num_new_tokens`` and cache what they complete.
 
-        Returns False (and changes nothing but skipped-block frees) when the
-        pool cannot hold the chunk.
+        ``num_external``: tokens a KV connector loads past the local hit (their blocks are
+        allocated now, after every group's hit blocks; ``delay_cache``: nothing is cached
+        until the load is done); ``reserved``: blocks the allocation must leave free (an
+        async load's reservation for the in-flight prefills).  Returns False (and changes
+        nothing but skipped-block frees) when the pool cannot hold the chunk.
         """
         c = self.coordinator
-        if num_new_tokens == 0 and num_new_computed == 0:
+        if num_new_tokens == 0 and num_new_computed == 0 and num_external == 0:
             raise ValueError("num_new_tokens must be greater than 0")
         ncb = new_computed if new_computed is not None else self.empty
         # (machine integers, the least of two by comparison: min() of an i64 and an int,
         # or a conditional expression of them, boxes both in the compiled build)
         mml: i64 = self.max_model_len
         num_local: i64 = req.num_computed_tokens + num_new_computed
-        total = num_local
+        total = num_local + num_external
         if mml < total:
             total = mml
         num_main = total + num_new_tokens
@@ -305,15 +335,28 @@ class KVCacheManager:
                 return False
         for m in c.managers:
             m.remove_skipped_blocks(rid, total)
-        need = c.blocks_to_allocate(rid, need_slot, ncb, total, num_local, num_main,
+        tc = total
+        if num_external > 0:
+            tc = num_local + num_external
+        need = c.blocks_to_allocate(rid, need_slot, ncb, tc, num_local, num_main,
                                     prefill_end=prefill_end)
-        if need > c.pool.num_free():
+        if need > c.pool.num_free() - reserved:
             return False
-        if new_computed is not None and _any_hit(new_computed) and not _any_cached(c, rid):
+        if num_external > 0:
+            if not _any_cached(c, rid):
+                # every group's hit blocks first, then every group's blocks for the
+                # external tokens (a group's new blocks cannot evict another's hit)
+                for m in c.managers:
+                    m.add_local_computed(rid, ncb, num_local, num_external)
+                for m in c.managers:
+                    m.allocate_external(rid, num_local, num_external)
+        elif new_computed is not None and _any_hit(new_computed) and not _any_cached(c, rid):
             for m in c.managers:
                 m.add_local_computed(rid, ncb, num_local)
         for m in c.managers:
             m.allocate_new(rid, need_slot, num_main)
+        if delay_cache:
+            return True
         done = total + num_new_tokens
         if req.num_tokens < done:
             done = req.num_tokens
@@ -323,6 +366,52 @@ class KVCacheManager:
         else:
             self._cache_blocks_logged(log, req, done)
         return True
+
+    def group_tables(self, rid: str) -> list[list[Block]]:
+        """``rid``'s block table in every group, in group order (empty lists if none)."""
+        out: list[list[Block]] = []
+        for m in self.coordinator.managers:
+            st = m._get(rid)
+            t = st.table if st is not None else None
+            for mi in range(m.width):
+                out.append(t[mi] if t else [])
+        return out
+
+    def group_table(self, rid: str, gid: int) -> list[Block]:
+        """``rid``'s block table in group ``gid`` (empty if none)."""
+        m = self.coordinator.manager_of[gid]
+        st = m._get(rid)
+        t = st.table if st is not None else None
+        return t[gid - m.group_ids[0]] if t else []
+
+    def remove_skipped(self, req: CacheRequest, processed: int) -> None:
+        """Free the blocks no group needs past ``processed`` computed tokens (vLLM does
+        this for a finished request before a KV connector sees its table: a Mamba group
+        lets go of its superseded state)."""
+        for m in self.coordinator.managers:
+            m.remove_skipped_blocks(req.request_id, processed)
+
+    def enable_offload_handoffs(self) -> None:
+        """A KV connector reads the Mamba states the cache commits (``take_offload_handoffs``)
+        and the blocks each step hands out (``BlockPool.popped``)."""
+        for m in self.coordinator.mamba_managers:
+            m.enable_handoffs()
+
+    def take_offload_handoffs(self) -> dict[str, list[tuple[int, Block, int]]]:
+        """This step's committed Mamba states, ``{request: [(group, block, boundary
+        tokens), ...]}``, group by group (vLLM's ``take_boundary_state_offloads``)."""
+        out: dict[str, list[tuple[int, Block, int]]] = {}
+        for m in self.coordinator.mamba_managers:
+            if not m.has_handoffs:
+                continue
+            for mi, entries in enumerate(m.take_handoffs()):
+                g = m.group_ids[mi]
+                for rid, block, boundary in entries:
+                    lst = out.get(rid)
+                    if lst is None:
+                        lst = out[rid] = []
+                    lst.append((g, block, boundary))
+        return out
 
     def group_blocks(self, req: CacheRequest, kind: str) -> list:
         """The block table of the first group of ``kind`` for ``req`` (empty if none)."""

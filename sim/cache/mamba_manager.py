@@ -141,6 +141,21 @@ class MambaManager(SingleTypeManager):
         # internal prefill checkpoints: this group reserves a block per chunk
         self.ckpt_blocks = spec.prefill_checkpoint_blocks > 0 and spec.mamba_mode == "align"
         self.ckpt_align = spec.prefill_checkpoint_alignment
+        # with a KV connector (the CPU tier): each member's committed states not yet
+        # taken, (request, block, boundary tokens), and the requests whose own partial
+        # prompt-tail state the next copy-on-write preserves (boundary tokens)
+        self.has_handoffs = False
+        self.handoffs: list[list[tuple[str, Block, int]]] = []
+        self.producer_tail: dict[str, int] = {}
+
+    def enable_handoffs(self) -> None:
+        self.has_handoffs = True
+        self.handoffs = [[] for _g in self.group_ids]
+
+    def take_handoffs(self) -> list[list[tuple[str, Block, int]]]:
+        out = self.handoffs
+        self.handoffs = [[] for _g in self.group_ids]
+        return out
 
     def _null_run(self, k: int) -> list[Block]:
         """``k`` null blocks (a list kept per length, never written: padding a table
@@ -389,6 +404,12 @@ class MambaManager(SingleTypeManager):
         # the same order as member-by-member pops (nothing in between touches it)
         # (no blocks: nothing below reads the list)
         fresh = pool.take_new_blocks(new * width, self.group_id) if new else pool.fresh
+        tail: i64 = -1   # a producer's partial-tail state this copy preserves (connector)
+        if self.has_handoffs and srcs is not None and was_allocated:
+            at = self.producer_tail.get(rid)
+            if at is not None:
+                del self.producer_tail[rid]
+                tail = at
         mi: i64 = 0
         while mi < width:
             blocks = t[mi]
@@ -407,6 +428,8 @@ class MambaManager(SingleTypeManager):
                     self.pending_cow[mi].append((src, cow))
                     self.has_pending_cow = True
                     src.ref_cnt += 1
+                    if tail >= 0:
+                        self.handoffs[mi].append((rid, cow, tail))
                     if cow.key >= 0:
                         self._cached_now(cow.key)
                 else:
@@ -431,6 +454,15 @@ class MambaManager(SingleTypeManager):
         return t
 
     def _forget(self, rid: str) -> list[list[Block]] | None:
+        if self.has_handoffs:
+            # a freed request's states not yet taken are not offered (their blocks may
+            # be handed to another request at once)
+            if rid in self.producer_tail:
+                del self.producer_tail[rid]
+            for mi in range(len(self.handoffs)):
+                lst = self.handoffs[mi]
+                if lst:
+                    self.handoffs[mi] = [e for e in lst if e[0] != rid]
         if self.admission is not None:
             if rid in self.sequence_end:
                 del self.sequence_end[rid]   # (its last state stays: the sequence's end)
@@ -468,6 +500,8 @@ class MambaManager(SingleTypeManager):
                     if b.is_null or b.key < 0:
                         continue
                     self._cached_now(b.key)
+                    if self.has_handoffs:
+                        self.handoffs[mi].append((rid, b, b.key_tokens))
                     if mi == 0:
                         written += 1
         if written:
@@ -601,6 +635,8 @@ class MambaManager(SingleTypeManager):
             if mi == 0:
                 written = 1
         if registered and num_tokens % self.block_size:
+            if self.has_handoffs:
+                self.producer_tail[req.request_id] = num_tokens
             if len(registered) != self.width:
                 # Mid-block states are only registered on blocks this request
                 # wrote itself, which every member holds alike.

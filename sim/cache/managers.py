@@ -342,12 +342,12 @@ class SingleTypeManager:
 
     # allocation --------------------------------------------------------------
     def add_local_computed(self, rid: str, new_computed: list[list[Block]],
-                           num_local: i64) -> None:
+                           num_local: i64, num_external: i64 = 0) -> None:
         st = self._state(rid)
         t = st.table
         assert not t or not t[0]
         t = self._new_table(st)
-        skipped = self.num_skipped_tokens(num_local) // self.block_size
+        skipped = self.num_skipped_tokens(num_local + num_external) // self.block_size
         null = self.pool.null_block
         hit = 0
         for blocks, g in zip(t, self.group_ids):
@@ -365,6 +365,32 @@ class SingleTypeManager:
             st.partial_idx = idx
             st.partial_srcs = [blocks[-1] for blocks in t]
             st.num_cached = idx
+
+    def allocate_external(self, rid: str, num_local: i64, num_external: i64) -> None:
+        """Fresh blocks for the tokens a KV connector loads past the local hit (vLLM's
+        ``allocate_external_computed_blocks``): up to the loaded end, past what the
+        group skips (a Mamba group: the one block holding the loaded state)."""
+        total = num_local + num_external
+        skipped = self.num_skipped_tokens(total)
+        if skipped > 0 and total - skipped < num_external:
+            num_external = total - skipped
+        if num_external <= 0:
+            return
+        st = self._state(rid)
+        t = st.table
+        if t is None:
+            t = self._new_table(st)
+        new = -(-total // self.block_size) - len(t[0])
+        if new <= 0:
+            return
+        fresh = self.pool.take_new_blocks(new * self.width, self.group_id)
+        j = 0
+        for mi in range(self.width):
+            blocks = t[mi]
+            end = j + new
+            while j < end:
+                blocks.append(fresh[j])
+                j += 1
 
     def _apply_cow(self, blocks: list[Block], member: int, idx: int, src: Block,
                    cow: Block) -> None:

@@ -284,8 +284,12 @@ def build_replica(i: int, sc, env: simpy.Environment, kept, jump: bool, fast_dec
     sched = Scheduler(sc.scheduler, kv, accepted_per_step=sc.speculative.mean_accepted_tokens
                       if sc.speculative.method else 0.0, fast_decode=fast_decode,
                       reject_unservable=True)
+    if dep.offload is not None:      # this replica's CPU tier (``kv_offloading``)
+        sched.attach_connector(dep.offload)
     maker = RequestMaker(kv, streams)
     sampler = StepSampler(sched)
+    if dep.offload is not None:
+        sampler.host = dep.offload.pool
     dep.sampler = sampler
     rec = Recorder(maker, sampler, kept.add, kept.add_batch)
     backend = build_backend(sc, dep, plant)
@@ -319,6 +323,13 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
     streams = StreamRegistry()
     replicas = [build_replica(i, s, env, kept, jump, fast_decode, plant, streams)
                 for i, s in enumerate(scenarios)]
+    tier = None
+    if replicas[0].dep.offload is not None:     # the CPU tier's per-request columns
+        from sim.run import TierRecorder
+
+        tier = TierRecorder()
+        for rep in replicas:
+            rep.engine.observers.append(tier)
     fleet = FleetContext(sc, replicas, streams)
     router = ROUTERS[cl.router.policy].build(cl.router.options, cl.router.seed, fleet)
     replica_of = array("q")
@@ -387,9 +398,15 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
         from sim.cluster.outputs import with_routing_columns
 
         fdep.records = with_routing_columns(fdep.records, door)
+    if tier is not None:
+        fdep.records = tier.columns(fdep.records)
     rows = fdep.records.served()
     fdep.wall_s = time.perf_counter() - t_wall
     summary = fleet_summary(sc, fdep, rows)
+    if tier is not None:
+        from sim.run import offload_summary
+
+        summary = offload_summary(sc, fdep, rows, summary)
     return fdep, rows, summary
 
 

@@ -253,6 +253,7 @@ def memory_fields(fdep) -> list[tuple[str, Sequence[Any]]]:
     import numpy as np
 
     from sim import requests_csv
+    from sim.records import MemoryFields
     from sim.run import memory_fields as one
 
     parts = [(r.index, one(r.sampler)) for r in fdep.replicas]
@@ -267,4 +268,4 @@ def memory_fields(fdep) -> list[tuple[str, Sequence[Any]]]:
     for c in range(1, cols):
         out.append((requests_csv.INT_FIELD, array("q", data[c][order].astype("q").tobytes())))
     out.append((requests_csv.INT_FIELD, array("q", which[order].tobytes())))
-    return out
+    return MemoryFields(parts[0][1].names + ("replica",), out)

@@ -25,7 +25,7 @@ from sim.config.speculative import SpeculativeSection
 
 TOP_KEYS = {"name", "description", "seed", "model", "kv_cache", "gpu", "cache", "scheduler",
             "speculative", "workload", "backend", "output", "slo", "kv_events", "attribution",
-            "cluster"}
+            "cluster", "kv_offloading"}
 
 
 class ScenarioError(InputError):
@@ -53,6 +53,8 @@ class Scenario:
     attribution: bool = True
     # a fleet of replicas behind a router (sim/cluster/config.py); None: one replica
     cluster: Any = None
+    # the CPU tier (sim/config/kv_offloading.py): None when off (absent or size_gb 0)
+    kv_offloading: Any = None
     raw: dict = field(default_factory=dict, repr=False)
 
 
@@ -252,8 +254,12 @@ def scenario_from_mapping(data, path: Path) -> Scenario:
     from sim.cluster.config import parse_cluster
 
     cluster = parse_cluster(data.get("cluster"))
+    from sim.config.kv_offloading import KVOffloadingSection
+
+    offload = KVOffloadingSection.from_value(data.get("kv_offloading"))
     return Scenario(path=path, name=str(name), description=desc or "",
                     seed=seed, model=model, kv_cache=kv, gpu=gpu, cache=cache, scheduler=sched,
                     speculative=spec, workload=wl, backend=backend, output=out, slo=slo,
                     kv_events=KVEventsSection.from_value(data.get("kv_events")),
-                    attribution=attribution, cluster=cluster, raw=data)
+                    attribution=attribution, cluster=cluster,
+                    kv_offloading=offload if offload.enabled else None, raw=data)

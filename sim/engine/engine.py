@@ -118,6 +118,9 @@ class Engine:
             d = ns(self.backend.step_time(plan))
             if plan.finished:
                 plan.finished.clear()
+        conn = self.sched.connector
+        if conn is not None:
+            d += conn.step_stall()   # (the CPU tier: stores this step must flush first)
         return d if d > 1 else 1
 
     def make_plan(self, items: list[ScheduledItem], now: int) -> StepPlan:
@@ -204,7 +207,8 @@ class Engine:
                 # The progress guard: nothing else will ever happen (no arrival, no
                 # follow-up turn, nothing finishing) and retries keep scheduling nothing.
                 # vLLM would keep the request waiting forever; stop and say why.
-                if (A.peek() if gate is None else gate.quiet(inlet)) == NEVER:
+                if ((A.peek() if gate is None else gate.quiet(inlet)) == NEVER
+                        and not sched.transfers_pending()):
                     stalls += 1
                     if stalls >= STALL_LIMIT:
                         raise CapacityError(self.stuck_reason())
@@ -356,7 +360,7 @@ class Engine:
         the next arrival.
         """
         sched = self.sched
-        if sched.waiting or len(items) != len(sched.running):
+        if not sched.quiet() or len(items) != len(sched.running):
             return 1, 0
         if sched.has_swa:
             return 1, 0  # the window slides inside a block: step it exactly

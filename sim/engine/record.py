@@ -100,6 +100,10 @@ class StepSampler:
         self.itl_sparse: dict[int, int] = {}
         self.itl_sum_ns = 0
         self.itl_count = 0
+        # the CPU tier's host pool (sim/cache/offload_pool.py), when on: its chunks in use
+        # at each memory row (a column of memory.csv)
+        self.host: Any = None
+        self.host_data = vec[i64]()
 
     @property
     def rows(self) -> list[tuple[int, int, int, int, int, int]]:
@@ -161,6 +165,14 @@ class StepSampler:
                 out = append(out, d[i + j])
             i += 2 * ROW_FIELDS
         self.row_data = out
+        if self.host is not None:
+            h = self.host_data
+            kept = vec[i64](capacity=len(h) // 2 + 1)
+            i = 0
+            while i < len(h):
+                kept = append(kept, h[i])
+                i += 2
+            self.host_data = kept
 
     def step(self, items: list[ScheduledItem], start: i64, end: i64, k: i64) -> None:
         occ = self.occupancy
@@ -181,8 +193,11 @@ class StepSampler:
             d = append(d, m)
             d = append(d, in_use)
             d = append(d, len(sched.running))
-            d = append(d, len(sched.waiting))
+            d = append(d, len(sched.waiting) + len(sched.holding))
             self.row_data = d
+            if self.host is not None:
+                used: i64 = self.host.used
+                self.host_data = append(self.host_data, used)
             self.countdown = self.stride
             if len(d) >= MEMORY_ROWS * ROW_FIELDS:
                 # keep rows 0, 2, 4, ... (MEMORY_ROWS is even: the row just taken goes, and

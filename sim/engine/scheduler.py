@@ -24,6 +24,7 @@ from mypy_extensions import i64
 from backends.base import StepItem
 from sim.cache.attribution import Miss, MissAttribution
 from sim.cache.kv_manager import KVCacheManager
+from sim.cache.offload import OffloadConnector
 from sim.cache.request import CacheRequest
 from sim.config.scheduler import SchedulerConfig
 from sim.engine.request_queue import FCFSQueue, RequestQueue, make_queue
@@ -47,7 +48,8 @@ class SimRequest:
                  "out_stream", "fast_n", "fast_until", "item", "has_drafts",
                  "is_prefill_chunk", "recording", "cache_mark", "cache_mark_end", "rejected",
                  "priority",
-                 "arrival_step", "miss", "last_delivery_ns", "deliveries", "session")
+                 "arrival_step", "miss", "last_delivery_ns", "deliveries", "session",
+                 "cpu_hit_tokens", "cpu_no_state_tokens", "loading")
 
     def __init__(self, cache: CacheRequest, max_tokens: int, index: int):
         # (integer fields are machine integers: no tagged-int checks in the compiled
@@ -93,6 +95,11 @@ class SimRequest:
         self.last_delivery_ns: i64 = -1
         self.deliveries: i64 = 0
         self.session: str | None = None    # the workload record's session (requests.csv)
+        # the CPU tier (kv_offloading): tokens its first admission loaded from the host
+        # pool, and whether it waits for a load now (vLLM's WAITING_FOR_REMOTE_KVS)
+        self.cpu_hit_tokens: i64 = 0
+        self.cpu_no_state_tokens: i64 = 0     # held in attention groups past the hit
+        self.loading = False
 
     def __repr__(self) -> str:
         return (f"SimRequest({self.cache.request_id!r}, index={self.index}, "
@@ -181,6 +188,15 @@ class Scheduler:
         self.usable_blocks = kv.usable_blocks   # (block 0 is the null block)
         # miss attribution (sim/cache/attribution.py): None = off
         self.attribution: MissAttribution | None = None
+        # the CPU tier's connector (sim/cache/offload.py; None: no tier).  With one, the
+        # requests that hold blocks while waiting (an async load, or one done and not yet
+        # scheduled) wait in ``holding``, drained before ``waiting``; ``inflight`` are the
+        # requests admitted with prompt left to compute (an async load's reservation)
+        self.connector: OffloadConnector | None = None
+        self.holding: RequestQueue = make_queue(cfg)
+        self.inflight: dict[str, SimRequest] = {}
+        self.spec_step_blocks: i64 = 0
+        self.fresh: list[str] = []
         # what schedule() and update_from_output() return: one list each, refilled every
         # step (a new list a step was an allocation, its growth and its free; every
         # caller reads them before the next step).  schedule() overwrites ``out`` in
@@ -210,6 +226,8 @@ class Scheduler:
             return False
         req.arrival_step = self.step_index
         self.waiting.add_request(req)
+        if self.connector is not None:
+            self.connector.add_request(req.cache)
         return True
 
     def longest_slots(self, req: SimRequest) -> int:
@@ -233,7 +251,35 @@ class Scheduler:
         return self.kv.admission_blocks(req.cache)
 
     def has_work(self) -> bool:
+        if self.connector is not None:
+            return bool(self.running or self.waiting or self.holding
+                        or self.connector.busy())
         return bool(self.running or self.waiting)
+
+    def transfers_pending(self) -> bool:
+        """Whether the CPU tier has transfers in flight (the replay progresses when they
+        complete, though nothing is scheduled meanwhile)."""
+        return self.connector is not None and bool(self.connector.jobs)
+
+    def quiet(self) -> bool:
+        """Nothing but the running requests (a decode jump may run)."""
+        if self.waiting:
+            return False
+        if self.connector is not None:
+            return not self.holding and self.connector.quiet(self.running)
+        return True
+
+    def attach_connector(self, connector: OffloadConnector) -> None:
+        """Serve with the CPU tier's connector (``sim/cache/offload.py``)."""
+        self.connector = connector
+        K = self.num_speculative_tokens
+        n = 1 + K + self.num_lookahead if K else 0
+        blocks = 0
+        if n:
+            for kind, bs in zip(self.group_kinds, self.kv.group_block_sizes):
+                if kind != "mamba":
+                    blocks += -(-n // bs)
+        self.spec_step_blocks = blocks
 
     def _split(self, r: SimRequest, num_new: int, new_local: int, lpt: int) -> int:
         c = r.cache
@@ -256,13 +302,16 @@ class Scheduler:
         self.step_accepted = (al[min(now, len(al) - 1)] if al is not None
                               else self.accepted_at(self.step_index))
         kv = self.kv
+        conn = self.connector
+        if conn is not None:
+            conn.start_step(now)
         kv.new_step_starts()
         budget = self.max_num_batched_tokens
         K = self.num_speculative_tokens
         # (machine integers throughout: a conditional expression of an i64 and a literal
         # would box its value in the compiled build)
         lpt: i64 = 0
-        if len(self.running) + len(self.waiting) > 1:
+        if len(self.running) + len(self.waiting) + len(self.holding) > 1:
             lpt = self.long_prefill_token_threshold
         out = self.out
         self.n_out = 0
@@ -361,7 +410,11 @@ class Scheduler:
             budget -= n
             i += 1
         num_running_scheduled = self.n_out   # (vLLM's scheduled_running_reqs: padding reads it)
-        if not preempted:
+        if conn is not None:
+            if not preempted:
+                budget = self._admit_with_tier(now, budget, out, num_running_scheduled,
+                                               prefill_scheduled)
+        elif not preempted:
             if (self.reorders and budget > 0 and len(self.waiting) > 1
                     and len(running) < self.max_num_seqs):
                 self.waiting.order(kv, self.step_index)
@@ -438,9 +491,190 @@ class Scheduler:
             out.pop()   # (the entries of an earlier step past this one's: no slice object)
         # vLLM frees the refs retained for copy-on-write at the end of schedule()
         kv.release_cow_copies()
+        if conn is not None:
+            self._connector_step(out)
         if self.step_log is not None and out:
             self._log_step(now, out)
         return out
+
+    # -------------------------------------------------------------- the CPU tier --
+    def _admit_with_tier(self, now: int, budget: i64, out: list[ScheduledItem],
+                         num_running_scheduled: i64, prefill_scheduled: bool) -> i64:
+        """The waiting loop with a KV connector (vLLM 0.33.0's ``Scheduler.schedule``):
+        requests holding blocks first; a request the connector cannot answer for yet, or
+        still loading, is set aside for this step (the others may still be admitted); an
+        admission that loads from the tier allocates its blocks and waits, scheduling
+        nothing, until the load is done."""
+        conn = self.connector
+        assert conn is not None
+        kv = self.kv
+        attr = self.attribution
+        K = self.num_speculative_tokens
+        mml = self.max_model_len
+        sbs: i64 = kv.scheduler_block_size
+        held: list[SimRequest] = []
+        passed: list[SimRequest] = []
+        fresh = self.fresh
+        fresh.clear()
+        while budget > 0:
+            queue = self.holding if self.holding else self.waiting
+            if not queue:
+                break
+            if len(self.running) >= self.max_num_seqs:
+                break
+            r = queue.peek_request()
+            c = r.cache
+            rid = c.request_id
+            if r.loading:
+                if not conn.load_done(rid):
+                    queue.pop_request()
+                    held.append(r)
+                    continue
+                # the load is done: its blocks enter the GPU prefix cache
+                kv.cache_blocks(c, c.num_computed_tokens)
+                if c.num_computed_tokens == c.num_tokens:
+                    c.num_computed_tokens = c.num_tokens - 1
+                conn.promoted(rid)
+                r.loading = False
+            looked_up = c.num_computed_tokens == 0
+            lookup = None
+            new_local: i64 = 0
+            ext: i64 = 0
+            hit_blocks = None
+            if looked_up:
+                lookup = kv.get_computed_blocks(c)
+                c.shared_prefix_boundary = lookup.junction
+                new_local = lookup.hit
+                partial = new_local % sbs
+                got = conn.get_num_new_matched_tokens(c, new_local - partial)
+                if got is None:
+                    queue.pop_request()
+                    passed.append(r)
+                    continue
+                if lookup.hit:
+                    hit_blocks = lookup.blocks
+                if partial and got > partial:
+                    # a longer load from the tier replaces the GPU hit's partial block
+                    new_local -= partial
+                    hit_blocks = kv.truncate_hit(lookup.blocks, new_local)
+                    ext = got
+                elif not partial:
+                    ext = got
+            is_async = ext > 0
+            computed = c.num_computed_tokens + new_local + ext
+            n: i64 = 0
+            padded = False
+            if not is_async:
+                n = c.num_tokens - computed
+                if (K > 0 and n == 1 and not prefill_scheduled
+                        and (num_running_scheduled > 0 or computed > 0)
+                        and (mml is None or computed + 1 + K + 1 <= mml)):
+                    if 1 + K > budget:
+                        break
+                    n = 1 + K
+                    padded = True
+                lpt: i64 = 0
+                if len(self.running) + len(self.waiting) + len(self.holding) > 1:
+                    lpt = self.long_prefill_token_threshold
+                if 0 < lpt < n:
+                    n = lpt
+                if budget < n:
+                    n = budget
+                if self.aligned and not padded:
+                    n = self._split(r, n, new_local + ext, lpt)
+                    if n == 0:
+                        break
+            attn_alone = 0
+            if lookup is not None and r.hit_tokens < 0:
+                attn_alone = (lookup.full_alone if lookup.full_alone >= 0
+                              else self._attention_alone(c))
+                if attr is not None:
+                    r.miss = attr.classify(c, lookup)
+            reserved: i64 = 0
+            lookahead = self.num_lookahead
+            if is_async:
+                reserved = self._inflight_reserved() + self.spec_step_blocks
+                lookahead = 0
+            ok = kv.allocate_slots(c, n, new_local, hit_blocks, num_lookahead_tokens=lookahead,
+                                   full_sequence_must_fit=True, num_external=ext,
+                                   delay_cache=is_async, reserved=reserved)
+            if not ok:
+                break
+            conn.update_state_after_alloc(c, ext, looked_up, new_local)
+            if looked_up and r.hit_tokens < 0:
+                r.hit_tokens = new_local
+                r.cpu_hit_tokens = ext
+                reach = conn.attention_reach(c, c.num_computed_tokens + new_local - new_local % sbs)
+                if reach > new_local + ext:
+                    r.cpu_no_state_tokens = reach - new_local - ext
+                r.junction = lookup.junction if lookup is not None else 0
+                r.attention_hit_tokens = attn_alone
+                if attr is not None:
+                    attr.admit(c, computed + n)
+            if is_async:
+                r.loading = True
+                c.num_computed_tokens = computed
+                self.inflight[rid] = r
+                queue.pop_request()
+                held.append(r)
+                continue
+            queue.pop_request()
+            self.running.append(r)
+            if r.first_scheduled_ns < 0:
+                r.first_scheduled_ns = now
+            c.num_computed_tokens = computed
+            if computed + n < c.num_tokens:
+                self.inflight[rid] = r
+            kp: i64 = 0
+            if padded:
+                kp = K
+            self._emit(out, r, n, computed, not padded, kp, new_local, padded)
+            fresh.append(rid)
+            budget -= n
+        for k in range(len(held) - 1, -1, -1):
+            self.holding.prepend_request(held[k])
+        for k in range(len(passed) - 1, -1, -1):
+            self.waiting.prepend_request(passed[k])
+        return budget
+
+    def _inflight_reserved(self) -> i64:
+        """Blocks the admitted prefills still need to hold their whole sequence (vLLM's
+        ``_inflight_prefill_reserved_blocks``)."""
+        kv = self.kv
+        K = self.num_speculative_tokens
+        mml = self.max_model_len
+        extra: i64 = 0
+        if K:
+            extra = 1 + K + self.num_lookahead
+        total: i64 = 0
+        for r in self.inflight.values():
+            c = r.cache
+            full = c.num_tokens
+            if mml is not None and full > mml:
+                full = mml
+            end = c.num_tokens - 1
+            if end < c.num_prompt_tokens:
+                end = c.num_prompt_tokens
+            total += kv.remaining_blocks(c, full + extra, full, end)
+        return total
+
+    def _connector_step(self, out: list[ScheduledItem]) -> None:
+        """After the step is scheduled: the connector's part of it (stores, flushes, the
+        finished requests' recency), then the requests done prefilling leave the set of
+        in-flight prefills."""
+        conn = self.connector
+        assert conn is not None
+        fresh = self.fresh
+        sched = [(it.req.cache.request_id, it.num_tokens, it.req.cache.request_id in fresh)
+                 for it in out]
+        conn.build(sched)
+        fresh.clear()
+        if self.inflight:
+            for it in out:
+                if not it.req.is_prefill_chunk:
+                    rid = it.req.cache.request_id
+                    if rid in self.inflight:
+                        del self.inflight[rid]
 
     def _log_step(self, now: int, out: list[ScheduledItem]) -> None:
         """Tokens scheduled per request (drafts included), their total, and the drafts
@@ -522,6 +756,10 @@ class Scheduler:
         Returns the tokens it had been scheduled in this step (0 if none)."""
         r.mamba_states_written += self.kv.states_written(r.cache)
         self.kv.free(r.cache)
+        if self.connector is not None:
+            self.connector.preempted(r.cache)
+            if r.cache.request_id in self.inflight:
+                del self.inflight[r.cache.request_id]
         r.fast_n = -1
         r.cache_mark = -1
         r.cache_mark_end = -1
@@ -665,8 +903,17 @@ class Scheduler:
                         break
             else:
                 self.running = [r for r in self.running if r.finish_ns < 0]
+            conn = self.connector
             for r in finished:
                 r.mamba_states_written += kv.states_written(r.cache)
+                if conn is not None:
+                    # vLLM frees what no group needs any more before the connector sees
+                    # the table, then the rest
+                    c = r.cache
+                    kv.remove_skipped(c, c.num_computed_tokens)
+                    conn.request_finished(c)
+                    if c.request_id in self.inflight:
+                        del self.inflight[c.request_id]
                 kv.free(r.cache)
         if kv.pool.events is not None:
             # vLLM publishes a step's KV events once its outputs are processed (the

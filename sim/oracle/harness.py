@@ -27,6 +27,7 @@ import yaml
 COMPARED = "compared"
 BOTH_REJECT = "both_reject"              # both reject the configuration at construction
 BOTH_STALL = "both_stall"                # both never admit some request (the pool is too small)
+BOTH_STOP = "both_stop"                  # vLLM fails an assertion, and we stop at that step too
 ORACLE_UNSUPPORTED = "oracle_unsupported"  # the oracle's driver cannot run this shape at all
 
 

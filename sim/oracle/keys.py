@@ -14,7 +14,9 @@ from typing import Any
 
 KV = "oracle"              # module name of the KV-cache manager driver
 STEPS = "sched_oracle"     # module name of the scheduler driver
-ORACLES = (KV, STEPS)
+OFFLOAD = "offload_oracle"  # the scheduler driver with the CPU tier (OffloadingConnector)
+ORACLES = (KV, STEPS, OFFLOAD)
+SAME = object()   # (a row's offload name: the scheduler driver's)
 
 OMIT = object()   # "no value": the key is left out rather than written
 
@@ -33,15 +35,22 @@ class Key:
     ``kv_default`` is the value ``oracle.py`` uses when a case leaves the key out; it is what
     ``tools/make_goldens.py`` writes into a golden case (``OMIT``: write nothing).
     ``none_is_default``: our ``None`` means "the driver's own default" (block / gcd), so the
-    key is left out of the oracle case rather than sent as ``null``."""
+    key is left out of the oracle case rather than sent as ``null``.  ``offload``: the name
+    in ``offload_oracle.py``, which takes every key of the scheduler driver and the tier's
+    (``SAME``: the scheduler driver's name)."""
     ours: str
     kv: str | None
     steps: str | None
     kv_default: Any = OMIT
     none_is_default: bool = False
+    offload: Any = SAME
 
     def oracle_name(self, oracle: str) -> str | None:
-        return self.kv if oracle == KV else self.steps
+        if oracle == KV:
+            return self.kv
+        if oracle == OFFLOAD and self.offload is not SAME:
+            return self.offload
+        return self.steps
 
 
 # Row order is the order tools/make_goldens.py writes a golden case's config in.
@@ -75,7 +84,20 @@ KEYS: tuple[Key, ...] = (
     Key("prefill_checkpoint_alignment", "prefill_checkpoint_alignment",
         "prefill_checkpoint_alignment"),
     # per-group is_eagle_group flags (tools/oracle_groups.py, the oracle with that key added)
-    Key("eagle_groups", "eagle_groups", None),
+    Key("eagle_groups", "eagle_groups", None, offload="eagle_groups"),
+    # the CPU tier (vLLM's --kv-offloading-size; offload_oracle.py): sizes in bytes, a chunk
+    # of blocks_per_chunk GPU blocks of kv_bytes_per_block each (rounded up to the page),
+    # transfers done a fixed number of steps after the step that issues them
+    Key("kv_offloading_size_bytes", None, None, offload="kv_offloading_size_bytes"),
+    Key("kv_bytes_per_block", None, None, offload="kv_bytes_per_block"),
+    Key("page_size_alignment", None, None, offload="page_size_alignment"),
+    Key("eviction_policy", None, None, offload="eviction_policy"),
+    Key("offload_block_size", None, None, offload="offload_block_size"),
+    Key("blocks_per_chunk", None, None, offload="blocks_per_chunk"),
+    Key("transfer_steps", None, None, offload="transfer_steps"),
+    Key("load_steps", None, None, offload="load_steps"),
+    Key("store_steps", None, None, offload="store_steps"),
+    Key("offload_prompt_only", None, None, offload="offload_prompt_only"),
 )
 BY_OURS: dict[str, Key] = {k.ours: k for k in KEYS}
 
