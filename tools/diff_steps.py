@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                          "with internal prefill checkpoints in ~70%% of cases)")
     ap.add_argument("--write-golden", type=Path, default=None, metavar="DIR",
                     help="write every compared case as a step case whose expect block is "
-                         "the oracle's answer (golden files for tests/golden_steps)")
+                         "the oracle's answer (golden files for tests/golden/steps)")
     ap.add_argument("--mooncake", type=Path, default=None, metavar="TRACE",
                     help="instead of random cases: one case from a Mooncake trace (e.g. "
                          "data/traces/mooncake_fast25/conversation_trace.jsonl) on the "

@@ -1,7 +1,7 @@
 """``cache.policy: none`` (prefix caching off) and ``cache.policy: ideal`` (the upper bound).
 
 * ``none`` against vLLM 0.33.0's real scheduler with ``enable_prefix_caching=False``
-  (``tests/golden_steps_nocache/``, written by ``tools/make_nocache_goldens.py``), and its
+  (``tests/golden/steps_nocache/``, written by ``tools/make_nocache_goldens.py``), and its
   rules: no hit, nothing cached, a Mamba group in mode ``none`` holds ``1 + K`` blocks,
   no align-mode split, the layout derived in mode ``none``.
 * ``ideal``'s rules: the longest computed prefix on the hash-unit grid (outputs too), a
@@ -45,7 +45,7 @@ from sim.commands.steps import run_steps_data
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"
-GOLDEN = ROOT / "tests" / "golden_steps_nocache"
+GOLDEN = ROOT / "tests" / "golden" / "steps_nocache"
 GOLDENS = sorted(GOLDEN.glob("*.yaml"))
 
 

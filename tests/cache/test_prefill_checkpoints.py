@@ -2,8 +2,8 @@
 ``prefill_checkpoint_alignment``): how a scenario gets them from its model, and what they do.
 
 Hit lengths and chunk ends with checkpoints on are pinned against vLLM's real manager and
-scheduler by the goldens (``tests/golden/checkpoints/`` from the oracle's ``ckpt_cases``,
-``tests/golden_steps/ckpt_*.yaml`` from ``sched_oracle.py``); these tests cover the wiring.
+scheduler by the goldens (``tests/golden/cases/checkpoints/`` from the oracle's ``ckpt_cases``,
+``tests/golden/steps/ckpt_*.yaml`` from ``sched_oracle.py``); these tests cover the wiring.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Step goldens: vLLM 0.33.0's real scheduler (sched_oracle.py) step for step.
 
-Each ``tests/golden_steps/*.yaml`` (``tools/make_step_goldens.py``) is a step case with the
+Each ``tests/golden/steps/*.yaml`` (``tools/make_step_goldens.py``) is a step case with the
 oracle's per-request answers; `sim steps` runs the same engine and scheduler as `sim run`
 with one time unit per step.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-DIR = Path(__file__).resolve().parents[1] / "golden_steps"
+DIR = Path(__file__).resolve().parents[1] / "golden" / "steps"
 FILES = sorted(DIR.glob("*.yaml"))
 
 

@@ -1,7 +1,7 @@
 """The CPU tier (``kv_offloading``) in step cases, against vLLM 0.33.0's real
 ``OffloadingConnector``, CPU manager and ``Scheduler`` (``offload_oracle.py``).
 
-* ``tests/golden_offload/*.yaml`` (``tools/make_offload_goldens.py``): step cases whose
+* ``tests/golden/offload/*.yaml`` (``tools/make_offload_goldens.py``): step cases whose
   ``expect`` / ``expect_offload_steps`` are the oracle's answers, checked without the oracle;
 * the random differential test (``tools/diff_steps.py --profile offload``) and the oracle's
   hand-written cases on both sides, where the oracle is installed (else skipped).
@@ -21,8 +21,8 @@ from sim.oracle.keys import OFFLOAD, to_oracle_config
 from sim.oracle.worker import oracle_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = sorted((ROOT / "tests" / "golden_offload").glob("*.yaml"))
-HAND = ROOT / "tests" / "golden_offload" / "hand" / "cases.json"
+GOLDEN = sorted((ROOT / "tests" / "golden" / "offload").glob("*.yaml"))
+HAND = ROOT / "tests" / "golden" / "offload" / "hand" / "cases.json"
 SEED = 20260402
 N_CASES = 20
 
@@ -170,7 +170,7 @@ def test_both_stop_where_vllm_fails_its_assertion():
         pytest.skip(why)
     from sim.oracle.worker import start_oracle
 
-    spec = yaml.safe_load((ROOT / "tests" / "golden_offload" / "hand" / "stop.yaml").read_text())
+    spec = yaml.safe_load((ROOT / "tests" / "golden" / "offload" / "hand" / "stop.yaml").read_text())
     oracle = start_oracle(OFFLOAD, workers=1)
     try:
         ans = oracle.run([step_case.to_oracle(spec)])[0]
@@ -183,7 +183,7 @@ def test_both_stop_where_vllm_fails_its_assertion():
 
 
 def test_we_stop_where_the_oracle_died():
-    spec = yaml.safe_load((ROOT / "tests" / "golden_offload" / "hand" / "stop.yaml").read_text())
+    spec = yaml.safe_load((ROOT / "tests" / "golden" / "offload" / "hand" / "stop.yaml").read_text())
     ours = step_case.run_ours(spec)
     assert "stopped" in ours, ours
     assert spec["oracle_error"].startswith(f"step {ours['stopped']}: AssertionError")
