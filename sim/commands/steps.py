@@ -295,7 +295,29 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
         # serves the others; so does a step case: it ends there, reporting the requests
         # still waiting ("waiting": true, their steps null)
         stalled = f"{source}: {e}"
-    rejected = {id(r) for r in eng.rejected}
+    out = _request_answers(file_order, reqs, {id(r) for r in eng.rejected}, cfg, conn)
+    if not (kv_events or per_step):
+        return out
+    res: dict = {"requests": out}
+    if stalled is not None:
+        res["stalled"] = stalled
+    if per_step:
+        res["steps"] = step_log
+        if conn is not None:
+            res["offload_steps"] = conn.log
+            res["finish_ties"] = conn.finish_ties
+            res["offload_totals"] = {"loaded_chunks": conn.loaded_chunks,
+                                     "stored_chunks": conn.stored_chunks,
+                                     "evicted_chunks": conn.pool.evicted,
+                                     "alloc_failures": conn.pool.failed}
+    if kv_events:
+        res.update(log.result() if log is not None else {"kv_events": [],
+                                                         "kv_events_error": None})
+    return res
+
+
+def _request_answers(file_order: list[str], reqs: dict, rejected: set[int], cfg, conn) -> list:
+    """Each request's step-level answers, in the file's order (``run_steps_data``)."""
     out = []
     for rid in file_order:
         r = reqs.get(rid)
@@ -331,24 +353,7 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
             if conn.req_log is not None:
                 out[-1].update(conn.req_log.get(rid, {}))
                 out[-1]["cpu_cached_positions"] = conn.cached_positions(r.cache)
-    if not (kv_events or per_step):
-        return out
-    res: dict = {"requests": out}
-    if stalled is not None:
-        res["stalled"] = stalled
-    if per_step:
-        res["steps"] = step_log
-        if conn is not None:
-            res["offload_steps"] = conn.log
-            res["finish_ties"] = conn.finish_ties
-            res["offload_totals"] = {"loaded_chunks": conn.loaded_chunks,
-                                     "stored_chunks": conn.stored_chunks,
-                                     "evicted_chunks": conn.pool.evicted,
-                                     "alloc_failures": conn.pool.failed}
-    if kv_events:
-        res.update(log.result() if log is not None else {"kv_events": [],
-                                                         "kv_events_error": None})
-    return res
+    return out
 
 
 class _StepEvents:
