@@ -108,7 +108,8 @@ def _python(code: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 def test_nothing_but_the_torch_backend_imports_torch():
     r = _python("import sys\n"
-                "import sim.entrypoints.cli, sim.run, sim.sweep, sim.config.scenario, sim.rundir.provenance, sim.commands.calibrate\n"
+                "import sim.entrypoints.cli, sim.commands.run, sim.commands.sweep\n"
+                "import sim.config.scenario, sim.rundir.provenance, sim.commands.calibrate\n"
                 "import workloads, reports.run_report, backends.analytical\n"
                 "print('torch' in sys.modules)")
     assert r.returncode == 0, r.stderr

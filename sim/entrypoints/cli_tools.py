@@ -167,50 +167,12 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
         if v < 0:
             fail(f"{name}: must be >= 0, got {v}")
     require_torch("calibrate")
-    from backends.torch_backend.config import TorchModelConfig
     from sim.commands import calibrate as cal
-    from sim import models
-    from sim.errors import InputError
 
     device, dtype, grid = Device(device).value, DType(dtype).value, Grid(grid).value
     method = FitMethod(fit_method).value
-    sc = None
-    data = None
-    if from_grid is not None:
-        try:
-            data = cal.load_grid(from_grid)
-            cfg = cal.grid_config(data)
-        except InputError as e:
-            fail(str(e))
-        except (TypeError, ValueError) as e:
-            fail(f"{from_grid}: model: not a torch model configuration ({e})")
-    try:
-        if scenario is not None:
-            from sim.config.scenario import load_scenario
-
-            sc = load_scenario(scenario)
-            b = sc.backend
-            spec = sc.model
-            n_layers = b.layers or len(spec.pattern or "") or layers
-            scfg = TorchModelConfig.scaled(spec, num_layers=n_layers, width_div=b.width_div,
-                                           dtype=b.dtype, seed=sc.seed)
-            if data is None:
-                cfg = scfg
-            elif scfg != cfg:
-                fail(f"{from_grid}: measured on another model than {scenario}'s "
-                     f"({cfg.source}, {cfg.dtype} vs {scfg.source}, {scfg.dtype})")
-        elif data is None:
-            spec = models.get_model(model)
-            cfg = TorchModelConfig.scaled(spec, num_layers=layers, width_div=width_div, dtype=dtype)
-    except (KeyError, ValueError) as e:
-        fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else
-             option_message(str(e), {} if scenario is not None else CALIBRATE_OPTIONS))
-    if sc is not None:
-        name = sc.model.name
-    elif data is not None:
-        name = _grid_model_name(cfg)
-    else:
-        name = spec.name
+    sc, data, cfg, name = _calibrate_model(from_grid, scenario, model, layers, width_div,
+                                           dtype)
     g = {"quick": cal.QUICK_GRID, "full": cal.FULL_GRID}[grid]
     from sim.rundir.atomic_files import check_output_file
 
@@ -250,6 +212,63 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
         profile["held_out"] = cal.held_out(cfg, device, profile["coefficients"], cases, budget,
                                            repeats=repeats, warmup=warmup)
     cal.write_profile(profile, path, command)
+    _calibrate_report(profile, path, compare_ttft, sc, scenario, device)
+
+
+def _calibrate_model(from_grid, scenario, model, layers: int, width_div: int, dtype: str):
+    """What ``sim calibrate`` times or fits: (scenario or None, a measured grid or None, the
+    torch model configuration, the model's name), each bad input one line."""
+    from backends.torch_backend.config import TorchModelConfig
+    from sim.commands import calibrate as cal
+    from sim import models
+    from sim.errors import InputError
+
+    sc = None
+    data = None
+    if from_grid is not None:
+        try:
+            data = cal.load_grid(from_grid)
+            cfg = cal.grid_config(data)
+        except InputError as e:
+            fail(str(e))
+        except (TypeError, ValueError) as e:
+            fail(f"{from_grid}: model: not a torch model configuration ({e})")
+    try:
+        if scenario is not None:
+            from sim.config.scenario import load_scenario
+
+            sc = load_scenario(scenario)
+            b = sc.backend
+            spec = sc.model
+            n_layers = b.layers or len(spec.pattern or "") or layers
+            scfg = TorchModelConfig.scaled(spec, num_layers=n_layers, width_div=b.width_div,
+                                           dtype=b.dtype, seed=sc.seed)
+            if data is None:
+                cfg = scfg
+            elif scfg != cfg:
+                fail(f"{from_grid}: measured on another model than {scenario}'s "
+                     f"({cfg.source}, {cfg.dtype} vs {scfg.source}, {scfg.dtype})")
+        elif data is None:
+            spec = models.get_model(model)
+            cfg = TorchModelConfig.scaled(spec, num_layers=layers, width_div=width_div, dtype=dtype)
+    except (KeyError, ValueError) as e:
+        fail(str(e.args[0]) if isinstance(e, KeyError) and e.args else
+             option_message(str(e), {} if scenario is not None else CALIBRATE_OPTIONS))
+    if sc is not None:
+        name = sc.model.name
+    elif data is not None:
+        name = _grid_model_name(cfg)
+    else:
+        name = spec.name
+    return sc, data, cfg, name
+
+
+def _calibrate_report(profile: dict, path: Path, compare_ttft: bool, sc, scenario,
+                      device: str) -> None:
+    """``sim calibrate``'s lines: the profile's coefficients and fit, its held-out error,
+    and with ``--compare`` the fitted analytical backend's TTFT error against torch."""
+    from sim.commands import calibrate as cal
+
     c, f = profile["coefficients"], profile["fit"]
     typer.echo(f"profile {path}: per item {c['per_item_s'] * 1e3:.3f} ms, per token "
                f"{c['per_token_s'] * 1e6:.2f} us, per attention pair {c['per_pair_s'] * 1e9:.3f} ns; "

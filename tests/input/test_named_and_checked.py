@@ -228,11 +228,11 @@ def test_sim_calibrate_names_its_counts_as_typed(sim_inproc, tmp_path):
 
 
 def test_a_scaled_models_message_names_the_option(monkeypatch):
-    import sim.entrypoints.cli
+    from sim.entrypoints import common
     from sim.entrypoints.cli_tools import CALIBRATE_OPTIONS, MODEL_OPTIONS
-    from sim.entrypoints.cli import option_message
+    from sim.entrypoints.common import option_message
 
-    monkeypatch.setattr(sim.entrypoints.cli, "COMMAND", ["sim", "model", "nemotron-h-8b"])
+    monkeypatch.setattr(common, "COMMAND_LINE", ["sim", "model", "nemotron-h-8b"])
 
     assert option_message("num_layers must be >= 2 to hold a Mamba and an attention layer",
                           CALIBRATE_OPTIONS) == \
