@@ -60,7 +60,7 @@ def delta_text(metric: str, d: float) -> str:
 
 
 def _read_json(path: Path) -> dict:
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.loader import load_file
 
     data = load_file(path, fmt="json")
@@ -70,7 +70,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _column(path: Path, name: str) -> list[str]:
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     from sim.config.loader import open_input
 
@@ -117,7 +117,7 @@ def is_compare_folder(folder: Path) -> bool:
 def stored_flag(folder: Path) -> str:
     """The flag a compare folder compares: the one scenario field that is false in
     ``off/run.json`` and true in ``on/run.json`` (dotted, as ``compare.md`` names it)."""
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     folder = Path(folder)
     off = _read_json(folder / "off" / "run.json").get("scenario")
@@ -140,7 +140,7 @@ def stored_flag(folder: Path) -> str:
 
 def write_compare_report(folder: Path, flag: str) -> Path:
     """(Re)write ``compare.md`` in the compare folder; returns its path."""
-    from sim.atomic import write_file
+    from sim.rundir.atomic_files import write_file
 
     path = Path(folder) / "compare.md"
     write_file(path, compare_markdown(folder, flag))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.entrypoints.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.entrypoints.common import app
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -153,7 +153,7 @@ def test_the_progress_bar_asks_for_its_total_only_when_it_is_shown(monkeypatch):
     import io
     import sys
 
-    from sim import cli
+    from sim.entrypoints import cli
 
     asked = []
 
@@ -167,13 +167,13 @@ def test_the_progress_bar_asks_for_its_total_only_when_it_is_shown(monkeypatch):
 
     for enabled, tty in ((False, True), (True, False)):
         monkeypatch.setattr(sys, "stderr", Tty() if tty else io.StringIO())
-        update, stop = cli._progress(enabled, "requests", total, delay_s=0.0)
+        update, stop = cli.progress(enabled, "requests", total, delay_s=0.0)
         update(5)
         stop()
         assert not asked
     err = Tty()
     monkeypatch.setattr(sys, "stderr", err)
-    update, stop = cli._progress(True, "requests", total, delay_s=0.0)
+    update, stop = cli.progress(True, "requests", total, delay_s=0.0)
     update(5)
     stop()
     assert asked == [1]

@@ -252,7 +252,7 @@ def run_oracle(cases: list[dict], py: Path, oracle_dir: Path) -> list[dict]:
 
 
 def check_ours(path: Path) -> list[str]:
-    from sim.steps import run_steps_data
+    from sim.commands.steps import run_steps_data
 
     data = yaml.safe_load(path.read_text())
     got = {r["id"]: r for r in run_steps_data(data, str(path))}

@@ -26,7 +26,7 @@ Where vLLM queues, and where we do (the managers and the pool call the helpers h
 
 Events are plain records (``Stored``, ``Removed``, ``Cleared``) holding prefix keys and
 token positions; ``CanonicalForm`` turns them into the oracle's comparable form
-(positions instead of hashes), ``sim/kv_events.py`` into vLLM's wire records.
+(positions instead of hashes), ``sim/rundir/kv_events.py`` into vLLM's wire records.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import pytest
 
 from sim.cache.case import run_case_data
 from sim.cache.config import CacheConfig
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 
 
 def test_attention_groups_take_their_own_block_size():

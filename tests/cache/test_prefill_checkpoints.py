@@ -15,9 +15,9 @@ import yaml
 from sim.cache.config import CacheConfig
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.rules import prefill_checkpoint_valid
-from sim.config.errors import ConfigError, InputError
+from sim.errors import ConfigError, InputError
 from sim.config.scenario import load_scenario
-from sim.run import build_deployment
+from sim.engine.replica import build_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -38,7 +38,7 @@ def test_event_goldens_cover_the_brief():
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_event_golden(path):
-    from sim.steps import run_steps_data
+    from sim.commands.steps import run_steps_data
 
     data = _load(path)
     got = run_steps_data(data, str(path), kv_events=True)

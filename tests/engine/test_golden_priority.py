@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from sim.steps import run_steps_data
+from sim.commands.steps import run_steps_data
 
 DIR = Path(__file__).resolve().parents[1] / "golden_steps"
 RANDOM = sorted(DIR.glob("prio_s*.yaml"))

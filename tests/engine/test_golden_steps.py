@@ -21,7 +21,7 @@ def test_step_goldens_present():
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_step_golden(path):
-    from sim.steps import run_steps_data
+    from sim.commands.steps import run_steps_data
 
     data = yaml.safe_load(path.read_text())
     got = {r["id"]: r for r in run_steps_data(data, str(path))}

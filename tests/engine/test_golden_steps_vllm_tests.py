@@ -30,7 +30,7 @@ def test_vllm_test_step_goldens_present():
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_scheduled_and_draft_tokens_per_step(path):
-    from sim.steps import run_steps_data
+    from sim.commands.steps import run_steps_data
 
     got = run_steps_data(yaml.safe_load(path.read_text()), str(path), per_step=True)["steps"]
     want = [{k: s[k] for k in FIELDS} for s in ANSWERS[path.stem]["steps"] if s["scheduled"]]

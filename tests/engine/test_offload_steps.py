@@ -33,7 +33,7 @@ def test_offload_goldens_present():
 
 @pytest.mark.parametrize("path", GOLDEN, ids=[p.stem for p in GOLDEN])
 def test_offload_golden(path):
-    from sim.steps import run_steps_data
+    from sim.commands.steps import run_steps_data
 
     data = yaml.safe_load(path.read_text())
     got = run_steps_data(data, str(path), per_step=True)
@@ -83,7 +83,7 @@ def test_the_tier_goes_to_the_offload_driver_with_our_chunk_bytes():
 
 def test_a_tier_of_zero_bytes_is_refused_and_a_missing_size_names_the_key():
     from sim.cache.case import CaseError
-    from sim.steps import run_steps_data
+    from sim.commands.steps import run_steps_data
 
     base = {"config": {"block_size": 16, "num_blocks": 64},
             "requests": [{"id": "a", "prompt": "A:40", "max_tokens": 2}]}
@@ -96,7 +96,7 @@ def test_a_tier_of_zero_bytes_is_refused_and_a_missing_size_names_the_key():
 def test_without_host_hits_the_tier_changes_no_step():
     """A host pool too small to hold any prompt: every step is the one without the tier
     (but EAGLE's lookahead hashes, which a KV connector turns off)."""
-    from sim.steps import run_steps_data
+    from sim.commands.steps import run_steps_data
 
     base = {"config": {"groups": ["full", "mamba"], "block_size": 16, "num_blocks": 40},
             "requests": [{"id": "a", "prompt": "S:64 A:20", "max_tokens": 3},
@@ -140,7 +140,7 @@ def test_diff_against_the_offload_oracle(capsys):
     rc = ds.main(["--seed", str(SEED), "--cases", str(N_CASES), "--profile", "offload",
                   "--show", "1", "--tables", "0"])
     out = capsys.readouterr().out
-    assert "offload_oracle vs sim.steps" in out and "mismatching cases: 0" in out, out[:12000]
+    assert "offload_oracle vs sim.commands.steps" in out and "mismatching cases: 0" in out, out[:12000]
     assert rc == 0
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sim.oracle.keys import STEPS, from_oracle_config
-from sim.steps import run_steps_data
+from sim.commands.steps import run_steps_data
 
 DIR = Path(__file__).resolve().parents[1] / "golden_steps" / "per_step"
 CASES = {c["id"]: c for c in json.loads((DIR / "sched_cases.json").read_text())}

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 from sim.config.fields import build_section, check_num
 
 SCALED_FIELD = {"system_prompt": "rate_per_s", "multi_turn": "session_rate_per_s",

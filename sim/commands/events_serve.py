@@ -4,7 +4,7 @@ vLLM 0.33.0's ``ZmqEventPublisher`` (``vllm/distributed/kv_events.py``) sends ea
 step's ``KVEventBatch`` as a three-frame message on a PUB socket: the topic (UTF-8, ``""``
 by default), the batch's sequence number as 8 big-endian bytes (0, 1, 2, ... over the
 batches with events), and the batch as msgspec encodes it (``[ts, [events...], rank]``,
-each event a map tagged ``"type"``: the payload ``sim/kv_events.py`` ``pack_batch`` writes,
+each event a map tagged ``"type"``: the payload ``sim/rundir/kv_events.py`` ``pack_batch`` writes,
 byte for byte).  An endpoint holding ``*`` or ``::``, or an ``ipc://`` / ``inproc://`` one,
 is bound; any other is connected to, as vLLM does.  So a real indexer (llm-d's, Dynamo's)
 can be pointed at the simulator: run ``sim run --kv-events``, then serve the run folder.
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.config.errors import InputError
+from sim.errors import InputError
 
 JSONL = "kv_events.jsonl"
 
@@ -78,7 +78,7 @@ def serve(source: Path, endpoint: str, replay_speed: float = 0.0, topic: str | N
     except ImportError as e:
         raise ServeError(f"sim events serve needs pyzmq and msgpack ({e.name} is not "
                          f"installed): pip install -e '.[events]'") from None
-    from sim.kv_events import pack_batch
+    from sim.rundir.kv_events import pack_batch
 
     source = Path(source)
     path = source / JSONL if source.is_dir() else source

@@ -38,7 +38,7 @@ def _item_line(path: str | Path, i: int) -> str:
     """``:LINE`` of the ``i``-th request of a case file (best effort; "" if unknown)."""
     import yaml
 
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.loader import StrictLoader, read_text
 
     try:

@@ -16,7 +16,7 @@ and reads it back as ``sim.load`` does; ``sim.sweep`` runs ``sim sweep``'s funct
 reads ``points.csv``.  So a notebook sees exactly what the CLI wrote.
 
 Bad arguments are refused as the CLI refuses them, with the same one-line ``InputError``
-(``sim.config.errors``): ``set`` is a mapping of dotted fields to values or, as ``--set``,
+(``sim.errors``): ``set`` is a mapping of dotted fields to values or, as ``--set``,
 ``"FIELD.PATH=VALUE"`` strings; ``requests`` and ``workers`` integers >= 1; a sweep's
 ``workers`` capped as ``sim sweep --workers`` caps them.
 
@@ -47,15 +47,15 @@ def _pandas():
 
 
 def _request_kinds() -> dict[str, str]:
-    """requests.csv column -> "int" | "float" | "text", from ``sim.records``."""
-    from sim.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS
+    """requests.csv column -> "int" | "float" | "text", from ``sim.rundir.records``."""
+    from sim.rundir.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS
 
     return {c: "int" if c in INT_COLUMNS else "text" if c in TEXT_COLUMNS else "float"
             for c in REQUEST_COLUMNS}
 
 
 def _memory_kinds() -> dict[str, str]:
-    from sim.records import MEMORY_COLUMNS
+    from sim.rundir.records import MEMORY_COLUMNS
 
     return {c: "float" if c == "time_s" else "int" for c in MEMORY_COLUMNS}
 
@@ -136,7 +136,7 @@ class Run:
 def load(run_dir: str | Path) -> Run:
     """A run folder (``sim run``'s, a sweep point's) as a ``Run``.  A missing or corrupt
     file is an ``InputError`` naming it."""
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.loader import load_file
 
     folder = _path_arg("run_dir", run_dir)
@@ -163,7 +163,7 @@ def _path_arg(name: str, value, optional: bool = False) -> Path | None:
     """A path argument (a str or an os.PathLike), else an ``InputError`` naming it."""
     import os
 
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.fields import show
 
     if value is None and optional:
@@ -174,7 +174,7 @@ def _path_arg(name: str, value, optional: bool = False) -> Path | None:
 
 
 def _bool_arg(name: str, value) -> bool | None:
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.fields import show
 
     if value is None or isinstance(value, bool):
@@ -185,7 +185,7 @@ def _bool_arg(name: str, value) -> bool | None:
 def _set_arg(value) -> dict:
     """``set=``: a mapping of dotted fields to values, or (as ``--set``) a
     ``"FIELD.PATH=VALUE"`` string or a list of them, parsed as the CLI parses them."""
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.fields import show
     from sim.config.loader import parse_set
 
@@ -207,7 +207,7 @@ def _set_arg(value) -> dict:
 def _with_requests(overrides, requests: int | None) -> dict:
     """``set`` plus ``requests`` as ``--requests`` sets it (``workload.num_requests``; an
     old name of it in the file is cleared)."""
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.fields import show
 
     out = _set_arg(overrides)
@@ -237,16 +237,16 @@ def run(scenario: str | Path, set: dict[str, Any] | None = None,   # noqa: A002 
     ``requests``: only the first N (``--requests``); ``out``: the run folder to write (as
     ``--out``; default none: a temporary folder, removed once read); ``report``: write
     report.md and its figures (default: only when ``out`` is given)."""
-    from sim.atomic import check_output_folder
-    from sim.provenance import load_scenario_or_run
-    from sim.run import as_input_errors, simulate, write_run
+    from sim.rundir.atomic import check_output_folder
+    from sim.rundir.provenance import load_scenario_or_run
+    from sim.commands.run import as_input_errors, simulate, write_run
 
     scenario = _path_arg("scenario", scenario)
     out = _path_arg("out", out, optional=True)
     report = _bool_arg("report", report)
     overrides = _with_requests(set, requests)
     sc = load_scenario_or_run(Path(scenario), overrides or None)
-    command = [_call("sim.run", scenario, overrides)]
+    command = [_call("sim.commands.run", scenario, overrides)]
     if out is not None:
         check_output_folder(Path(out))
     with as_input_errors(scenario, overrides):          # (sim run's lines)
@@ -272,10 +272,10 @@ def sweep(sweep_file: str | Path, set: dict[str, Any] | None = None,   # noqa: A
     """Run a sweep as ``sim sweep`` does and return ``points.csv`` as a DataFrame (one row
     per point; ``df.attrs["path"]`` is the sweep folder, or None without ``out``).
     ``set`` applies to every point; ``search="rate"`` runs the rate search."""
-    from sim.atomic import check_output_folder
-    from sim.config.errors import InputError
+    from sim.rundir.atomic import check_output_folder
+    from sim.errors import InputError
     from sim.config.fields import show
-    from sim.sweep import check_workers, load_sweep, run_sweep
+    from sim.commands.sweep import check_workers, load_sweep, run_sweep
 
     pd = _pandas()
     sweep_file = _path_arg("sweep_file", sweep_file)
@@ -287,7 +287,7 @@ def sweep(sweep_file: str | Path, set: dict[str, Any] | None = None,   # noqa: A
                          f"{show(search)}")
     overrides = _with_requests(set, requests)
     sw = load_sweep(sweep_file, overrides or None, search=search)
-    command = [_call("sim.sweep", sweep_file, overrides)]
+    command = [_call("sim.commands.sweep", sweep_file, overrides)]
     if out is not None:
         check_output_folder(Path(out))
         run_sweep(sw, Path(out), workers=workers, report=True if report is None else report,

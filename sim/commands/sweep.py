@@ -15,7 +15,7 @@ A sweep file::
 Output folder: ``points.csv`` (one row per point: id, label, status, error, each axis,
 each summary metric except the two wall-clock ones), ``points/<id>/`` (each point's run
 folder) and the sweep report.  With ``search:`` (or ``sim sweep --search rate``) every
-point is a bisection of its arrival rate (``sim/search.py``): ``points.csv`` ends with
+point is a bisection of its arrival rate (``sim/commands/search.py``): ``points.csv`` ends with
 the answer, ``search.csv`` lists every run, and a point's folder is the run at the rate
 found.  Points run in a local process pool or on Ray; results
 are identical byte for byte whichever executor runs them, and a failed point is
@@ -29,7 +29,7 @@ interrupted Ray sweep cancels its tasks.
 """
 from __future__ import annotations
 
-from sim.config.errors import InputError
+from sim.errors import InputError
 
 import csv
 import itertools
@@ -40,13 +40,12 @@ import shutil
 import sys
 import tempfile
 import traceback
-import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.atomic import atomic_folder
-from sim.config.errors import ConfigError
+from sim.rundir.atomic import atomic_folder
+from sim.errors import ConfigError
 from sim.config.fields import show
 
 SWEEP_KEYS = {"name", "description", "base", "set", "grid", "points", "output", "search"}
@@ -79,7 +78,7 @@ class Sweep:
     points: list[Point]
     axes: list[str]
     output: str | None = None    # the sweep file's output: (folder, relative to the cwd)
-    search: Any = None           # sim.search.RateSearch: bisect each point's arrival rate
+    search: Any = None           # sim.commands.search.RateSearch: bisect each point's arrival rate
 
 
 def _fmt_value(v: Any) -> str:
@@ -170,7 +169,7 @@ def load_sweep(path: str | Path, overrides: dict | None = None,
         raise SweepError(f"{path}: grid/points: the sweep has no points")
     rate_search = _search_section(path, data, search)
     # Validate every point's scenario up front: a typo fails the sweep before any run.
-    from sim.run import build_deployment
+    from sim.engine.replica import build_deployment
     from sim.config.scenario import ScenarioError, load_scenario
 
     for pt in points:
@@ -188,8 +187,8 @@ def load_sweep(path: str | Path, overrides: dict | None = None,
 
 
 def _search_section(path, data: dict, search: str | None):
-    """The sweep's rate search (``sim.search.RateSearch``), or None."""
-    from sim.search import parse_search
+    """The sweep's rate search (``sim.commands.search.RateSearch``), or None."""
+    from sim.commands.search import parse_search
 
     if search is not None and search != "rate":
         raise SweepError(f"--search: must be rate (the arrival-rate scale), got {show(search)}")
@@ -203,7 +202,7 @@ def _search_section(path, data: dict, search: str | None):
 
 def _check_searchable(sc) -> None:
     """A rate search needs SLOs to meet and arrivals it can scale."""
-    from sim.search import rate_overrides
+    from sim.commands.search import rate_overrides
 
     if not sc.slo.active:
         raise ConfigError("search", "a rate search needs SLOs: give the scenario an slo: "
@@ -228,7 +227,7 @@ def run_point(base: str, overrides: dict, command: list[str] | None = None,
     ``search`` (a ``RateSearch``) the point is a rate search: its runs are logged on
     stderr as ``tag: ...`` when ``verbose``, and the result has a ``search`` entry."""
     try:
-        from sim.run import simulate, write_run
+        from sim.commands.run import simulate, write_run
         from sim.config.scenario import load_scenario
 
         sc = load_scenario(base, overrides)
@@ -245,7 +244,7 @@ def run_point(base: str, overrides: dict, command: list[str] | None = None,
         out = {"status": "ok", "summary": summary, "files": files}
         if found is not None:
             from dataclasses import asdict
-            from sim.search import describe
+            from sim.commands.search import describe
 
             out["search"] = {"scale": found.scale, "outcome": found.outcome,
                              "probes": [asdict(p) for p in found.probes],
@@ -260,9 +259,9 @@ def run_point(base: str, overrides: dict, command: list[str] | None = None,
 def _search_point(base: str, overrides: dict, sc, search, tag: str, verbose: bool):
     """Bisect one point's arrival rate; ``best`` holds (scenario, deployment, rows,
     summary) of the run at the rate found."""
-    from sim.run import simulate
+    from sim.commands.run import simulate
     from sim.config.scenario import load_scenario
-    from sim.search import rate_overrides, search_rate
+    from sim.commands.search import rate_overrides, search_rate
 
     def run(scale: float):
         s = load_scenario(base, {**overrides, **rate_overrides(sc.workload, scale)})
@@ -512,16 +511,3 @@ def run_sweep(sweep: Sweep, out: Path, executor: str = "local", workers: int | N
             if write_sweep_report is not None:
                 write_sweep_report(tmp, target=target)
     return results
-
-
-class _CallableModule(types.ModuleType):
-    """``sim.sweep(sweep_file, ...)``: this module, called, is the notebook API's ``sweep``
-    (``sim/api.py``), whether or not the module was imported first."""
-
-    def __call__(self, *args, **kwargs):
-        from sim.api import sweep
-
-        return sweep(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

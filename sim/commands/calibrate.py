@@ -9,7 +9,7 @@ costs on this device and model::
 
 (fixed per-forward cost; the SSD scan's chunks; linear work: projections, MLP, Mamba
 conv; attention score/value work over every (query, key) pair).  A step of several items
-is the sum.  The coefficients are a non-negative least-squares fit (``sim/nnls.py``).
+is the sum.  The coefficients are a non-negative least-squares fit (``sim/commands/nnls.py``).
 
 Three stages, each usable alone:
 
@@ -50,13 +50,13 @@ def design(points: list[tuple[int, int, float]], chunk: int) -> np.ndarray:
 
 
 def fit(points: list[tuple[int, int, float]], chunk: int) -> dict:
-    """Weighted non-negative least squares (``sim/nnls.py``) of the cost form.
+    """Weighted non-negative least squares (``sim/commands/nnls.py``) of the cost form.
 
     Weighted by 1/y, so that a 1 ms decode counts as much as a 1 s prefill (the fit
     minimises relative error).  Per term: its coefficient, the coefficient's standard
     error (from the weighted residuals, on the terms left free; none for a term held at
     zero) and its share of the predicted time, averaged over the grid."""
-    from sim.nnls import nnls
+    from sim.commands.nnls import nnls
 
     X = design(points, chunk)
     y = np.array([s for _, _, s in points])
@@ -183,7 +183,7 @@ def load_grid(path) -> dict:
     ``InputError`` (one line) when it is not one."""
     import json
 
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     try:
         data = json.loads(Path(path).read_text())
@@ -208,7 +208,7 @@ def grid_config(data: dict):
 def _fit_columns(points, chunk: int, y, cols: tuple[str, ...], weight) -> tuple[np.ndarray, np.ndarray]:
     """NNLS of ``y`` on the named columns of the design, weighted by ``weight``; the full
     4-vector of coefficients (zero outside ``cols``) and the prediction."""
-    from sim.nnls import nnls
+    from sim.commands.nnls import nnls
 
     X = design(points, chunk)
     idx = [TERMS.index(c) for c in cols]
@@ -459,7 +459,7 @@ def _time_forward_chunk(model, t: int, c: int, device: str, repeats: int,
 def check_settings(path: Path, force: bool, repeats: int, layers: int, width_div: int) -> None:
     """Up front, before any timing: never overwrite an existing profile (the project tracks
     some, e.g. ``profiles/cpu-tiny-hybrid.yaml``) unless ``--force``; counts >= 1."""
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     for name, v in (("--repeats", repeats), ("--layers", layers), ("--width-div", width_div)):
         if v < 1:
@@ -470,7 +470,7 @@ def check_settings(path: Path, force: bool, repeats: int, layers: int, width_div
 
 
 def write_profile(profile: dict, path: Path, command: str) -> None:
-    from sim.atomic import atomic_write_text
+    from sim.rundir.atomic_files import atomic_write_text
 
     text = f"# made by: {command}\n" + yaml.safe_dump(profile, sort_keys=False)
     atomic_write_text(path, text)      # temp file + os.replace: never a half-written profile

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from sim.config.errors import CapacityError
+from sim.errors import CapacityError
 
 # What one pool block costs the simulator: a Block object (~190 B compiled, ~220 B from
 # source, measured on CPython 3.11 with 10^6 blocks: the object, its list slot and the

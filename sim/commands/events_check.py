@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from sim.config.errors import InputError
+from sim.errors import InputError
 
 
 class EventStreamError(InputError):

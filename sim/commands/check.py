@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.config.errors import InputError
+from sim.errors import InputError
 from sim.config.fields import show
 
 KEYS_CASE = ("hit", "per_group", "junction")
@@ -59,7 +59,7 @@ def compute(path: Path) -> tuple[str, dict[str, dict[str, str]]]:
     data = load_file(path, InputError)
     if isinstance(data, dict) and "requests" in data and "config" in data:
         from sim.cache.case import run_case_data
-        from sim.case_files import check_case_ids
+        from sim.commands.case_files import check_case_ids
 
         check_case_ids(data, path, InputError)
 
@@ -70,7 +70,7 @@ def compute(path: Path) -> tuple[str, dict[str, dict[str, str]]]:
                 vals["error"] = str(r["error"]).split(":")[0]
             out[r["id"]] = vals
         return "case", out
-    from sim.run import simulate
+    from sim.commands.run import simulate
     from sim.config.scenario import load_scenario
 
     sc = load_scenario(path)
@@ -181,7 +181,8 @@ def check(paths: list[Path], golden_dir: Path, root: Path, update: bool = False)
 def _write_golden(gp: Path, text: str) -> None:
     """A golden file, whole or not at all (temporary file, then a rename); a folder that
     cannot be written, a full disk: one line naming the file."""
-    from sim.atomic import OutputPathError, atomic_write_text
+    from sim.rundir.atomic import OutputPathError
+    from sim.rundir.atomic_files import atomic_write_text
 
     try:
         atomic_write_text(gp, text)

@@ -4,7 +4,7 @@ rows, with less work.
 The csv module looks at every character of every field for one that needs quoting, and
 the rows were formatted value by value through a Python call.  Here each column becomes
 its text in one pass (``fmt``: a float ``format(v, ".6f")``, anything else ``str``),
-and the rows are joined by commas.  A ``RequestTable`` (``sim/request_table.py``) gives
+and the rows are joined by commas.  A ``RequestTable`` (``sim/rundir/request_table.py``) gives
 its columns straight from their arrays (``RequestTable.field_chunks``: a number column
 without blanks as its numbers, any other as its text, request ids sliced from their
 bytes decoded once), and a chunk of rows is one %-formatting of a row's format repeated
@@ -26,7 +26,7 @@ from array import array
 from itertools import islice, repeat
 from typing import IO, Any, Iterable, Sequence
 
-from sim import csv_bytes
+from sim.rundir import csv_bytes
 
 FLOAT_SPEC = ".6f"    # every float of requests.csv (and memory.csv's time_s)
 # an integer's text: format(v, "") is str(v) for an int (and for "" and a bool), with no
@@ -44,7 +44,7 @@ _SEP = "\x00"                # (in no number's text)
 _FLOAT_FIELD = FLOAT_FIELD + _SEP
 # characters that make csv.writer quote (or refuse) a field: a superset, checked per column
 _SPECIAL = re.compile('[,"\r\n\x00]')
-# rows written by ``sim/csv_bytes.py`` (digit by digit) where it runs compiled; its source,
+# rows written by ``sim/rundir/csv_bytes.py`` (digit by digit) where it runs compiled; its source,
 # interpreted, is slower than one %-formatting (tests set this to run it either way)
 BYTES_ROWS = not (csv_bytes.__file__ or "").endswith(".py")
 
@@ -82,7 +82,7 @@ def any_text(values: list[Any]) -> list[str]:
 
 def column_text(values: Iterable[Any], kind: str) -> list[str]:
     """One column's fields, ``fmt`` of each value.  ``kind``: the column's storage kind
-    (``sim.request_table._Column``): "i" integers (or ""), "d" floats (or ""), text
+    (``sim.rundir.request_table._Column``): "i" integers (or ""), "d" floats (or ""), text
     ("t", "s"), or "o" (values of any type)."""
     if kind == "i":
         return int_texts(values)                  # (an int's str; "" stays "")

@@ -13,7 +13,7 @@ from backends.base import FixedStep
 from sim.cache.case import CASE_KEYS, CaseError, parse_runs
 from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig
 from sim.cache.prompt import StreamRegistry
-from sim.config.errors import CapacityError, ConfigError
+from sim.errors import CapacityError, ConfigError
 from sim.config.scheduler import SchedulerConfig
 from sim.engine.engine import Engine
 from sim.engine.scheduler import Scheduler, SimRequest
@@ -126,7 +126,7 @@ def parse_steps(data):
             long_prefill_token_threshold=lpt,
             num_speculative_tokens=K, max_model_len=cfg.max_model_len, **policy)
     except ConfigError as e:   # (named scheduler.<key>: a step case says config.<key>)
-        raise CaseError("config." + str(e).removeprefix("scheduler.")) from None
+        raise CaseError(f"config.{e.field_name.removeprefix('scheduler.')}: {e.reason}") from None
     reqs_in = data.get("requests")
     if not isinstance(reqs_in, list) or not reqs_in:
         raise CaseError("requests: expected a non-empty list")
@@ -377,7 +377,7 @@ class _StepEvents:
 
 
 def run_steps_file(path, kv_events: bool = False, per_step: bool = False):
-    from sim.case_files import load_case_file
+    from sim.commands.case_files import load_case_file
 
     return run_steps_data(load_case_file(path), source=str(path), kv_events=kv_events,
                           per_step=per_step)

@@ -44,3 +44,4 @@ class ConfigError(InputError):
             shown = shown[:MAX_FIELD - 3] + "..."
         super().__init__(f"{shown}: {message}")
         self.field_name = field_name
+        self.reason = message            # (as data: a caller renaming the field reuses it)

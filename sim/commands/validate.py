@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from sim.oracle.worker import OracleUnavailable
 
-# the command's name for "no oracle here" (sim/cli.py prints it and exits 0)
+# the command's name for "no oracle here" (sim/entrypoints/cli.py prints it and exits 0)
 ValidateUnavailable = OracleUnavailable
 
 

@@ -7,8 +7,8 @@ from sim.config.fields import show  # (values in messages: a short prefix)
 import csv
 from pathlib import Path
 
-from sim.atomic import atomic_folder
-from sim.config.errors import ConfigError
+from sim.rundir.atomic import atomic_folder
+from sim.errors import ConfigError
 
 
 def resolve_flag(scenario_path: Path, flag: str) -> str:
@@ -32,7 +32,7 @@ def _sections() -> dict:
 
 
 def _find_flag(scenario_path: Path, flag: str) -> str:
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.loader import load_file
     from sim.config.scenario import ScenarioError
 
@@ -72,7 +72,7 @@ def _check_boolean(dotted: str, flag: str) -> None:
 
 def compare(scenario_path: Path, flag: str, out: Path, sets: dict | None = None,
             command: list[str] | None = None) -> dict:
-    from sim.run import simulate, write_run
+    from sim.commands.run import simulate, write_run
     from sim.config.scenario import load_scenario
 
     dotted = resolve_flag(scenario_path, flag)

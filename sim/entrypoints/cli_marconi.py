@@ -1,6 +1,6 @@
 """``sim marconi SCENARIO``: the scenario's traffic through Marconi's own cache model (the
 paper's token-level reference, ``sim/marconi``), without timing; see ``sim/marconi/route.py``
-for why it is a command and not a ``cache.policy``.  Registers on ``sim.cli.app``."""
+for why it is a command and not a ``cache.policy``.  Registers on ``sim.entrypoints.cli.app``."""
 from __future__ import annotations
 
 from enum import Enum
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from sim.cli import _parse_sets, _requests_override, REQUESTS_HELP, app, fail
+from sim.entrypoints.common import parse_sets, requests_override, REQUESTS_HELP, app, fail
 
 
 class Variant(str, Enum):
@@ -46,14 +46,14 @@ def marconi(scenario: Path = typer.Argument(..., help="Scenario YAML."),
     Sized by the scenario's pool (pool_bytes) or --budget, in arrival order, one request at
     a time. Writes requests.csv (hit tokens; timing columns empty), summary.json and report.md.
     """
-    from sim.atomic import check_output_folder
-    from sim.config.errors import ConfigError
+    from sim.rundir.atomic import check_output_folder
+    from sim.errors import ConfigError
     from sim.config.scenario import ScenarioError, load_scenario
     from sim.marconi.route import run_reference, write_reference
     from sim.marconi.rules import DEFAULT, MARCONI_CODE
     from workloads import WorkloadError
 
-    over = _requests_override(_parse_sets(sets), requests)
+    over = requests_override(parse_sets(sets), requests)
     try:
         sc = load_scenario(scenario, over or None)
     except (ScenarioError, ConfigError) as e:
@@ -92,7 +92,7 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 def parse_bytes(text: str) -> int:
     """``--budget``: a whole number of bytes, as digits or a number and a unit (``50GB`` =
     50 x 10^9, ``4GiB`` = 4 x 2^30; ``50e9`` too)."""
-    from sim.config.errors import ConfigError
+    from sim.errors import ConfigError
 
     t = text.strip().replace("_", "").replace(",", "")
     num = t.rstrip("KMGTBibB ")

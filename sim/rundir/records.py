@@ -1,11 +1,11 @@
 """What a run folder holds, by name: the request record (one ``requests.csv`` row,
 field for column) and the fields of ``summary.json``.
 
-Writers (``sim/run.py``) and readers (``reports/``, ``sim compare``, ``sim check``,
+Writers (``sim/commands/run.py``) and readers (``reports/``, ``sim compare``, ``sim check``,
 calibration) use these names, never positions.  The compiled recorder
 (``sim/engine/record.py``) builds plain tuples in this column order, arrival index
-first; ``sim/request_table.py`` keeps them column by column and reads them back as
-records (``sim/run.py``: a run's requests, in arrival order)."""
+first; ``sim/rundir/request_table.py`` keeps them column by column and reads them back as
+records (``sim/commands/run.py``: a run's requests, in arrival order)."""
 from __future__ import annotations
 
 from typing import NamedTuple, Union
@@ -136,7 +136,7 @@ def records_in_arrival_order(served: list[tuple], refused: list[tuple],
     """The recorder's tuples (arrival index first) as records, in arrival order; with an
     active ``slo`` (``sim.config.slo.SLOSection``) each served record's ``slo_ok`` says
     whether it met every objective.  A list of full records (~700 bytes a request):
-    ``simulate`` keeps its requests as ``sim.request_table.RequestColumns`` instead, which
+    ``simulate`` keeps its requests as ``sim.rundir.request_table.RequestColumns`` instead, which
     reads back the same records (tests/metrics/test_request_table.py holds it to this)."""
     rows = sorted([*served, *refused], key=lambda t: t[0])
     out = [RequestRecord(*t[1:]) for t in rows]

@@ -1,7 +1,7 @@
 """The requests of a run, kept column by column: what ``sim run`` holds between the end
 of the replay and ``requests.csv``.
 
-A record per request (``sim.records.RequestRecord``, a 27-field tuple of boxed numbers)
+A record per request (``sim.rundir.records.RequestRecord``, a 27-field tuple of boxed numbers)
 costs ~700 bytes; a million-request run held them twice (the recorder's tuples, then the
 records in arrival order) and most of its peak memory was that.  Here each column is one
 machine array (``array``: integers, floats, codes) or one run of bytes (request ids),
@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import compress, repeat
 from typing import Any
 
-from sim.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS, RequestRecord
-from sim.csv_bytes import FLOAT as CSV_FLOAT
-from sim.csv_bytes import INT as CSV_INT
-from sim.requests_csv import (FLOAT_FIELD, INT_FIELD, TEXT_FIELD, any_text, float_texts,
+from sim.rundir.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS, RequestRecord
+from sim.rundir.csv_bytes import FLOAT as CSV_FLOAT
+from sim.rundir.csv_bytes import INT as CSV_INT
+from sim.rundir.requests_csv import (FLOAT_FIELD, INT_FIELD, TEXT_FIELD, any_text, float_texts,
                               int_texts, number_bytes)
 
 INT_CODES = ("b", "h", "i", "q")        # 1, 2, 4, 8 bytes: a column takes the narrowest
@@ -569,12 +569,12 @@ class RequestTable(Sequence):
     def kinds(self) -> list[str]:
         """Each column's storage kind, in ``REQUEST_COLUMNS`` order: "i" integers (or
         ""), "d" floats (or ""), "t"/"s" text, "o" values of any type (writers format a
-        column by its kind: ``sim/requests_csv.py``)."""
+        column by its kind: ``sim/rundir/requests_csv.py``)."""
         return [c.kind for c in self._cols.values()]
 
     def field_chunks(self, chunk: int) -> Iterator[list[tuple[str, Sequence[Any]]]]:
         """The rows ``chunk`` at a time, each chunk its columns' %-formats and values
-        (``_Column.fields``; ``sim/requests_csv.py`` formats them)."""
+        (``_Column.fields``; ``sim/rundir/requests_csv.py`` formats them)."""
         cols = list(self._cols.values())
         states: list[list] = [[] for _ in cols]
         for lo in range(0, self._n, chunk):

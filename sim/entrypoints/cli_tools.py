@@ -1,6 +1,6 @@
 """The checking and modelling commands of ``sim``: verify and calibrate (the torch backend),
 validate and check (against vLLM and golden hit lengths), model (vLLM's KV layout) and events
-(KV event streams).  They register on ``sim.cli.app``; ``sim/cli.py`` imports this module."""
+(KV event streams).  They register on ``sim.entrypoints.cli.app``; ``sim/entrypoints/cli.py`` imports this module."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import typer
 
-from sim.cli import (COMMAND, DType, Device, Grid, Plant, _expected_requests, _parse_sets,
-                     _progress, app, fail, option_message, require_torch, scenario_error)
+from sim.entrypoints.common import (COMMAND_LINE, DType, Device, Grid, Plant, expected_requests, parse_sets,
+                     progress, app, fail, option_message, require_torch, scenario_error)
 
 #: ``sim model``'s options by the parameter names ``derive_layout``'s messages use
 MODEL_OPTIONS = {
@@ -51,8 +51,8 @@ def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with th
     the same tokens with no cache and the same weights. Exit 1 if the worst error exceeds
     the tolerance, or if no request resumed from the cache (nothing was proved).
     """
-    from sim.config.errors import ConfigError
-    from sim.run import simulate, write_run
+    from sim.errors import ConfigError
+    from sim.commands.run import simulate, write_run
     from sim.config.scenario import ScenarioError, load_scenario
 
     import math
@@ -61,17 +61,17 @@ def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with th
         fail(f"--tol: must be a finite number > 0, got {tol:g}")
     require_torch("verify")
     plant = Plant(plant).value if plant is not None else None
-    over = _parse_sets(sets)
+    over = parse_sets(sets)
     over.update({"backend.kind": "torch", "backend.verify": True})
     if out:
-        from sim.atomic import check_output_folder
+        from sim.rundir.atomic import check_output_folder
 
         check_output_folder(out)        # before any work
     try:
         sc = load_scenario(scenario, over)
     except (ScenarioError, ConfigError) as e:
         fail(scenario_error(scenario, e, over))
-    update, stop = _progress(not quiet, "prefills verified", lambda: _expected_requests(sc),
+    update, stop = progress(not quiet, "prefills verified", lambda: expected_requests(sc),
                              delay_s=0.5)
     try:
         dep, rows, summary = simulate(sc, plant=plant, progress=update)
@@ -94,7 +94,7 @@ def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with th
                     f.write(f"{v.request_id},{v.prompt_tokens},{v.resumed_at},"
                             f"{v.max_abs_err:.3e},{v.kind}\n")
 
-        write_run(out, sc, dep, rows, summary, report=False, extra=verify_csv, command=COMMAND)
+        write_run(out, sc, dep, rows, summary, report=False, extra=verify_csv, command=COMMAND_LINE or None)
     decodes = len(recs) - len(prefills)
     typer.echo(f"{len(prefills)} prefills verified ({len(resumed)} resumed from cached KV blocks "
                f"and Mamba states)" + (f" and {decodes} final decode steps" if decodes else "")
@@ -168,9 +168,9 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
             fail(f"{name}: must be >= 0, got {v}")
     require_torch("calibrate")
     from backends.torch_backend.config import TorchModelConfig
-    from sim import calibrate as cal
+    from sim.commands import calibrate as cal
     from sim import models
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     device, dtype, grid = Device(device).value, DType(dtype).value, Grid(grid).value
     method = FitMethod(fit_method).value
@@ -212,7 +212,7 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
     else:
         name = spec.name
     g = {"quick": cal.QUICK_GRID, "full": cal.FULL_GRID}[grid]
-    from sim.atomic import check_output_file
+    from sim.rundir.atomic_files import check_output_file
 
     if device == "cuda" and data is None:
         import torch
@@ -228,9 +228,9 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
     if save_grid is not None:
         check_output_file(save_grid)
 
-    command = " ".join(COMMAND or ["sim", *sys.argv[1:]])
+    command = " ".join(COMMAND_LINE or ["sim", *sys.argv[1:]])
     if data is None:
-        update, stop = _progress(not quiet, "grid points", len(g["new"]) * len(g["cached"]),
+        update, stop = progress(not quiet, "grid points", len(g["new"]) * len(g["cached"]),
                                  delay_s=0.0)
         try:
             data = cal.measure_grid(cfg, device, g, repeats=repeats, warmup=warmup,
@@ -238,7 +238,7 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
         finally:
             stop()
         if save_grid is not None:
-            from sim.atomic import atomic_write_text
+            from sim.rundir.atomic_files import atomic_write_text
 
             atomic_write_text(save_grid, json.dumps(data, indent=1) + "\n")
     profile = cal.fit_profile(data, method=method)
@@ -263,7 +263,7 @@ def calibrate(model: str = typer.Option(None, "--model", help="Catalogue model (
     if compare_ttft:
         if sc is None:
             fail("--compare needs --scenario")
-        from sim.run import simulate
+        from sim.commands.run import simulate
         from sim.config.scenario import load_scenario
 
         t = load_scenario(scenario, {"backend.kind": "torch", "backend.device": device})
@@ -309,8 +309,8 @@ def validate(file: Path = typer.Argument(..., help="Case file (YAML or JSON)."),
     Exit 1 on any disagreement.
     """
     from sim.cache.case import CaseError
-    from sim.case_files import load_case_file
-    from sim.validate import ValidateUnavailable, validate_case
+    from sim.commands.case_files import load_case_file
+    from sim.commands.validate import ValidateUnavailable, validate_case
 
     if not against_vllm:
         fail("say what to validate against: --against-vllm")
@@ -350,7 +350,7 @@ def check(paths: list[Path] = typer.Argument(None, help="Case files and scenario
     import glob
 
     from sim.cache.case import CaseError
-    from sim.check import check as run_check
+    from sim.commands.check import check as run_check
     from sim.config.scenario import ScenarioError
 
     if not paths:
@@ -507,7 +507,7 @@ def events_check(file: Path = typer.Argument(..., help="A stream: kv_events.json
     and the requests whose reuse a router trusting the stream misjudges, with token counts.
     Exit 1 when it finds any, 0 when the stream is sound.
     """
-    from sim.events_check import check_stream
+    from sim.commands.events_check import check_stream
 
     rep = check_stream(file)
     if as_json:
@@ -539,7 +539,7 @@ def events_serve(run: Path = typer.Argument(..., help="A run folder of sim run -
     """Publish a run's KV events over ZeroMQ as vLLM's ZmqEventPublisher frames them
     (topic, 8-byte sequence number, msgpack batch), so a real indexer (llm-d's, Dynamo's)
     can be pointed at the simulator.  Needs pyzmq and msgpack (the events extra)."""
-    from sim.events_serve import serve
+    from sim.commands.events_serve import serve
 
     if wait_s < 0 or wait_s != wait_s or wait_s > 3600:
         fail(f"--wait-s: must be in [0, 3600], got {wait_s}")

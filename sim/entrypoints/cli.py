@@ -1,97 +1,19 @@
 """Command line (``sim``): the console entry point and the commands that replay
 (case · steps · run · sweep · compare · report); the checking and modelling commands
-(verify · calibrate · validate · check · model · events) are in ``sim/cli_tools.py``,
+(verify · calibrate · validate · check · model · events) are in ``sim/entrypoints/cli_tools.py``,
 registered on the same app."""
 from __future__ import annotations
 
 import json
 import os
 import sys
-from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="hybrid-cache-sim: vLLM prefix caching for hybrid Mamba/attention models.")
-
-
-def fail(message: str) -> None:
-    """One clear line on stderr, exit code 2 (bad input)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-def option_as_typed(*names: str) -> str:
-    """The spelling of an option the user typed on this command line (``--tp`` rather
-    than ``--tensor-parallel-size``); its first name when it was not typed."""
-    for arg in (COMMAND or sys.argv)[1:]:
-        for n in names:
-            if arg == n or arg.startswith(n + "="):
-                return n
-    return names[0]
-
-
-def option_message(message: str, options: dict[str, tuple[str, ...]]) -> str:
-    """A library's message about a parameter (``tp: must be ...``, ``num_layers must be
-    ...``) naming the option as the user typed it (``--tp: must be ...``)."""
-    head, sep, rest = message.partition(": ")
-    if sep and head in options:
-        return f"{option_as_typed(*options[head])}: {rest}"
-    first, _, rest = message.partition(" ")
-    if first in options:
-        return f"{option_as_typed(*options[first])}: {rest}"
-    return message
-
-
-def scenario_error(scenario: Path, e: Exception, overrides: dict | None) -> str:
-    """The one line of a scenario's input error (``sim.config.scenario.scenario_message``)."""
-    from sim.config.scenario import scenario_message
-
-    return scenario_message(scenario, e, overrides)
-
-
-#: the command line of this invocation (``main`` sets it), recorded in run.json
-COMMAND: list[str] | None = None
-
-
-# Options with fixed choices: typer lists them in --help and rejects anything else.
-class Executor(str, Enum):
-    local = "local"
-    ray = "ray"
-
-
-class Device(str, Enum):
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class Grid(str, Enum):
-    quick = "quick"
-    full = "full"
-
-
-class DType(str, Enum):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-
-
-class Plant(str, Enum):
-    state_off_by_one = "state_off_by_one"
-
-
-TORCH_INSTALL = ('pip install -e ".[torch]" (on a machine without a GPU first: pip install torch '
-                 '--index-url https://download.pytorch.org/whl/cpu)')
-
-
-def require_torch(command: str) -> None:
-    """``sim verify`` and ``sim calibrate`` run the real-compute backend: without PyTorch,
-    one line saying how to install it, exit 2."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        fail(f"sim {command} needs PyTorch, which is not installed: {TORCH_INSTALL}")
+from sim.entrypoints.common import (COMMAND_LINE, Executor, REQUESTS_HELP, app,
+                                     expected_requests, fail, no_update, parse_sets, progress,
+                                     requests_override, scenario_error)
 
 
 @app.command()
@@ -102,7 +24,7 @@ def case(files: list[Path] = typer.Argument(..., help="Case files (YAML or JSON)
     One file prints an array (one object per request); several print an object
     keyed by the paths as given.
     """
-    from sim.case_files import run_case_file
+    from sim.commands.case_files import run_case_file
 
     _print_results(files, run_case_file, compact)
 
@@ -138,116 +60,10 @@ def steps(files: list[Path] = typer.Argument(..., help="Step case files (YAML or
     prefill's chunk ends and their steps, the first-token and finish steps and the
     number of preemptions, comparable with vLLM's real scheduler (sched_oracle.py).
     """
-    from sim.steps import run_steps_file
+    from sim.commands.steps import run_steps_file
 
     _print_results(files, lambda f: run_steps_file(f, kv_events=kv_events, per_step=per_step),
                    compact)
-
-
-def _no_update(done: int) -> None:
-    """``_progress``'s update when no bar is shown (``sim run`` then hands the engine
-    no callback at all: an interpreted call a request otherwise)."""
-
-
-def _progress(enabled: bool, what: str = "requests",
-              total: int | Callable[[], int | None] | None = None, delay_s: float = 2.0):
-    """A progress bar on stderr (done / total, elapsed, ETA; a counter where the total is
-    unknown), shown after ``delay_s`` and only when stderr is a terminal and ``enabled``
-    (not ``--quiet``).  ``total`` may be a function, asked only when there is a bar (a
-    trace's total is a pass over its file).  Returns ``(update(done), stop())``;
-    ``update`` is cheap enough to call per request (it redraws at most ~10 times a
-    second)."""
-    import time
-
-    if not enabled or not sys.stderr.isatty():
-        return _no_update, (lambda: None)
-    if callable(total):
-        total = total()
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
-                               TextColumn, TimeElapsedColumn, TimeRemainingColumn)
-
-    columns = [TextColumn(f"[bold]{what}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()] \
-        if total else [SpinnerColumn(), TextColumn("{task.completed:,} " + what + " done"),
-                       TimeElapsedColumn()]
-    prog = Progress(*columns, transient=True, console=Console(stderr=True))
-    t0 = time.monotonic()
-    state: dict = {"task": None, "next": t0 + delay_s}
-
-    def update(done: int) -> None:
-        now = time.monotonic()
-        if now < state["next"]:
-            return
-        state["next"] = now + 0.1
-        if state["task"] is None:
-            prog.start()
-            state["task"] = prog.add_task(what, total=total or None)
-            # the rate (and so the ETA) counts from the start, not from the first redraw
-            prog.tasks[0].start_time = prog.get_time() - (now - t0)
-        prog.update(state["task"], completed=done)
-
-    def stop() -> None:
-        if state["task"] is not None:
-            prog.stop()
-
-    return update, stop
-
-
-def _expected_requests(sc) -> int | None:
-    """How many requests a scenario's workload will issue, where that is known before
-    the run (for the progress bar's total); None otherwise."""
-    from workloads import load_config
-
-    try:
-        cfg = load_config(sc.workload)
-    except ValueError:
-        return None
-    n = getattr(cfg, "num_requests", None)
-    if getattr(cfg, "duration_s", None) is not None or getattr(cfg, "num_sessions", None):
-        return None
-    path = getattr(cfg, "path", None)
-    if path is None:
-        return n
-    from workloads.traces import resolve
-
-    from sim.config.errors import InputError
-    from sim.config.loader import open_input
-
-    try:
-        with open_input(resolve(path, sc.path.parent)) as f:
-            lines = sum(1 for line in f if line.strip())
-    except (OSError, InputError):
-        return None
-    lines -= cfg.KIND == "azure"            # the CSV header
-    return lines if n is None else min(n, lines)
-
-
-def _parse_sets(sets: list[str]) -> dict:
-    from sim.config.loader import parse_set
-
-    out = {}
-    for item in sets:
-        k, v = parse_set(item)      # bad syntax: an InputError, one line
-        out[k] = v
-    return out
-
-
-def _requests_override(over: dict, requests: int | None) -> dict:
-    """``--requests N``: ``workload.num_requests`` (the one name for how many requests;
-    an old name of it in the file is cleared, see ``workloads.RENAMED``)."""
-    if requests is not None:
-        from workloads import RENAMED
-
-        over["workload.num_requests"] = requests
-        for old, new in RENAMED.items():
-            if new == "num_requests":
-                over[f"workload.{old}"] = None
-    return over
-
-
-REQUESTS_HELP = ("Issue only the first N requests of the workload (sets workload.num_requests; "
-                 "multi_turn: N requests in all, the last session cut short).")
 
 
 @app.command()
@@ -268,12 +84,12 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
     Writes requests.csv, summary.json, run.json (the resolved scenario, seed, version and
     command: `sim run FOLDER/run.json` re-runs it) and report.md (+ PNG figures) atomically.
     """
-    from sim.config.errors import ConfigError, InputError
-    from sim.provenance import load_scenario_or_run
-    from sim.run import as_input_errors, memory_prelude, simulate, write_run
+    from sim.errors import ConfigError, InputError
+    from sim.rundir.provenance import load_scenario_or_run
+    from sim.commands.run import as_input_errors, memory_prelude, simulate, write_run
     from sim.config.scenario import ScenarioError
 
-    over = _requests_override(_parse_sets(sets), requests)
+    over = requests_override(parse_sets(sets), requests)
     try:
         sc = load_scenario_or_run(scenario, over or None)
         if kv_events and not sc.kv_events.enable_kv_cache_events:   # (recorded in run.json)
@@ -282,7 +98,7 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
             sc = load_scenario_or_run(scenario, {**over, key: True})
     except (ScenarioError, ConfigError) as e:
         fail(str(e))
-    from sim.atomic import check_output_folder
+    from sim.rundir.atomic import check_output_folder
 
     folder = out or Path(sc.output or Path("runs") / sc.name)
     check_output_folder(folder)         # before any work: a bad path is one line, exit 2
@@ -293,16 +109,16 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
     # (a fleet's report reads requests.csv's routing columns: drawn here, after the files)
     workers = None if no_report or getattr(sc, "cluster", None) is not None \
         else ReportWorkers.start()
-    from sim.provenance import GitProbe
+    from sim.rundir.provenance import GitProbe
 
     git = GitProbe()        # (run.json's commit, found while the run runs)
     try:
-        update, stop = _progress(not quiet, "requests", lambda: _expected_requests(sc),
+        update, stop = progress(not quiet, "requests", lambda: expected_requests(sc),
                                  delay_s=1.0)
         try:
             with as_input_errors(scenario, over):   # (the notebook API's lines too)
                 dep, rows, summary = simulate(
-                    sc, progress=None if update is _no_update else update,
+                    sc, progress=None if update is no_update else update,
                     # (the memory figure's inputs, to its worker as soon as the replay ends)
                     replayed=None if workers is None else
                     lambda d: workers.prelude(memory_prelude(sc, d)))
@@ -310,7 +126,7 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
             stop()
             fail(str(e))
         stop()
-        write_run(folder, sc, dep, rows, summary, report=not no_report, command=COMMAND,
+        write_run(folder, sc, dep, rows, summary, report=not no_report, command=COMMAND_LINE or None,
                   workers=workers, git=git)
     finally:
         git.close()
@@ -366,25 +182,25 @@ def sweep(sweep_file: Path = typer.Argument(..., help="Sweep YAML (base scenario
                                        help=TARGET_HELP)
           ) -> None:
     """Run every point of a sweep; write points.csv, each point's run folder and the report."""
-    from sim.sweep import SweepError, check_workers, load_sweep, run_sweep
+    from sim.commands.sweep import SweepError, check_workers, load_sweep, run_sweep
 
     executor = Executor(executor).value
     check_workers(workers, "--workers")
     try:
-        sw = load_sweep(sweep_file, _requests_override({}, requests) or None, search=search)
+        sw = load_sweep(sweep_file, requests_override({}, requests) or None, search=search)
     except SweepError as e:
         fail(str(e))
-    from sim.atomic import check_output_folder
+    from sim.rundir.atomic import check_output_folder
 
     folder = out or Path(sw.output or Path("runs") / "sweeps" / sw.name)
     check_output_folder(folder)         # before any point runs
 
-    update, stop = _progress(not quiet, "points", len(sw.points), delay_s=0.0)
+    update, stop = progress(not quiet, "points", len(sw.points), delay_s=0.0)
     update(0)
     try:
         results = run_sweep(sw, folder, executor=executor, workers=workers, address=address,
                             progress=lambda done, total: update(done), report=not no_report,
-                            command=COMMAND, verbose=not quiet, target=target,
+                            command=COMMAND_LINE or None, verbose=not quiet, target=target,
                             workers_label="--workers")
     except ImportError as e:
         stop()
@@ -424,18 +240,18 @@ def compare(scenario: Path = typer.Argument(..., help="Scenario YAML."),
             sets: list[str] = typer.Option([], "--set", help="Override a field (repeatable)."),
             quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line.")) -> None:
     """Run a scenario with a boolean field off and on (same seed) and pair the requests."""
-    from sim.config.errors import ConfigError
-    from sim.compare import compare as run_compare
+    from sim.errors import ConfigError
+    from sim.commands.compare import compare as run_compare
     from sim.config.scenario import ScenarioError, load_scenario
 
-    from sim.atomic import OutputPathError, check_output_folder
+    from sim.rundir.atomic import OutputPathError, check_output_folder
 
-    over = _parse_sets(sets)
+    over = parse_sets(sets)
     try:
         sc = load_scenario(scenario, over or None)
         folder = out or Path("runs") / f"{sc.name}-{flag.split('.')[-1]}"
         check_output_folder(folder)     # before either run
-        res = run_compare(scenario, flag, folder, over, command=COMMAND)
+        res = run_compare(scenario, flag, folder, over, command=COMMAND_LINE or None)
     except OutputPathError:
         raise
     except (ScenarioError, ConfigError) as e:
@@ -462,7 +278,7 @@ def report(folder: Path = typer.Argument(..., help="A run folder (requests.csv, 
     interrupt: one line, the folder as it was), and join the folder's marker: a run
     folder stays one that sim run --out may replace."""
     from reports.compare_report import is_compare_folder
-    from sim.atomic import staged_files
+    from sim.rundir.atomic_files import staged_files
 
     _check_report_inputs(folder)
     if (folder / "points.csv").is_file():
@@ -528,14 +344,14 @@ def _check_report_inputs(folder: Path) -> None:
                      "files only")
 
 
-# verify · calibrate · validate · check · model · events: sim/cli_tools.py (registered on
+# verify · calibrate · validate · check · model · events: sim/entrypoints/cli_tools.py (registered on
 # this app when imported, below)
 
 
 def _show_version(value: bool) -> None:
     if value:
         from sim.native import describe
-        from sim.provenance import version_line
+        from sim.rundir.provenance import version_line
 
         typer.echo(version_line())
         typer.echo(f"build: {describe()}")
@@ -606,15 +422,14 @@ def main(argv: list[str] | None = None) -> None:
 
     from typer._click import ClickException
 
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     try:
         signal.signal(signal.SIGINT, _on_signal)
         signal.signal(signal.SIGTERM, _on_signal)
     except ValueError:          # not the main thread (embedded use): leave signals alone
         pass
-    global COMMAND
-    COMMAND = ["sim", *(sys.argv[1:] if argv is None else argv)]
+    COMMAND_LINE[:] = ["sim", *(sys.argv[1:] if argv is None else argv)]
     try:
         # not standalone: click would print usage boxes and eat Ctrl-C itself
         rc = app(args=argv, standalone_mode=False, prog_name="sim")
@@ -630,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
         _drop_stdout()
         sys.exit(128 + signal.SIGPIPE)
     except OSError as e:
-        from sim.atomic import write_failure
+        from sim.rundir.atomic import write_failure
 
         if not write_failure(e):
             raise
@@ -666,8 +481,8 @@ if __name__ == "__main__":
     main()
 
 
-from sim import cli_tools  # noqa: E402,F401  (registers its commands on ``app``)
-from sim import cli_marconi  # noqa: E402,F401  (registers ``sim marconi``)
+from sim.entrypoints import cli_tools  # noqa: E402,F401  (registers its commands on ``app``)
+from sim.entrypoints import cli_marconi  # noqa: E402,F401  (registers ``sim marconi``)
 
 
 def _paragraph_help(typer_app: typer.Typer) -> None:

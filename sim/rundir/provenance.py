@@ -2,7 +2,7 @@
 fully resolved scenario, so that ``run.json`` can re-run a run exactly.
 
 ``run.json`` is a JSON object; readers ignore keys they do not know.  The keys this
-module writes (beside the report header of ``sim/run.py`` ``run_header``):
+module writes (beside the report header of ``sim/commands/run.py`` ``run_header``):
 
 * ``scenario`` -- the scenario mapping as it ran: the file's fields after ``--set`` and a
   sweep point's overrides, with ``seed`` and ``name`` filled in, old field names written
@@ -159,7 +159,7 @@ def file_digest(path: str | Path) -> dict | None:
     """``{"bytes", "sha256"}`` of a regular file; None if it cannot be read."""
     import hashlib
 
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.loader import open_input
 
     h = hashlib.sha256()
@@ -226,7 +226,7 @@ def is_run_record(path: Path) -> bool:
         return False
     if path.name == "run.json":
         return True
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.loader import read_text
 
     try:
@@ -238,7 +238,7 @@ def is_run_record(path: Path) -> bool:
 
 def load_run_record(path: Path, overrides: dict | None = None):
     """The scenario a ``run.json`` records, ready to run again (``overrides`` as ``--set``)."""
-    from sim.config.errors import ConfigError
+    from sim.errors import ConfigError
     from sim.config.scenario import ScenarioError, apply_overrides, scenario_from_mapping
 
     from sim.config.loader import read_text
