@@ -403,33 +403,10 @@ class _VllmSide:
             return 0, 0, 0
         return tuple(int(x) for x in s["draft"].split("x")) if s["draft"] else tuple(m["draft"])
 
-    def derive(self, m, s):
-        refuse, vc = self._refusal(m, s)
-        if refuse:
-            return {"refuse": refuse}
-        torch = self.torch
-        cls = self.classes[m["arch"]]
-        tp, k, method = int(s["tp"]), int(s["k"]), s["method"]
-        vc.parallel_config = self.ParallelConfig(tensor_parallel_size=tp)
-        vc.compilation_config = self.CompilationConfig()
-        from types import SimpleNamespace as NS
-
-        vc.scheduler_config = NS(disable_hybrid_kv_cache_manager=False, max_num_batched_tokens=8192)
-        vc.attention_config = NS(hisparse_config=None)
-        vc.diffusion_config = None
-        vc.kv_transfer_config = None
-        if method == "none":
-            vc.speculative_config = None
-        else:
-            sc = self.SC()
-            sc.method, sc.num_speculative_tokens = method, k
-            sc.disable_eagle_block_drop = False
-            sc.draft_model_config = NS(hf_config=NS(num_nextn_predict_layers=1))
-            vc.speculative_config = sc
-        hook = self.MODELS_CONFIG_MAP.get(m["arch"])
-        if hook is not None:
-            hook.verify_and_update_config(vc)
-        # the layers the built model registers, in order; then the drafter's
+    def _register_layers(self, m, s, vc, method):
+        """The layers the built model registers, in order, then the drafter's: (the forward
+        context, the layer names by kind, the Mamba mixer class, the drafter's KV heads and
+        head size)."""
         ctx = vc.compilation_config.static_forward_context
         mixer = self.mixers[m["mamba_kind"]]
         n_draft, d_kv, d_hd = 0, m["kv_heads"], m["head_dim"]
@@ -457,6 +434,35 @@ class _VllmSide:
             name = f"drafter.layers.{j}"
             ctx[name] = layer
             names["draft"].append(name)
+        return ctx, names, mixer, d_kv, d_hd
+
+    def derive(self, m, s):
+        refuse, vc = self._refusal(m, s)
+        if refuse:
+            return {"refuse": refuse}
+        torch = self.torch
+        cls = self.classes[m["arch"]]
+        tp, k, method = int(s["tp"]), int(s["k"]), s["method"]
+        vc.parallel_config = self.ParallelConfig(tensor_parallel_size=tp)
+        vc.compilation_config = self.CompilationConfig()
+        from types import SimpleNamespace as NS
+
+        vc.scheduler_config = NS(disable_hybrid_kv_cache_manager=False, max_num_batched_tokens=8192)
+        vc.attention_config = NS(hisparse_config=None)
+        vc.diffusion_config = None
+        vc.kv_transfer_config = None
+        if method == "none":
+            vc.speculative_config = None
+        else:
+            sc = self.SC()
+            sc.method, sc.num_speculative_tokens = method, k
+            sc.disable_eagle_block_drop = False
+            sc.draft_model_config = NS(hf_config=NS(num_nextn_predict_layers=1))
+            vc.speculative_config = sc
+        hook = self.MODELS_CONFIG_MAP.get(m["arch"])
+        if hook is not None:
+            hook.verify_and_update_config(vc)
+        ctx, names, mixer, d_kv, d_hd = self._register_layers(m, s, vc, method)
         try:
             self.Platform.update_block_size_for_backend(vc)
         except (AssertionError, ValueError):

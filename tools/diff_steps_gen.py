@@ -42,6 +42,56 @@ def _need_blocks(cfg: dict, n_tokens: int) -> int:
     return need
 
 
+def _gen_requests(rng: random.Random, systems: list[int], sb: int, hash_unit: int, cap: int,
+                  edge: bool) -> list[dict]:
+    """``gen_case``'s requests: fresh, replayed, next-turn and private prompts over the
+    case's system prompts, arriving together, staggered or at random (the same draws in
+    the same order as ever: a seed's cases do not change)."""
+    n_req = rng.randint(2, 8)
+    pattern = rng.choice(["concurrent", "staggered", "random"])
+    reqs: list[dict] = []
+    t = 0
+    for i in range(n_req):
+        rid = f"r{i}"
+        if pattern == "concurrent":
+            arrival = 0 if rng.random() < 0.85 else rng.randint(1, 4)
+        elif pattern == "staggered":
+            t += rng.randint(0, 6)
+            arrival = t
+        else:
+            arrival = rng.randint(0, 15)
+        kind = rng.choices(["fresh", "replay", "turn", "private"],
+                           weights=[40, 35, 15, 10] if edge else [60, 15, 15, 10])[0]
+        if kind in ("replay", "turn") and not reqs:
+            kind = "fresh"
+        if kind == "fresh":
+            s = rng.randrange(len(systems))
+            segs = [[f"sys{s}", 0, systems[s]]]
+            priv = rng.randint(0, sb)
+            if edge and rng.random() < 0.5:   # prompt ends one token past a hash boundary
+                priv = max(1, priv - (systems[s] + priv) % hash_unit + 1)
+            if priv:
+                segs.append([f"p_{rid}", 0, priv])
+        elif kind == "private":
+            segs = [[f"p_{rid}", 0, rng.randint(1, 2 * sb)]]
+        else:
+            prev = rng.choice(reqs)
+            segs = copy.deepcopy(prev["segments"])
+            if kind == "turn":
+                segs.append([f"t_{rid}", 0, rng.randint(1, sb)])
+                if rng.random() < 0.7:
+                    arrival = max(arrival, prev["arrival"] + rng.randint(1, 20))
+        total = sum(s[2] for s in segs)
+        while total > cap and len(segs) > 1:      # keep prompts small enough
+            drop = segs.pop()
+            total -= drop[2]
+        if total > cap:
+            segs[0][2] = cap
+        reqs.append({"id": rid, "segments": segs, "arrival": arrival,
+                     "max_tokens": rng.randint(1, 40), "kind": kind})
+    return reqs
+
+
 def gen_case(seed: int, idx: int, profile: str = "default") -> dict:
     """Case ``idx`` of ``seed``.  ``profile="edge"`` leans on the corners: speculative
     decoding almost always, small budgets and pools, replays whose prompt is one token past
@@ -124,48 +174,7 @@ def gen_case(seed: int, idx: int, profile: str = "default") -> dict:
         return max(1, min(n, cap - 8))
 
     systems = [sys_len() for _ in range(rng.randint(1, 3))]
-    n_req = rng.randint(2, 8)
-    pattern = rng.choice(["concurrent", "staggered", "random"])
-    reqs: list[dict] = []
-    t = 0
-    for i in range(n_req):
-        rid = f"r{i}"
-        if pattern == "concurrent":
-            arrival = 0 if rng.random() < 0.85 else rng.randint(1, 4)
-        elif pattern == "staggered":
-            t += rng.randint(0, 6)
-            arrival = t
-        else:
-            arrival = rng.randint(0, 15)
-        kind = rng.choices(["fresh", "replay", "turn", "private"],
-                           weights=[40, 35, 15, 10] if edge else [60, 15, 15, 10])[0]
-        if kind in ("replay", "turn") and not reqs:
-            kind = "fresh"
-        if kind == "fresh":
-            s = rng.randrange(len(systems))
-            segs = [[f"sys{s}", 0, systems[s]]]
-            priv = rng.randint(0, sb)
-            if edge and rng.random() < 0.5:   # prompt ends one token past a hash boundary
-                priv = max(1, priv - (systems[s] + priv) % hash_unit + 1)
-            if priv:
-                segs.append([f"p_{rid}", 0, priv])
-        elif kind == "private":
-            segs = [[f"p_{rid}", 0, rng.randint(1, 2 * sb)]]
-        else:
-            prev = rng.choice(reqs)
-            segs = copy.deepcopy(prev["segments"])
-            if kind == "turn":
-                segs.append([f"t_{rid}", 0, rng.randint(1, sb)])
-                if rng.random() < 0.7:
-                    arrival = max(arrival, prev["arrival"] + rng.randint(1, 20))
-        total = sum(s[2] for s in segs)
-        while total > cap and len(segs) > 1:      # keep prompts small enough
-            drop = segs.pop()
-            total -= drop[2]
-        if total > cap:
-            segs[0][2] = cap
-        reqs.append({"id": rid, "segments": segs, "arrival": arrival,
-                     "max_tokens": rng.randint(1, 40), "kind": kind})
+    reqs = _gen_requests(rng, systems, sb, hash_unit, cap, edge)
 
     need = max(_need_blocks(cfg, sum(s[2] for s in q["segments"]) + q["max_tokens"]) for q in reqs)
     # the generous bound above still leaves a few cases where vLLM can never admit the
