@@ -145,53 +145,20 @@ def _csv_points(sweep: Sweep, folder: Path, front: set[str]) -> Path:
     return _write_csv(folder / "report_points.csv", header, rows)
 
 
-def build_blocks(sweep: Sweep, folder: Path, captions: dict[str, str]):
-    """The report as a list of blocks shared by the MD and HTML writers, and the CSVs
-    written; ``captions``: each figure's caption by file stem (its alt text)."""
-    pts = sweep.plotted
-    items = pareto_items(pts)
-    front_ids = pareto_frontier(items)
-    front = set(front_ids)
-    failed = [p for p in sweep.points if not p.ok]
-    unplotted = [p for p in sweep.points if p.ok and not p.plotted]
-    csvs: list[Path] = []
-    B: list[tuple] = []
-
-    scen = sorted({str(p.metrics.get("scenario")) for p in sweep.points if p.ok
-                   and p.metrics.get("scenario")})
-    B.append(("h1", f"Sweep report: {sweep.name}"))
-    summ = [f"Base scenario: {', '.join(scen) if scen else 'unknown'}. "
-            f"{len(sweep.points)} point{'s' if len(sweep.points) != 1 else ''}: "
-            f"{sum(p.ok for p in sweep.points)} ok, {len(failed)} failed"
-            + (f", {len(unplotted)} ok but not plotted" if unplotted else "") + "."]
-    for key, name in (("model", "model"), ("policy", "cache policy"),
-                      ("block_size", "attention/Mamba block (tokens)")):
-        vals = sorted({str(p.metrics.get(key)) for p in sweep.points
-                       if p.ok and p.metrics.get(key) is not None}, key=natural_key)
-        if vals:
-            summ.append(f"{name}: {', '.join(vals)}.")
-    B.append(("p", " ".join(summ)))
-    if sweep.axes:
-        B.append(("ul", [f"axis `{a}`" + (f" (in figures: {axis_name(a)})"
-                                           if axis_name(a) != short_axis(a) else "")
-                         + ": " + ", ".join(sorted({p.axes[a] for p in sweep.points},
-                                                   key=natural_key))
-                         for a in sweep.axes]))
-    B.append(("p", "Memory is the peak Mamba-state memory per GPU (GiB = 2^30 bytes); "
-                   "states/req is the mean number of Mamba states written per request "
-                   "(requests.csv); hit and lost rates are shares of prompt tokens."
-                   + (" The points provision different pools, so the Reuse-Pareto's frontier "
-                      "is taken on provisioned memory per GPU (pool_bytes), as its figure draws "
-                      "it." if provisioned(pts) else "")
-                   + _latency_note(sweep)))
-
-    # points
+def _points_blocks(sweep: Sweep, pts, items, front: set, failed: list, unplotted: list,
+                   folder: Path, captions: dict[str, str], B: list, csvs: list[Path],
+                   pairs=None):
+    """The points table."""
     B.append(("h2", "Points"))
     head, rows, align = _points_table(sweep, front)
     B.append(("table", Table(head, rows, align)))
     csvs.append(_csv_points(sweep, folder, front))
 
-    # pareto
+
+def _pareto_blocks(sweep: Sweep, pts, items, front: set, failed: list, unplotted: list,
+                   folder: Path, captions: dict[str, str], B: list, csvs: list[Path],
+                   pairs=None):
+    """The Reuse-Pareto: its figure, frontier table and what dominates what."""
     B.append(("h2", "Reuse-Pareto"))
     B.append(("img", "pareto.png", captions["pareto"]))
     by_mem = by_memory(pts)
@@ -224,7 +191,11 @@ def build_blocks(sweep: Sweep, folder: Path, captions: dict[str, str]):
     else:
         B.append(("p", "No successful points: no frontier."))
 
-    # flag delta
+
+def _flag_blocks(sweep: Sweep, pts, items, front: set, failed: list, unplotted: list,
+                 folder: Path, captions: dict[str, str], B: list, csvs: list[Path],
+                 pairs=None):
+    """Flag off vs on, paired at the other axes' values (None: no such pair of axes)."""
     pairs = flag_pairs(sweep)
     if pairs is not None:
         flag, groups = pairs
@@ -282,8 +253,13 @@ def build_blocks(sweep: Sweep, folder: Path, captions: dict[str, str]):
         B.append(("p", f"No flag off/on section: {len(sweep.boolean_axes)} boolean axes "
                        f"({', '.join(sweep.boolean_axes)}); it needs exactly one, or the "
                        f"junction flag ({JUNCTION_FLAG}) among them."))
+    return pairs
 
-    # TTFT
+
+def _ttft_blocks(sweep: Sweep, pts, items, front: set, failed: list, unplotted: list,
+                 folder: Path, captions: dict[str, str], B: list, csvs: list[Path],
+                 pairs=None):
+    """Time to first token: quantiles per point and the figures."""
     B.append(("h2", "Time to first token"))
     qrows, qcsv = [], []
     for p in pts:
@@ -302,7 +278,11 @@ def build_blocks(sweep: Sweep, folder: Path, captions: dict[str, str]):
     B.append(("img", "ttft_cdf.png", captions["ttft_cdf"]))
     B.append(("img", "ttft_vs_prompt.png", captions["ttft_vs_prompt"]))
 
-    # lost reuse
+
+def _lost_blocks(sweep: Sweep, pts, items, front: set, failed: list, unplotted: list,
+                 folder: Path, captions: dict[str, str], B: list, csvs: list[Path],
+                 pairs=None):
+    """Lost reuse (tokens reconciliation dropped) per point."""
     B.append(("h2", "Lost reuse"))
     B.append(("p", "Tokens full attention held for a request but reconciliation with the Mamba "
                    "state dropped (requests.csv `lost_tokens`); requests with a loss only."))
@@ -324,7 +304,11 @@ def build_blocks(sweep: Sweep, folder: Path, captions: dict[str, str]):
                                   "mean per affected", "of prompt tokens"], lrows, "lrrrrrr")))
     B.append(("img", "lost_reuse.png", captions["lost_reuse"]))
 
-    # failed
+
+def _failed_blocks(sweep: Sweep, pts, items, front: set, failed: list, unplotted: list,
+                   folder: Path, captions: dict[str, str], B: list, csvs: list[Path],
+                   pairs=None):
+    """Failed and unplotted points, and the CSVs' names."""
     B.append(("h2", "Failed points"))
     if failed or unplotted:
         frows = [[p.id, p.label, p.status, p.error or "(no error given)"] for p in failed]
@@ -337,4 +321,54 @@ def build_blocks(sweep: Sweep, folder: Path, captions: dict[str, str]):
                    "`report_ttft_quantiles.csv`, `report_lost_reuse.csv`"
                    + (", `report_flag_delta.csv`" if pairs is not None else "")
                    + "; figures also as SVG."))
+
+
+
+def build_blocks(sweep: Sweep, folder: Path, captions: dict[str, str]):
+    """The report as a list of blocks shared by the MD and HTML writers, and the CSVs
+    written; ``captions``: each figure's caption by file stem (its alt text)."""
+    pts = sweep.plotted
+    items = pareto_items(pts)
+    front_ids = pareto_frontier(items)
+    front = set(front_ids)
+    failed = [p for p in sweep.points if not p.ok]
+    unplotted = [p for p in sweep.points if p.ok and not p.plotted]
+    csvs: list[Path] = []
+    B: list[tuple] = []
+
+    scen = sorted({str(p.metrics.get("scenario")) for p in sweep.points if p.ok
+                   and p.metrics.get("scenario")})
+    B.append(("h1", f"Sweep report: {sweep.name}"))
+    summ = [f"Base scenario: {', '.join(scen) if scen else 'unknown'}. "
+            f"{len(sweep.points)} point{'s' if len(sweep.points) != 1 else ''}: "
+            f"{sum(p.ok for p in sweep.points)} ok, {len(failed)} failed"
+            + (f", {len(unplotted)} ok but not plotted" if unplotted else "") + "."]
+    for key, name in (("model", "model"), ("policy", "cache policy"),
+                      ("block_size", "attention/Mamba block (tokens)")):
+        vals = sorted({str(p.metrics.get(key)) for p in sweep.points
+                       if p.ok and p.metrics.get(key) is not None}, key=natural_key)
+        if vals:
+            summ.append(f"{name}: {', '.join(vals)}.")
+    B.append(("p", " ".join(summ)))
+    if sweep.axes:
+        B.append(("ul", [f"axis `{a}`" + (f" (in figures: {axis_name(a)})"
+                                           if axis_name(a) != short_axis(a) else "")
+                         + ": " + ", ".join(sorted({p.axes[a] for p in sweep.points},
+                                                   key=natural_key))
+                         for a in sweep.axes]))
+    B.append(("p", "Memory is the peak Mamba-state memory per GPU (GiB = 2^30 bytes); "
+                   "states/req is the mean number of Mamba states written per request "
+                   "(requests.csv); hit and lost rates are shares of prompt tokens."
+                   + (" The points provision different pools, so the Reuse-Pareto's frontier "
+                      "is taken on provisioned memory per GPU (pool_bytes), as its figure draws "
+                      "it." if provisioned(pts) else "")
+                   + _latency_note(sweep)))
+
+    args = (sweep, pts, items, front, failed, unplotted, folder, captions, B, csvs)
+    _points_blocks(*args)
+    _pareto_blocks(*args)
+    pairs = _flag_blocks(*args)
+    _ttft_blocks(*args)
+    _lost_blocks(*args)
+    _failed_blocks(*args, pairs=pairs)
     return B, csvs
