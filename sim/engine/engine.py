@@ -258,25 +258,7 @@ class Engine:
                                 yield env.timeout(now - int(env.now))
                         elif self._fleet_sync(now):
                             yield gate.at(now, NORMAL, inlet.cur_s)
-                    for r in finished:
-                        self.finished += 1
-                        if self.cost is None:   # (a backend that reads plans)
-                            self.plan.finished.append(r.cache.request_id)
-                        rec = self.recorder
-                        if rec is not None:
-                            rec.finish(r)
-                        else:
-                            self.on_finish(r)
-                        if self.observers:
-                            for o in self.observers:
-                                o.on_finish(r, now)
-                        A.done(inlet, now, cast(Turn, r.done_event))
-                        r.done_event = None   # (the turn holds its record: let it go)
-                        # (and the request and its step item, which point at each other,
-                        # go by reference counting, not as cyclic garbage)
-                        r.item = None
-                        if self.progress is not None:
-                            self.progress(self.finished)
+                    self._record_finished(finished, now)
             # Requests arriving at this very instant join before the next
             # schedule(), as vLLM adds new requests before each step: every
             # event already queued for this instant runs first (done events
@@ -288,6 +270,31 @@ class Engine:
                         yield env.timeout(now - int(env.now))
                 elif (inlet.done_quiet or gate.bound(inlet) <= now) and self._fleet_sync(now):
                     yield gate.at(now, NORMAL, inlet.cur_s)
+
+    def _record_finished(self, finished: list[SimRequest], now: int) -> None:
+        """The requests a step finished, in order: recorded, told to the observers, their
+        turns done (a follow-up turn may now arrive), their references dropped."""
+        A = self.arrivals
+        inlet = self.inlet
+        for r in finished:
+            self.finished += 1
+            if self.cost is None:   # (a backend that reads plans)
+                self.plan.finished.append(r.cache.request_id)
+            rec = self.recorder
+            if rec is not None:
+                rec.finish(r)
+            else:
+                self.on_finish(r)
+            if self.observers:
+                for o in self.observers:
+                    o.on_finish(r, now)
+            A.done(inlet, now, cast(Turn, r.done_event))
+            r.done_event = None   # (the turn holds its record: let it go)
+            # (and the request and its step item, which point at each other,
+            # go by reference counting, not as cyclic garbage)
+            r.item = None
+            if self.progress is not None:
+                self.progress(self.finished)
 
     # ------------------------------------------------------------------ fleet --
     def _fleet_sync(self, t: int) -> bool:
