@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig, ConfigError
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry, parse_prompt
+from sim.config.dialects import DIALECT_DEFAULTS
 
 CASE_KEYS = {"schedule", "long_prefill_token_threshold", "max_num_batched_tokens"}
 TOP_KEYS = {"config", "requests", "source", "expect", "description"}
@@ -27,8 +28,8 @@ class CaseError(InputError):
 @dataclass(frozen=True)
 class CaseSchedule:
     schedule: str | tuple[int, ...] = "scheduler"
-    long_prefill_token_threshold: int = 0
-    max_num_batched_tokens: int = 1 << 20
+    long_prefill_token_threshold: int = DIALECT_DEFAULTS["case file"]["long_prefill_token_threshold"]
+    max_num_batched_tokens: int = DIALECT_DEFAULTS["case file"]["max_num_batched_tokens"]
 
 
 def parse_case(data) -> tuple[CacheConfig, CaseSchedule, list[tuple[str, list, object]]]:
@@ -53,8 +54,8 @@ def parse_case(data) -> tuple[CacheConfig, CaseSchedule, list[tuple[str, list, o
     elif sched not in ("scheduler", "blocks", "whole", "seed"):
         raise CaseError(f"config.schedule: must be scheduler | blocks | whole | seed | "
                         f"[chunk ends], got {sched!r}")
-    lpt = cfg_in.get("long_prefill_token_threshold", 0)
-    budget = cfg_in.get("max_num_batched_tokens", 1 << 20)
+    lpt = cfg_in.get("long_prefill_token_threshold", CaseSchedule.long_prefill_token_threshold)
+    budget = cfg_in.get("max_num_batched_tokens", CaseSchedule.max_num_batched_tokens)
     for name, v, lo in (("long_prefill_token_threshold", lpt, 0), ("max_num_batched_tokens", budget, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise CaseError(f"config.{name}: must be an integer >= {lo}, got {v!r}")

@@ -14,6 +14,7 @@ from sim.cache.case import CASE_KEYS, CaseError, parse_runs
 from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig
 from sim.cache.prompt import StreamRegistry
 from sim.errors import CapacityError, ConfigError
+from sim.config.dialects import DIALECT_DEFAULTS
 from sim.config.scheduler import SchedulerConfig
 from sim.engine.engine import Engine
 from sim.engine.scheduler import Scheduler, SimRequest
@@ -93,8 +94,10 @@ def parse_steps(data):
         cfg_in.setdefault("num_prefill_lookahead", 1)
     k_default = 1 if eagle else 0
     K = _int("num_speculative_tokens", sched_keys.get("num_speculative_tokens", k_default), 0)
-    budget = _int("max_num_batched_tokens", sched_keys.get("max_num_batched_tokens", 8192), 1)
-    seqs = _int("max_num_seqs", sched_keys.get("max_num_seqs", 16), 1)
+    dflt = DIALECT_DEFAULTS["step case"]
+    budget = _int("max_num_batched_tokens",
+                  sched_keys.get("max_num_batched_tokens", dflt["max_num_batched_tokens"]), 1)
+    seqs = _int("max_num_seqs", sched_keys.get("max_num_seqs", dflt["max_num_seqs"]), 1)
     if budget < seqs:
         raise CaseError(f"config.max_num_batched_tokens: {budget} is smaller than max_num_seqs "
                         f"{seqs} (vLLM rejects this)")
@@ -113,7 +116,9 @@ def parse_steps(data):
             raise CaseError(f"config.accepted_tokens: a list of integers in [0, {K}]")
     elif isinstance(acc, bool) or not isinstance(acc, (int, float)) or not 0 <= acc <= K:
         raise CaseError(f"config.accepted_tokens: must be in [0, num_speculative_tokens={K}]")
-    lpt = _int("long_prefill_token_threshold", sched_keys.get("long_prefill_token_threshold", 0), 0)
+    lpt = _int("long_prefill_token_threshold",
+               sched_keys.get("long_prefill_token_threshold",
+                              dflt["long_prefill_token_threshold"]), 0)
     if lpt > cfg.max_model_len:
         raise CaseError(f"config.long_prefill_token_threshold: {lpt} cannot be greater than "
                         f"max_model_len {cfg.max_model_len} (vLLM rejects this)")

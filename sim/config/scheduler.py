@@ -13,6 +13,7 @@ from sim.config.fields import show  # (values in messages: a short prefix)
 from dataclasses import dataclass
 
 from sim.cache.config import NO_LENGTH_LIMIT
+from sim.config.dialects import DIALECT_DEFAULTS
 from sim.errors import ConfigError
 
 # scheduler.policy: the waiting queues by name, as vLLM names its scheduling policies (the
@@ -23,9 +24,9 @@ QUEUE_POLICY_NAMES: tuple[str, ...] = ("fcfs", "priority", "lpm")
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    long_prefill_token_threshold: int = 0
+    max_num_batched_tokens: int = DIALECT_DEFAULTS["scenario"]["max_num_batched_tokens"]
+    max_num_seqs: int = DIALECT_DEFAULTS["scenario"]["max_num_seqs"]
+    long_prefill_token_threshold: int = DIALECT_DEFAULTS["scenario"]["long_prefill_token_threshold"]
     num_speculative_tokens: int = 0
     # vLLM's max_model_len: prompts of this length or more are rejected (as the API server
     # does), outputs stop there, and positions of running requests stay below it.  None:

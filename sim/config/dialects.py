@@ -1,0 +1,16 @@
+"""The scheduler limits each input dialect assumes when a file leaves them out, in one
+table: a scenario describes a served model (vLLM's ``vllm serve`` defaults), a step case
+one of vLLM's scheduler tests (its test helpers' small batches), a case file one request
+at a time with no budget to speak of (the cache model alone).  The three parsers read
+their row here, and nowhere else."""
+from __future__ import annotations
+
+from typing import Final
+
+DIALECT_DEFAULTS: Final[dict[str, dict[str, int]]] = {
+    "scenario": {"max_num_batched_tokens": 8192, "max_num_seqs": 256,
+                 "long_prefill_token_threshold": 0},
+    "step case": {"max_num_batched_tokens": 8192, "max_num_seqs": 16,
+                  "long_prefill_token_threshold": 0},
+    "case file": {"max_num_batched_tokens": 1 << 20, "long_prefill_token_threshold": 0},
+}
