@@ -123,12 +123,7 @@ class SystemPromptConfig:
             raise WorkloadError(f"{f.name('zipf_s')}: only used with popularity: zipf")
         zipf_s = f.number("zipf_s", 1.1, positive=True)
         arrival = _arrivals(f)
-        num_requests = f.int("num_requests", None, minimum=0, maximum=MAX_REQUESTS,
-                             why=REQUESTS_WHY)
-        duration_s = f.number("duration_s", None, minimum=0.0, maximum=MAX_TIME_S,
-                              why=TIME_WHY)
-        if num_requests is None and duration_s is None:
-            raise WorkloadError(f"{f.name('num_requests')}: missing (give num_requests or duration_s)")
+        num_requests, duration_s = _length(f)
         rate = arrival.rate_per_s
         if num_requests is not None and (duration_s is None or duration_s * rate > num_requests) \
                 and num_requests / rate > MAX_TIME_S:
@@ -187,12 +182,7 @@ class SystemPromptConfig:
                 tenants.append(Tenant(t, k, lengths, rate, popularity, zipf_s))
         if len(tenants) > 100_000:
             raise WorkloadError(f"{where}: {len(tenants):,} tenants: at most 100,000")
-        num_requests = f.int("num_requests", None, minimum=0, maximum=MAX_REQUESTS,
-                             why=REQUESTS_WHY)
-        duration_s = f.number("duration_s", None, minimum=0.0, maximum=MAX_TIME_S,
-                              why=TIME_WHY)
-        if num_requests is None and duration_s is None:
-            raise WorkloadError(f"{f.name('num_requests')}: missing (give num_requests or duration_s)")
+        num_requests, duration_s = _length(f)
         total = sum(t.rate_per_s for t in tenants)
         return cls(num_system_prompts=sum(t.num_system_prompts for t in tenants),
                    system_prompt_tokens=(), suffix_tokens=_int_dist(f, "suffix_tokens", 0),
@@ -313,6 +303,17 @@ def _past_limits(t: float, i: int, rate_key: str):
     raise time_limit_error(f"{WHERE}.{rate_key}", t, f"request {i + 1:,} arrives at "
                            f"{t:.3g} s, which")
 
+
+
+def _length(f) -> tuple[int | None, float | None]:
+    """How long a synthetic workload runs: ``num_requests`` and/or ``duration_s`` (at
+    least one), each within what the simulator can finish."""
+    num_requests = f.int("num_requests", None, minimum=0, maximum=MAX_REQUESTS,
+                         why=REQUESTS_WHY)
+    duration_s = f.number("duration_s", None, minimum=0.0, maximum=MAX_TIME_S, why=TIME_WHY)
+    if num_requests is None and duration_s is None:
+        raise WorkloadError(f"{f.name('num_requests')}: missing (give num_requests or duration_s)")
+    return num_requests, duration_s
 
 def _arrivals(f: Fields) -> Arrivals:
     process = f.str("arrival", "poisson", ("poisson", "gamma"))
