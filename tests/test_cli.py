@@ -177,3 +177,17 @@ def test_the_progress_bar_asks_for_its_total_only_when_it_is_shown(monkeypatch):
     update(5)
     stop()
     assert asked == [1]
+
+
+def test_sweep_of_a_scenario_or_case_says_it_wants_a_sweep_file(tmp_path):
+    for path, what in ((ROOT / "scenarios" / "athena.yaml", "a scenario"),
+                       (ROOT / "cases" / "seed-d3-eagle.yaml", "a case file")):
+        out = tmp_path / "out"
+        res = runner.invoke(app, ["sweep", str(path), "--out", str(out)])
+        _one_line_error(res, str(path), f"{what}, not a sweep file", "wants a sweep file")
+        assert "unknown key" not in res.output
+        assert not out.exists()
+    # a sweep file with a typo is still a sweep file's error
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: ../scenarios/athena.yaml\ngird: {}\n")
+    _one_line_error(runner.invoke(app, ["sweep", str(bad)]), "gird: unknown key")
