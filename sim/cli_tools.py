@@ -71,8 +71,7 @@ def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with th
         sc = load_scenario(scenario, over)
     except (ScenarioError, ConfigError) as e:
         fail(scenario_error(scenario, e, over))
-    update, stop = _progress(not quiet, "prefills verified", lambda: _expected_requests(sc),
-                             delay_s=0.5)
+    update, stop = _progress(not quiet, "prefills verified", lambda: _expected_requests(sc))
     try:
         dep, rows, summary = simulate(sc, plant=plant, progress=update)
     except (ScenarioError, ConfigError) as e:
