@@ -476,7 +476,7 @@ def compare(scenario: Path = typer.Argument(..., help="Scenario YAML."),
         typer.echo(f"{res['flag']}: token hit {a['token_hit_rate']:.2%} -> {b['token_hit_rate']:.2%} "
                    f"({(b['token_hit_rate'] - a['token_hit_rate']) * 100:+.2f} pp), TTFT p50 "
                    f"{a['ttft_p50_s']:.3f}s -> {b['ttft_p50_s']:.3f}s; {res['improved']:,} requests "
-                   f"gain, {res['worse']:,} lose")
+                   f"gain, {res['worse']:,} lose  -> {folder}/")
 
 
 @app.command()
