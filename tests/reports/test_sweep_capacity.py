@@ -85,3 +85,24 @@ def test_other_sweeps_get_no_capacity_view(tmp_path):
     names = {p.name for p in write_sweep_report(folder)}
     assert "capacity.png" not in names and not (folder / "capacity.png").exists()
     assert "Capacity" not in (folder / "report.md").read_text()
+
+
+def tick_labels(svg: str, axes: int, axis: str = "y") -> list[str]:
+    """The tick labels of one axis (``axes``: 1, 2, ... as matplotlib numbers them) in a
+    figure's SVG (text kept as text, reports/style.py)."""
+    import re
+
+    start = svg.index(f'<g id="axes_{axes}">')
+    end = svg.find(f'<g id="axes_{axes + 1}">', start)
+    part = svg[start:end if end > 0 else len(svg)]
+    return [t for block in re.split(rf'<g id="{axis}tick_\d+">', part)[1:]
+            for t in re.findall(r"<text[^>]*>([^<]+)</text>", block.split("</g>\n    </g>")[0])]
+
+
+def test_ttft_ticks_are_each_written_once_as_they_are(tmp_path):
+    # TTFT 0.05 ... 1.95 s: 0.05 printed as "0.05", not as a second "0.1"; 1 as "1", not "1.0"
+    folder = build(tmp_path)
+    write_sweep_report(folder, target=0.8)
+    labels = tick_labels((folder / "capacity.svg").read_text(), 2)
+    assert labels and len(labels) == len(set(labels)), labels
+    assert {"0.05", "0.1", "1"} <= set(labels) and "1.0" not in labels, labels
