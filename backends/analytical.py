@@ -184,7 +184,7 @@ class HostLinks:
 
 
 def build_backend(scenario: Any, deployment: Any, plant: str | None = None) -> Any:
-    """``backend.kind: analytical``: the deployment's cost model (``sim/run.py`` builds it
+    """``backend.kind: analytical``: the deployment's cost model (``sim/commands/run.py`` builds it
     from the model, the GPU and the backend section or its profile; a test may put any
     ``StepBackend`` there, so it is not checked to be a ``CostModel``)."""
     return deployment.cost

@@ -23,7 +23,7 @@ from typing import Any, Callable, Final, Protocol
 from mypy_extensions import i64
 
 from sim.cache.request import CacheRequest
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 
 
 class StepItem:

@@ -78,7 +78,7 @@ WIDE_QUICK = {"grid": {"new": [1, 32, 128], "cached": [0, 128]},
 
 def run_sim(args: list[str], log: Path) -> tuple[int, str]:
     """``sim ARGS`` in this process (torch is imported once), its output to ``log``."""
-    from sim.cli import main
+    from sim.entrypoints.cli import main
 
     import signal
 
@@ -178,7 +178,7 @@ def calibrate_model(cfg, name: str, device: str, env: dict, out: Path, sizes: di
                     install: bool) -> dict:
     """Time the grid and the kernels, fit with ``sim calibrate --from-grid``, hold out."""
     from backends.torch_backend.envinfo import device_tag
-    from sim import calibrate as cal
+    from sim.commands import calibrate as cal
 
     grid = sizes.get("grid") or cal.QUICK_GRID
     data = cal.measure_grid(cfg, device, grid, repeats=repeats, warmup=warmup,
@@ -238,9 +238,9 @@ def scenario_ttft(scenario: Path, device: str, profile: Path, out: Path, name: s
                   requests: int | None, runs: int) -> dict:
     """The scenario on the torch backend (measured steps) and on the analytical backend with
     the new profile: per-request TTFT and the median relative error, ``runs`` torch runs."""
-    from sim.calibrate import median_ttft_error
+    from sim.commands.calibrate import median_ttft_error
     from sim.config.scenario import load_scenario
-    from sim.run import simulate
+    from sim.commands.run import simulate
 
     over = {"workload.num_requests": requests} if requests else {}
     a = load_scenario(scenario, {**over, "backend.kind": "analytical",

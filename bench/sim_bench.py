@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sim import native  # noqa: E402
-from sim.run import simulate  # noqa: E402
+from sim.commands.run import simulate  # noqa: E402
 from sim.config.scenario import load_scenario  # noqa: E402
 
 # the speed goal on the Mooncake trace (2-core machine, best of 3): 20,000 simulated

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.run import simulate  # noqa: E402
+from sim.commands.run import simulate  # noqa: E402
 from sim.config.scenario import load_scenario  # noqa: E402
 
 

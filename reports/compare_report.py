@@ -60,7 +60,7 @@ def delta_text(metric: str, d: float) -> str:
 
 
 def _read_json(path: Path) -> dict:
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.loader import load_file
 
     data = load_file(path, fmt="json")
@@ -70,7 +70,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _column(path: Path, name: str) -> list[str]:
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     from sim.config.loader import open_input
 
@@ -94,7 +94,7 @@ MAX_BINS = 40
 def _floats(path: Path, name: str) -> "np.ndarray":
     import numpy as np
 
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     try:
         return np.array([float(v) for v in _column(path, name)], dtype=float)
@@ -166,7 +166,7 @@ def ttft_figure(folder: Path, flag: str) -> "style.Saved":
     import numpy as np
 
     from reports import style
-    from sim.stats import percentiles
+    from sim.rundir.stats import percentiles
 
     folder = Path(folder)
     fig = style.figure(6.4, 4.0)
@@ -236,7 +236,7 @@ def is_compare_folder(folder: Path) -> bool:
 def stored_flag(folder: Path) -> str:
     """The flag a compare folder compares: the one scenario field that is false in
     ``off/run.json`` and true in ``on/run.json`` (dotted, as ``compare.md`` names it)."""
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     folder = Path(folder)
     off = _read_json(folder / "off" / "run.json").get("scenario")
@@ -261,7 +261,7 @@ def write_compare_report(folder: Path, flag: str) -> Path:
     """(Re)write ``compare.md`` and its figures (``hit_delta.png``, ``ttft.png``) in the
     compare folder; returns the path of ``compare.md``."""
     from reports import style
-    from sim.atomic import write_file
+    from sim.rundir.atomic_files import write_file
 
     with style.rc():
         figures = [hit_delta_figure(folder, flag), ttft_figure(folder, flag)]

@@ -165,13 +165,13 @@ def _seconds(w: float) -> str:
 
 def as_read(fields) -> dict[str, list[float]]:
     """``memory.csv``'s columns as ``read_memory`` reads them back, from the fields
-    ``sim run`` writes it from (``sim.run.memory_fields``: each column's %-format and
+    ``sim run`` writes it from (``sim.rundir.memory.memory_fields``: each column's %-format and
     values): a float column is its text read back, an int column its values.  ``sim
     run``'s report worker draws from these while the file is being written."""
-    from sim.records import MEMORY_COLUMNS
-    from sim.requests_csv import FLOAT_FIELD
+    from sim.rundir.records import MEMORY_COLUMNS
+    from sim.rundir.requests_csv import FLOAT_FIELD
 
-    names = getattr(fields, "names", MEMORY_COLUMNS)    # (``sim.records.MemoryFields``)
+    names = getattr(fields, "names", MEMORY_COLUMNS)    # (``sim.rundir.records.MemoryFields``)
     return {name: ([float(FLOAT_FIELD % v) for v in vals] if spec == FLOAT_FIELD
                    else list(vals))
             for name, (spec, vals) in zip(names, fields)}
@@ -199,9 +199,9 @@ def title_of(scenario: str) -> str:
 
 
 def memory_png(fields, pool: float, block: float, title: str, frame=None) -> bytes:
-    """``memory.png``'s bytes for memory.csv's ``fields`` (``sim.run.memory_fields``),
+    """``memory.png``'s bytes for memory.csv's ``fields`` (``sim.rundir.memory.memory_fields``),
     the pool and a block (bytes) and a title: what ``draw_memory`` writes for the same
-    inputs.  A report worker draws it from ``sim.run.memory_prelude`` as soon as the
+    inputs.  A report worker draws it from ``sim.commands.run.memory_prelude`` as soon as the
     replay ends, before the summary and the run folder exist (``reports/workers.py``)."""
     import io
 
@@ -223,7 +223,7 @@ def draw_memory(folder: Path, s: dict, fields=None, frame=None, drawn=None) -> N
     title = title_of(s.get("scenario", ""))
     if drawn is not None and fields is not None and drawn[1:4] == (pool, block, title) \
             and drawn[0] == fields:
-        from sim.atomic import write_file
+        from sim.rundir.atomic_files import write_file
 
         write_file(Path(folder) / "memory.png", drawn[4])
         return

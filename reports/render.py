@@ -87,7 +87,7 @@ def render_html(blocks, folder: Path) -> str:
         elif kind == "ul":
             out.append("<ul>" + "".join(f"<li>{_html_inline(it)}</li>" for it in b[1]) + "</ul>")
         elif kind == "img":
-            from sim.atomic import read_back    # (the figure as this report wrote it)
+            from sim.rundir.atomic_files import read_back    # (the figure as this report wrote it)
 
             data = base64.b64encode(read_back(folder / b[1])).decode("ascii")
             out.append(f'<img alt="{html.escape(b[2])}" src="data:image/png;base64,{data}">')

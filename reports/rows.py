@@ -2,7 +2,7 @@
 
 The report reads eight of requests.csv's columns (``REPORT_COLUMNS``).  ``as_written``
 takes them from the run's requests in memory through the text requests.csv holds
-(``sim/run.py`` ``_fmt``, then the conversion ``sim.records.read_request_records``
+(``sim/commands/run.py`` ``_fmt``, then the conversion ``sim.rundir.records.read_request_records``
 makes), so that the report worker can start before requests.csv is on disk
 (``reports/workers.py``): the values are those ``sim report`` reads back.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import namedtuple
 from itertools import compress
 
-from sim.records import INT_COLUMNS, TEXT_COLUMNS
+from sim.rundir.records import INT_COLUMNS, TEXT_COLUMNS
 
 # the run report's figures that read requests.csv (the others read summary.json and
 # memory.csv alone)
@@ -33,23 +33,24 @@ def _conv(v: str, kind: int):
 
 def as_written(recs) -> list[list]:
     """``REPORT_COLUMNS`` of the served requests among ``recs`` (every request of a run,
-    in requests.csv order: a ``sim.request_table.RequestTable`` or a list of records), as
+    in requests.csv order: a ``sim.rundir.request_table.RequestTable`` or a list of records), as
     ``read`` would read them from the requests.csv ``sim run`` writes from ``recs``:
     column by column (``rows_of`` makes them rows)."""
-    from sim.request_table import RequestTable
+    from sim.rundir.request_table import RequestTable
 
     if isinstance(recs, RequestTable):
         return _table_as_written(recs.served())
-    from sim.requests_csv import FLOAT_SPEC
-    from sim.run import _col, _fmt
+    from sim.rundir.requests_csv import FLOAT_SPEC
+    from sim.rundir.summary import column
+    from sim.rundir.requests_csv import fmt as _fmt
 
     def text(v, kind: int):     # (what requests.csv holds, read back)
         return _conv(_fmt(v), kind)
 
-    keep = [not _fmt(v) for v in _col(recs, "rejected")]
+    keep = [not _fmt(v) for v in column(recs, "rejected")]
     out = []
     for c, k in zip(REPORT_COLUMNS, _KINDS):
-        vals = _col(recs, c) if all(keep) else list(compress(_col(recs, c), keep))
+        vals = column(recs, c) if all(keep) else list(compress(column(recs, c), keep))
         # the same as text(v, k), quicker for the types each kind holds
         if k == 0:
             out.append([v if type(v) is str else text(v, k) for v in vals])
@@ -67,7 +68,7 @@ def _table_as_written(table) -> list[list]:
     (``RequestTable.column_texts``) read back as ``read_request_records`` reads it, by
     one C-level conversion a column where it has no blank (the report is drawn from
     these while requests.csv is written: this is on the report's critical path)."""
-    from sim.records import REQUEST_COLUMNS
+    from sim.rundir.records import REQUEST_COLUMNS
 
     stored = dict(zip(REQUEST_COLUMNS, table.kinds()))
     out = []

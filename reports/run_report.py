@@ -14,8 +14,8 @@ import numpy as np
 from reports import style
 from reports.render import Table, render_md
 from reports.rows import ROW_FIGURES
-from sim.records import LATENCY_STATS
-from sim.stats import percentiles
+from sim.rundir.records import LATENCY_STATS
+from sim.rundir.stats import percentiles
 
 CAPTIONS = {
     "ttft_cdf": "How long does a request wait for its first token?",
@@ -128,9 +128,9 @@ def hit_histogram(rows, folder: Path, title: str, unit: int, frame=None) -> styl
 
 
 def read_rows(folder: Path) -> list:
-    """The served requests of ``requests.csv`` (``sim.records.RequestRecord``, by column
+    """The served requests of ``requests.csv`` (``sim.rundir.records.RequestRecord``, by column
     name); those refused on arrival have no measurements (see summary.json)."""
-    from sim.records import read_request_records
+    from sim.rundir.records import read_request_records
 
     return [r for r in read_request_records(Path(folder) / "requests.csv") if not r.rejected]
 
@@ -236,7 +236,7 @@ def load_run_json(folder: Path, texts: tuple[str, str] | None = None) -> tuple[d
     files are written), parsed and checked as the files would be."""
     import math
 
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.loader import load_file, loads_json
 
     folder = Path(folder)
@@ -269,7 +269,7 @@ def load_rows(folder: Path, rows: list | None = None) -> list:
     import csv
     import math
 
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     req = Path(folder) / "requests.csv"
     try:
@@ -413,6 +413,6 @@ def write_report(folder: Path, stems=FIGURES, rows: list | None = None,
     lines += fleet_markdown(folder, s, h, draw="replicas" in stems)
     from reports.memory_figure import memory_markdown  # the pool over time (memory.csv)
     lines += memory_markdown(folder, s, draw="memory" in stems, fields=memory)
-    from sim.atomic import write_file
+    from sim.rundir.atomic_files import write_file
 
     write_file(folder / "report.md", "\n".join(lines))

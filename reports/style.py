@@ -303,7 +303,7 @@ def save(fig, folder: Path, stem: str, caption: str = "", svg: bool = True,
     folder exists, ``reports/workers.py``)."""
     import io
 
-    from sim.atomic import write_file     # (whole files only: sim/atomic.py)
+    from sim.rundir.atomic_files import write_file     # (whole files only)
 
     png = Path(folder) / f"{stem}.png"
     if into is not None and svg:

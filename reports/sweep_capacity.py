@@ -237,7 +237,7 @@ def capacity_blocks(sweep: Sweep, folder: Path, caption: str,
     path = Path(folder) / "report_capacity.csv"
     import io
 
-    from sim.atomic import write_file
+    from sim.rundir.atomic_files import write_file
 
     f = io.StringIO(newline="")
     w = csv.writer(f, lineterminator="\n")

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from reports.style import GIB, finite
-from sim.stats import percentile
+from sim.rundir.stats import percentile
 
 BASE_COLUMNS = ("point", "label", "status", "error")
 # summary.json keys, in the order sim run writes them: the first of these in points.csv
@@ -262,7 +262,7 @@ def _read_requests(path: Path) -> Requests:
 
 def _sweep_name(sweep_dir: Path) -> str:
     """The ``name`` of the sweep file copied into the folder; else the folder's name."""
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.loader import load_file
 
     path = sweep_dir / "sweep.yaml"
@@ -279,7 +279,7 @@ def _sweep_name(sweep_dir: Path) -> str:
 def load_sweep(sweep_dir: Path) -> Sweep:
     """Read points.csv and every ok point's requests.csv."""
     sweep_dir = Path(sweep_dir)
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.loader import read_text
 
     # unreadable / not UTF-8 / not a regular file: one line (a table of at most

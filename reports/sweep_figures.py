@@ -25,7 +25,7 @@ from reports.sweep_data import (
     merge_note,
     natural_key,
 )
-from sim.stats import percentile
+from sim.rundir.stats import percentile
 
 MAX_LINES = 6       # distinct series in one panel; more: small multiples
 MAX_PANELS = 16     # small multiples; more: a selection

@@ -52,7 +52,7 @@ from reports.miss_figure import sweep_bars
 from reports.sweep_figures import figure_lost_reuse, figure_ttft_cdf, figure_ttft_vs_prompt
 from reports.sweep_pareto import figure_pareto
 from reports.sweep_tables import build_blocks
-from sim.atomic import file_exists, remove_file, write_file
+from sim.rundir.atomic_files import file_exists, remove_file, write_file
 
 FIGURES = ("pareto", "ttft_cdf", "ttft_vs_prompt", "lost_reuse")
 

@@ -113,7 +113,7 @@ def _latency_note(sweep: Sweep) -> str:
 def _write_csv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
     import io
 
-    from sim.atomic import write_file
+    from sim.rundir.atomic_files import write_file
 
     f = io.StringIO(newline="")
     w = csv.writer(f, lineterminator="\n")

@@ -77,7 +77,7 @@ def draw_part(folder: Path, part: tuple[str, ...], columns: list | None = None,
     report.md if it is one of them; ``columns``: the requests' report columns
     (``reports/rows.py`` ``as_written``), else read from requests.csv when needed;
     ``files``: what the report reads of summary.json, run.json and memory.csv, at hand
-    (their texts and memory.csv's fields: ``sim/run.py`` ``_write_files``), else the
+    (their texts and memory.csv's fields: ``sim/commands/run.py`` ``_write_files``), else the
     files are read; ``built``: the part's figures built ahead (``_frames``); ``drawn``:
     the memory figure drawn ahead (``_prelude``)."""
     from reports import run_report
@@ -179,7 +179,7 @@ def _frames(part: tuple[str, ...]) -> dict:
 
 def _prelude(msg: tuple, built: dict | None) -> tuple[list, tuple | None]:
     """A ``PRELUDE`` message (memory.csv's fields, the pool, a block, the scenario's
-    name: ``sim.run.memory_prelude``): its fields, and the memory figure drawn from it
+    name: ``sim.commands.run.memory_prelude``): its fields, and the memory figure drawn from it
     (with its frame if one was built) as ``draw_memory`` takes it, ``(fields, pool,
     block, title, png bytes)``; None if drawing failed (the part draws it again, and
     fails where it shows)."""
@@ -259,7 +259,7 @@ class ReportWorkers:
 
     def prelude(self, got: tuple | None) -> None:
         """Hand the worker whose part holds the memory figure what that figure needs, as
-        soon as the replay is over (``got``: ``sim.run.memory_prelude``'s answer; None:
+        soon as the replay is over (``got``: ``sim.commands.run.memory_prelude``'s answer; None:
         nothing to hand): it draws the figure on the core this process leaves idle
         while it puts the requests in order and summarizes them (~30 ms on the Mooncake
         run; the whole run 2-4 % shorter).  The figure is written only if the part's own

@@ -1,3 +1,3 @@
-from sim.cli import main
+from sim.entrypoints.cli import main
 
 main()

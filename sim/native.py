@@ -61,7 +61,7 @@ NATIVE_MODULES = (
     "sim.engine.gate",
     "sim.engine.engine",
     "sim.engine.record",
-    "sim.csv_bytes",
+    "sim.rundir.csv_bytes",
     "backends.base",
     "backends.analytical",
     "workloads.hash_ids",

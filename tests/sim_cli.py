@@ -8,7 +8,7 @@ from pathlib import Path
 
 def run_sim(*args: str, cwd: Path) -> int:
     """Exit code of ``sim ARGS`` run from ``cwd`` (0 when it returns normally)."""
-    from sim.cli import main
+    from sim.entrypoints.cli import main
 
     old = os.getcwd()
     os.chdir(cwd)

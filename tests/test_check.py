@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.entrypoints.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -92,7 +92,7 @@ def test_failure_is_a_summary_then_ten_differences_then_the_update_hint(monkeypa
 
 
 def test_failure_lists_ten_differences_unless_all():
-    from sim.check import CheckResult, Finding, failure_lines
+    from sim.commands.check import CheckResult, Finding, failure_lines
 
     res = CheckResult(checked=40, findings=[
         Finding("s.yaml", f"r{i:02d}", "hit", "100", str(100 + (i % 3 - 1) * 16), "drift")

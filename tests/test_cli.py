@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.entrypoints.common import app
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -154,7 +154,7 @@ def test_the_progress_bar_asks_for_its_total_only_when_it_is_shown(monkeypatch):
     import io
     import sys
 
-    from sim import cli
+    from sim.entrypoints import cli
 
     asked = []
 
@@ -168,13 +168,13 @@ def test_the_progress_bar_asks_for_its_total_only_when_it_is_shown(monkeypatch):
 
     for enabled, tty in ((False, True), (True, False)):
         monkeypatch.setattr(sys, "stderr", Tty() if tty else io.StringIO())
-        update, stop = cli._progress(enabled, "requests", total, delay_s=0.0)
+        update, stop = cli.progress(enabled, "requests", total, delay_s=0.0)
         update(5)
         stop()
         assert not asked
     err = Tty()
     monkeypatch.setattr(sys, "stderr", err)
-    update, stop = cli._progress(True, "requests", total, delay_s=0.0)
+    update, stop = cli.progress(True, "requests", total, delay_s=0.0)
     update(5)
     stop()
     assert asked == [1]
@@ -208,7 +208,7 @@ def test_the_bar_shows_on_a_run_expected_to_take_over_a_second(monkeypatch):
     import sys
     import time
 
-    from sim import cli
+    from sim.entrypoints import common
 
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
@@ -216,12 +216,12 @@ def test_the_bar_shows_on_a_run_expected_to_take_over_a_second(monkeypatch):
                                         (500, None, 0.5, False), (500, None, 1.01, True)):
         monkeypatch.setattr(sys, "stderr", _Tty())
         clock[0] = 100.0
-        update, stop = cli._progress(True, "requests", total)
+        update, stop = common.progress(True, "requests", total)
         clock[0] += at
         update(per_probe)
-        assert bool(cli._BARS) == shown, (per_probe, total, at)
+        assert bool(common.BARS) == shown, (per_probe, total, at)
         stop()
-        assert not cli._BARS
+        assert not common.BARS
 
 
 def test_an_interrupt_prints_its_message_on_its_own_line(monkeypatch, tmp_path):
@@ -232,8 +232,8 @@ def test_an_interrupt_prints_its_message_on_its_own_line(monkeypatch, tmp_path):
 
     import pytest
 
-    import sim.run
-    from sim import cli
+    import sim.commands.run
+    from sim.entrypoints import cli, common
 
     def simulate(sc, progress=None, replayed=None, **kw):
         progress(1)
@@ -241,9 +241,9 @@ def test_an_interrupt_prints_its_message_on_its_own_line(monkeypatch, tmp_path):
 
     err = _Tty()
     monkeypatch.setattr(sys, "stderr", err)
-    monkeypatch.setattr(sim.run, "simulate", simulate)
-    monkeypatch.setattr(cli, "SHOW_IF_EXPECTED_S", 0.0)
-    monkeypatch.setattr(cli, "PROBE_S", 0.0)
+    monkeypatch.setattr(sim.commands.run, "simulate", simulate)
+    monkeypatch.setattr(common, "SHOW_IF_EXPECTED_S", 0.0)
+    monkeypatch.setattr(common, "PROBE_S", 0.0)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with pytest.raises(SystemExit) as exit_:
@@ -258,5 +258,5 @@ def test_an_interrupt_prints_its_message_on_its_own_line(monkeypatch, tmp_path):
     before, msg = text.rsplit("interrupted; nothing written", 1)
     assert msg == "\n"
     assert before.endswith("\x1b[2K"), repr(before[-80:])  # its line erased, message at its start
-    assert not cli._BARS
+    assert not common.BARS
     assert not (tmp_path / "o").exists()

@@ -143,7 +143,7 @@ def test_help_prints_each_docstring_paragraph_as_one_paragraph(capsys, monkeypat
     # not break sentences where the docstring's source lines end
     import inspect
 
-    from sim.cli import app
+    from sim.entrypoints.cli import app
 
     monkeypatch.setenv("COLUMNS", "1000")
     assert sim(*command, "--help") == 0
@@ -161,7 +161,7 @@ def test_help_prints_each_docstring_paragraph_as_one_paragraph(capsys, monkeypat
 def test_every_option_and_argument_of_every_command_has_help():
     import typer
 
-    from sim.cli import app
+    from sim.entrypoints.cli import app
 
     missing = []
 

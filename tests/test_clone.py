@@ -108,7 +108,8 @@ def _python(code: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 def test_nothing_but_the_torch_backend_imports_torch():
     r = _python("import sys\n"
-                "import sim.cli, sim.run, sim.sweep, sim.config.scenario, sim.provenance, sim.calibrate\n"
+                "import sim.entrypoints.cli, sim.commands.run, sim.commands.sweep\n"
+                "import sim.config.scenario, sim.rundir.provenance, sim.commands.calibrate\n"
                 "import workloads, reports.run_report, backends.analytical\n"
                 "print('torch' in sys.modules)")
     assert r.returncode == 0, r.stderr
@@ -120,7 +121,7 @@ def test_nothing_but_the_torch_backend_imports_torch():
 def test_without_torch_verify_and_calibrate_say_how_to_install_it(args):
     r = _python("import sys\n"
                 "sys.modules['torch'] = None      # as if torch were not installed\n"
-                "from sim.cli import main\n"
+                "from sim.entrypoints.cli import main\n"
                 f"main({args!r})")
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2, r.stderr
@@ -133,7 +134,7 @@ def test_without_torch_verify_and_calibrate_say_how_to_install_it(args):
 def test_version_prints_name_version_and_build(capsys):
     from importlib.metadata import version
 
-    from sim.cli import main
+    from sim.entrypoints.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["--version"])

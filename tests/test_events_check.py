@@ -1,4 +1,4 @@
-"""`sim events check`: what a router trusting a KV event stream gets wrong (sim/events_check.py)."""
+"""`sim events check`: what a router trusting a KV event stream gets wrong (sim/commands/events_check.py)."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.entrypoints.cli import app
 from sim.config.scenario import load_scenario
-from sim.events_check import EventStreamError, check_stream
-from sim.run import simulate, write_run
+from sim.commands.events_check import EventStreamError, check_stream
+from sim.commands.run import simulate, write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"

@@ -20,9 +20,9 @@ zmq = pytest.importorskip("zmq")
 msgpack = pytest.importorskip("msgpack")
 
 from sim.config.scenario import load_scenario  # noqa: E402
-from sim.events_serve import ServeError, binds, serve  # noqa: E402
+from sim.commands.events_serve import ServeError, binds, serve  # noqa: E402
 from sim.oracle.worker import default_oracle_python  # noqa: E402
-from sim.run import simulate, write_run  # noqa: E402
+from sim.commands.run import simulate, write_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"

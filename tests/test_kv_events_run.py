@@ -1,4 +1,4 @@
-"""`sim run --kv-events`: vLLM's KV event stream in the run folder (sim/kv_events.py)."""
+"""`sim run --kv-events`: vLLM's KV event stream in the run folder (sim/rundir/kv_events.py)."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,8 @@ import yaml
 
 from sim.cache.hashing import LITERAL, PrefixKeys
 from sim.config.scenario import ScenarioError, load_scenario
-from sim.kv_events import JSONL, MSGPACK, token_ids
-from sim.run import simulate, write_run
+from sim.rundir.kv_events import JSONL, MSGPACK, token_ids
+from sim.commands.run import simulate, write_run
 from sim.oracle.worker import default_oracle_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def test_indexerror_ends_the_stream_not_the_run(tmp_path):
 def test_cli_flag_turns_events_on_and_run_json_records_it(tmp_path):
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.entrypoints.cli import app
 
     out = tmp_path / "cli"
     res = CliRunner().invoke(app, ["run", str(TINY), "--requests", "8", "--kv-events",

@@ -11,8 +11,8 @@ import pytest
 
 from sim.cache.offload_stop import ConnectorAssertion
 from sim.config.scenario import ScenarioError, load_scenario
-from sim.records import OFFLOAD_COLUMNS, OFFLOAD_MEMORY_COLUMNS, OFFLOAD_SUMMARY_FIELDS
-from sim.run import simulate, write_run
+from sim.rundir.records import OFFLOAD_COLUMNS, OFFLOAD_MEMORY_COLUMNS, OFFLOAD_SUMMARY_FIELDS
+from sim.commands.run import simulate, write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"
@@ -89,7 +89,7 @@ def test_loads_take_their_bytes_time_on_the_host_link(tmp_path):
 
 def test_the_tier_needs_vllms_policy():
     sc = load_scenario(TINY, {**SMALL, "kv_offloading.size_gb": 1, "cache.policy": "ideal"})
-    from sim.config.errors import ConfigError
+    from sim.errors import ConfigError
 
     with pytest.raises(ConfigError, match="kv_offloading.size_gb.*cache.policy vllm"):
         simulate(sc)

@@ -155,7 +155,7 @@ def test_compiled_and_source_give_identical_outputs(tmp_path):
             out[mode] = (d / "requests.csv").read_bytes()
         assert out["0"] == out["1"], scenario
         assert out["0"].count(b"\n") > 40   # (athena-tiny: 40 requests + header)
-    cases = sorted(str(p) for p in (ROOT / "tests" / "golden_steps").glob("*.yaml"))
+    cases = sorted(str(p) for p in (ROOT / "tests" / "golden" / "steps").glob("*.yaml"))
     got = {mode: _sim("steps", *cases, mode=mode, cwd=ROOT) for mode in ("0", "1")}
     assert got["0"].returncode == 0, got["0"].stderr
     assert got["0"].stdout == got["1"].stdout and len(got["0"].stdout) > 1000

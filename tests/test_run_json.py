@@ -82,7 +82,7 @@ def test_rerun_of_a_synthetic_scenario_keeps_seed_and_overrides(tmp_path):
 
 
 def test_a_sweep_point_reruns_from_its_run_json(tmp_path):
-    from sim.sweep import load_sweep, run_sweep
+    from sim.commands.sweep import load_sweep, run_sweep
 
     sw_file = tmp_path / "sw.yaml"
     sw_file.write_text(yaml.safe_dump({
@@ -132,7 +132,7 @@ def test_git_probe_reads_commit_and_dirty_state(tmp_path):
 
     import pytest
 
-    from sim.provenance import GitProbe
+    from sim.rundir.provenance import GitProbe
 
     if shutil.which("git") is None:
         pytest.skip("no git")

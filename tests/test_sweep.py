@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.sweep import SweepError, load_sweep, run_sweep
+from sim.commands.sweep import SweepError, load_sweep, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 

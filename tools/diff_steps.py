@@ -37,7 +37,7 @@ checkpoints on in ~70 % of cases (``num_prefill_checkpoint_blocks: 1``,
 Both sides see identical literal token ids: token ``p`` of stream number ``k`` (streams
 numbered in order of first use) is ``(k + 1) * 100000 + p``.
 
-* ours: ``sim.steps.run_steps_data`` with ``prompt: [ids...]``;
+* ours: ``sim.commands.steps.run_steps_data`` with ``prompt: [ids...]``;
 * the oracle: ``run_case`` of ``sched_oracle.py`` (oracle folder, ``$VLLM_ORACLE_DIR``) in persistent
   oracle-venv workers (exactly what ``sched_oracle.py --file`` does, one start-up per
   worker), ``tokens: {"ids": [...]}``.
@@ -184,7 +184,7 @@ def explain(spec: dict, ans: dict, opts: Options) -> str:
 def tracing_scheduler(trace: list):
     """Our scheduler, recording its per-step decisions in ``trace`` (for the step tables;
     a subclass for one run, nothing in ``sim`` changes)."""
-    import sim.steps as steps_mod
+    import sim.commands.steps as steps_mod
 
     class Tracing(steps_mod.Scheduler):
         def schedule(self, now):
@@ -312,7 +312,7 @@ def keep_case(keep: Path, out: Outcome, opts: Options) -> None:
 def _summary_lines(summ, what: str, version: str, opts: Options,
                    driver: str = STEPS) -> list[str]:
     bad = summ.mismatches
-    lines = [f"vllm {version} {driver} vs sim.steps: {what}"
+    lines = [f"vllm {version} {driver} vs sim.commands.steps: {what}"
              + (f"; assuming {', '.join(sorted(opts.assume))}" if opts.assume else "")
              + (f"; ignoring {', '.join(sorted(opts.ignore))}" if opts.ignore - {
                  "chunk_ends@replay", "chunk_end_steps@replay"} else ""),
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                          "with internal prefill checkpoints in ~70%% of cases)")
     ap.add_argument("--write-golden", type=Path, default=None, metavar="DIR",
                     help="write every compared case as a step case whose expect block is "
-                         "the oracle's answer (golden files for tests/golden_steps)")
+                         "the oracle's answer (golden files for tests/golden/steps)")
     ap.add_argument("--mooncake", type=Path, default=None, metavar="TRACE",
                     help="instead of random cases: one case from a Mooncake trace (e.g. "
                          "data/traces/mooncake_fast25/conversation_trace.jsonl) on the "

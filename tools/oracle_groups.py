@@ -17,8 +17,8 @@ of vLLM is copied), so every other rule stays the oracle's.  Usage, with the ora
 
     $PY tools/oracle_groups.py [--oracle-dir DIR] --file cases.json > answers.json
 
-Its answers for ``tests/golden/groups/oracle_cases.json`` are kept in
-``tests/golden/groups/oracle.out.json``; ``tools/make_goldens.py`` turns them into goldens.
+Its answers for ``tests/golden/cases/groups/oracle_cases.json`` are kept in
+``tests/golden/cases/groups/oracle.out.json``; ``tools/make_goldens.py`` turns them into goldens.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ segments it stands for (iteration, indexing, ``==`` with a list), not a tuple pe
 """
 from __future__ import annotations
 
-from sim.config.errors import InputError
+from sim.errors import InputError
 from sim.cache.config import NO_LENGTH_LIMIT
 from sim.cache.prompt import HashIdPrompt, Segment
 

@@ -50,7 +50,7 @@ from backends.torch_backend.model import HybridStack, forward_chunk
 from backends.torch_backend.pools import KVPool, MambaState, StatePool
 from sim.cache.hashing import LITERAL
 from sim.cache.rules import cdiv
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 0.25}
 _PRIME = 1_000_003

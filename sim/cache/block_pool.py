@@ -10,9 +10,10 @@ rules are kept precisely:
 * requests free their blocks tail first, so within one request the end of
   the chain is evicted first;
 * allocation pops from the front and drops every hash the block carried;
-* the free queue is, as in vLLM, a doubly linked list threaded through the
-  blocks themselves (``prev_free``/``next_free``), between two sentinels:
-  every operation is a few pointer updates, with no hashing or allocation;
+* the free queue (``FreeBlockQueue``, vLLM's ``FreeKVCacheBlockQueue``) is, as in
+  vLLM, a doubly linked list threaded through the blocks themselves
+  (``prev_free``/``next_free``), between two sentinels: every operation is a few
+  pointer updates, with no hashing or allocation;
 * a block may carry several keys (a partial-prefix key beside its full-block
   key); one key may map to several blocks, and a lookup returns the block that
   was inserted first.
@@ -74,6 +75,60 @@ class Block:
         return f"Block({self.block_id}, ref={self.ref_cnt}, tokens={self.key_tokens})"
 
 
+class FreeBlockQueue:
+    """vLLM's ``FreeKVCacheBlockQueue``: the free blocks in eviction order, a doubly
+    linked list threaded through the blocks themselves (``prev_free``/``next_free``)
+    between two sentinels, so that a block leaves from the middle (a hit on a free
+    block) in a few pointer updates.  The front (``head.next_free``) is reused next.
+    The pool's hot paths inline these methods, each copy marked ``# inline of
+    FreeBlockQueue.<method>``."""
+
+    def __init__(self) -> None:
+        self.head = Block(-1)
+        self.tail = Block(-2)
+        self.head.next_free = self.tail
+        self.tail.prev_free = self.head
+        self.num_free_blocks: i64 = 0
+
+    def insert_after(self, b: Block, before: Block) -> None:
+        """Link ``b`` right after ``before`` (the head: the front)."""
+        after = before.next_free
+        before.next_free = b
+        b.prev_free = before
+        b.next_free = after
+        after.prev_free = b
+        self.num_free_blocks += 1
+
+    def append(self, b: Block) -> None:
+        """``b`` to the back (reused last)."""
+        self.insert_after(b, self.tail.prev_free)
+
+    def remove(self, b: Block) -> None:
+        """Unlink ``b`` from wherever it is in the queue."""
+        p = b.prev_free
+        n = b.next_free
+        p.next_free = n
+        n.prev_free = p
+        self.num_free_blocks -= 1
+
+    def popleft(self) -> Block:
+        """The front block, unlinked."""
+        b = self.head.next_free
+        if b is self.tail:
+            raise ValueError("the free queue is empty")
+        self.remove(b)
+        return b
+
+    def block_ids(self) -> list[int]:
+        """The queue, front (next to be reused) to back."""
+        out = []
+        b = self.head.next_free
+        while b is not self.tail:
+            out.append(b.block_id)
+            b = b.next_free
+        return out
+
+
 class BlockPool:
     """``num_blocks`` blocks; block 0 is the null block (never freed/cached)."""
 
@@ -85,15 +140,10 @@ class BlockPool:
         self.hash_block_size: i64 = hash_block_size
         self.lookahead: i64 = lookahead
         self.blocks = [Block(i) for i in range(num_blocks)]
-        # the free queue: head <-> ... <-> tail, front = next of head
-        self.head = Block(-1)
-        self.tail = Block(-2)
-        self.head.next_free = self.tail
-        self.tail.prev_free = self.head
-        self.num_free_blocks: i64 = 0
+        self.free_queue = FreeBlockQueue()
         for b in self.blocks:
-            self._push_back(b)
-        self.null_block = self._pop_front()
+            self.free_queue.append(b)
+        self.null_block = self.free_queue.popleft()
         self.null_block.is_null = True
         # the prefix-cache hash map: pool key -> the block(s) holding it
         self.key_map = KeyMap(2 * num_blocks)   # (a block may hold a partial key too)
@@ -165,7 +215,7 @@ class BlockPool:
         u: i64 = unit if unit >= 0 else num_tokens // self.hash_block_size
         slot = (u << GROUP_BITS) | (key & ((1 << GROUP_BITS) - 1))
         ix = self.at_unit
-        if slot < len(ix):   # (``_count_at``, inline: a call a key cached)
+        if slot < len(ix):   # inline of BlockPool._count_at (a call a key cached)
             ix[slot] = ix[slot] + 1
         else:
             self._count_at(key, u, 1)
@@ -304,44 +354,13 @@ class BlockPool:
         self.insert_key(key, block, end)
         return key
 
-    # -- the free queue ----------------------------------------------------------
-    def _insert(self, b: Block, before: Block, after: Block) -> None:
-        """Link ``b`` between the adjacent ``before`` and ``after``."""
-        before.next_free = b
-        b.prev_free = before
-        b.next_free = after
-        after.prev_free = b
-        self.num_free_blocks += 1
-
-    def _push_back(self, b: Block) -> None:
-        self._insert(b, self.tail.prev_free, self.tail)
-
-    def _unlink(self, b: Block) -> None:
-        p = b.prev_free
-        n = b.next_free
-        p.next_free = n
-        n.prev_free = p
-        self.num_free_blocks -= 1
-
-    def _pop_front(self) -> Block:
-        b = self.head.next_free
-        if b is self.tail:
-            raise ValueError("the free queue is empty")
-        self._unlink(b)
-        return b
-
     def free_block_ids(self) -> list[int]:
         """The free queue, front (next to be reused) to back."""
-        out = []
-        b = self.head.next_free
-        while b is not self.tail:
-            out.append(b.block_id)
-            b = b.next_free
-        return out
+        return self.free_queue.block_ids()
 
     # -- allocation and freeing -----------------------------------------------
     def num_free(self) -> int:
-        return self.num_free_blocks
+        return self.free_queue.num_free_blocks
 
     def make_room(self, n: i64) -> None:
         """Arrange the free queue before ``n`` blocks are taken from its front (a pool
@@ -357,11 +376,12 @@ class BlockPool:
         first ``n`` entries are the blocks (the cache managers read them at once; no
         list is built and freed per allocation)."""
         self.make_room(n)
-        if n > self.num_free_blocks:
+        q = self.free_queue
+        if n > q.num_free_blocks:
             raise ValueError(f"Cannot get {n} free blocks from the pool")
         if self.events is not None:
             log_evictions(self.events, self, n)   # (the keys of the blocks about to be reused)
-        head = self.head
+        head = q.head
         out = self.fresh
         while len(out) < n:   # (grown once to the largest allocation; every slot below n written)
             out.append(head)
@@ -372,7 +392,7 @@ class BlockPool:
         ix = self.at_unit
         i = 0
         while i < n:
-            # pop the front of the free queue (``_pop_front`` inlined: once per block)
+            # inline of FreeBlockQueue.popleft (once per block; the count once, below)
             b = head.next_free
             nxt = b.next_free
             head.next_free = nxt
@@ -381,15 +401,17 @@ class BlockPool:
             if key >= 0:
                 if b.extra is None and km.remove(key, b.block_id):
                     # the common eviction: one key (mapped to this block; counted at its
-                    # position, which ``insert_key`` made room for: ``_count_at`` inline)
+                    # position, which ``insert_key`` made room for)
+                    # inline of BlockPool._count_at
                     slot = (b.key_unit << GROUP_BITS) | (key & ((1 << GROUP_BITS) - 1))
                     ix[slot] = ix[slot] - 1
                     b.key = NO_KEY
                     b.key_tokens = NO_KEY
                     b.key_unit = NO_KEY
                     self.evicted_keys += 1
+                    # inline of EvictionLog.evicted's watch test (a watched group's key only)
                     if ev is not None and (ev.watch >> (key & 31)) & 1:
-                        ev.evicted(key)   # (a watched group's: the log's own test, inlined)
+                        ev.evicted(key)
                 else:
                     gone = self.remove_keys(b)
                     self.evicted_keys += len(gone)
@@ -402,7 +424,7 @@ class BlockPool:
             b.kind = kind
             out[i] = b
             i += 1
-        self.num_free_blocks -= n   # (n <= the free count, checked above: no sentinel popped)
+        q.num_free_blocks -= n   # (n <= the free count, checked above: no sentinel popped)
         popped = self.popped
         if popped is not None:
             for j in range(n):
@@ -424,7 +446,7 @@ class BlockPool:
             if b.is_null:
                 continue
             if b.ref_cnt == 0:
-                self._unlink(b)
+                self.free_queue.remove(b)
             b.ref_cnt += 1
 
     def uncache(self, b: Block) -> None:
@@ -435,8 +457,9 @@ class BlockPool:
             return
         self.drop_keys(b)
         if b.ref_cnt == 0:
-            self._unlink(b)
-            self._insert(b, self.head, self.head.next_free)
+            q = self.free_queue
+            q.remove(b)
+            q.insert_after(b, q.head)
             self.occupied[b.kind] -= 1
 
     def free_blocks(self, ordered: list[Block]) -> None:
@@ -452,16 +475,19 @@ class BlockPool:
         b.ref_cnt -= 1
         if b.ref_cnt != 0:
             return cursor
-        self.num_free_blocks += 1
+        q = self.free_queue
+        q.num_free_blocks += 1
         if b.key < 0:
             self.occupied[b.kind] -= 1
+            # inline of FreeBlockQueue.insert_after (the count above)
             nx = cursor.next_free
             cursor.next_free = b
             b.prev_free = cursor
             b.next_free = nx
             nx.prev_free = b
             return b
-        tail = self.tail
+        # inline of FreeBlockQueue.append (the count above)
+        tail = q.tail
         p = tail.prev_free
         p.next_free = b
         b.prev_free = p
@@ -473,7 +499,7 @@ class BlockPool:
         """``free_blocks`` of each list of ``tables`` from ``start``, tail first, list
         after list (a finished request's blocks, member by member; no reversed
         copies)."""
-        head = self.head
+        head = self.free_queue.head
         for blocks in tables:
             cursor = head
             j: i64 = len(blocks) - 1
@@ -492,7 +518,7 @@ class BlockPool:
         as one manager per group frees them; no lists).  The members' tables have one
         null pattern (``SingleTypeManager``): the first one's non-null entries of the
         range, found once, are every member's (the rest of the range is not read)."""
-        head = self.head
+        head = self.free_queue.head
         null = self.null_block
         live = self._live
         nl: i64 = 0
@@ -527,7 +553,7 @@ class BlockPool:
         """``free_blocks(l)`` for each ``l`` in turn, in one call: each call appends its
         hashed blocks to the back (in order) and moves its unhashed ones to the front
         (keeping their order, ahead of earlier calls' ones): ``_free_one``."""
-        head = self.head
+        head = self.free_queue.head
         for ordered in lists:
             cursor = head
             for b in ordered:

@@ -8,7 +8,7 @@ and the scheduler's split), so a hit length cannot differ between them.
 """
 from __future__ import annotations
 
-from sim.config.errors import InputError
+from sim.errors import InputError
 
 from dataclasses import dataclass
 

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from sim.cache.specs import GroupSpec
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 
 # The one table of renamed input keys: an old name -> the one name, vLLM 0.33.0's
 # (``hash_block_size``: ``vllm/v1/core/kv_cache_utils.py``; the flag was renamed in
@@ -173,7 +173,7 @@ class CacheConfig:
         pos_int("num_blocks", self.num_blocks)
         if self.num_blocks < 2:
             raise ConfigError("num_blocks", "must be at least 2 (block 0 is the null block)")
-        from sim.capacity import pool_memory_problem
+        from sim.models.capacity import pool_memory_problem
 
         problem = pool_memory_problem(self.num_blocks)   # (one object per block)
         if problem is not None:
@@ -267,4 +267,4 @@ class CacheConfig:
         try:
             return cls(**kwargs)
         except ConfigError as e:
-            raise ConfigError(prefix + e.field_name, str(e).split(": ", 1)[1]) from None
+            raise ConfigError(prefix + e.field_name, e.reason) from None

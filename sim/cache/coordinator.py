@@ -60,10 +60,11 @@ class UnlimitedBlockPool(BlockPool):
         super().__init__(2, hash_block_size, lookahead)   # the null block and one more
         self.virgin = UNLIMITED_BLOCKS - 2   # reported free blocks not materialised yet
         self.num_blocks = UNLIMITED_BLOCKS
-        self.num_free_blocks += self.virgin
+        self.free_queue.num_free_blocks += self.virgin
 
     def make_room(self, n: i64) -> None:
-        free = self.num_free_blocks - self.virgin       # materialised free blocks
+        q = self.free_queue
+        free = q.num_free_blocks - self.virgin       # materialised free blocks
         in_use = len(self.blocks) - 1 - free
         cached_free = int(self.occupied[0]) + int(self.occupied[1]) - in_use
         short = n - (free - cached_free)
@@ -76,10 +77,9 @@ class UnlimitedBlockPool(BlockPool):
             first = len(self.blocks)
             fresh = [Block(first + i) for i in range(grow)]
             self.blocks.extend(fresh)
-            head = self.head
             for b in reversed(fresh):   # (the lowest id ends up at the front)
-                self._insert(b, head, head.next_free)
-            self.num_free_blocks -= grow   # (they were counted free while virgin)
+                q.insert_after(b, q.head)
+            q.num_free_blocks -= grow   # (they were counted free while virgin)
             self.virgin -= grow
 
 

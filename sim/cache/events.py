@@ -26,7 +26,7 @@ Where vLLM queues, and where we do (the managers and the pool call the helpers h
 
 Events are plain records (``Stored``, ``Removed``, ``Cleared``) holding prefix keys and
 token positions; ``CanonicalForm`` turns them into the oracle's comparable form
-(positions instead of hashes), ``sim/kv_events.py`` into vLLM's wire records.
+(positions instead of hashes), ``sim/rundir/kv_events.py`` into vLLM's wire records.
 """
 from __future__ import annotations
 
@@ -239,9 +239,10 @@ def log_evictions(log: KVEventLog, pool: BlockPool, n: int) -> None:
     if not log.active:
         return
     km = pool.key_map
-    b = pool.head.next_free
+    q = pool.free_queue
+    b = q.head.next_free
     for _ in range(n):
-        if b is pool.tail:
+        if b is q.tail:
             break
         if b.key >= 0 or b.extra is not None:
             keys = [b.key] if b.key >= 0 else []

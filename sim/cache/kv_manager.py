@@ -173,7 +173,7 @@ class KVCacheManager:
         from allocation until freed, cached or not; in use = referenced by a request."""
         pool = self.coordinator.pool
         occ = pool.occupied
-        return occ[0], occ[1], pool.num_blocks - 1 - pool.num_free_blocks
+        return occ[0], occ[1], pool.num_blocks - 1 - pool.free_queue.num_free_blocks
 
     def peak_blocks(self, kind: str) -> int:
         """Peak occupied blocks of the groups of ``kind`` (full | mamba); 0 without any."""

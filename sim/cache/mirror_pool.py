@@ -28,7 +28,7 @@ class MirrorPool(BlockPool):
     def __init__(self, num_blocks: int, hash_block_size: int, lookahead: int = 0):
         super().__init__(2, hash_block_size, lookahead)   # the null block and one spare
         self.spare: list[Block] = [self.blocks[1]]
-        self._pop_front()           # (no free queue: nothing is ever allocated here)
+        self.free_queue.popleft()   # (no free queue: nothing is ever allocated here)
 
     def store(self, pool_key: int, end: int) -> None:
         """A ``BlockStored`` key: held once more, ending at token ``end``."""

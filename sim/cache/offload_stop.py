@@ -3,7 +3,7 @@ exception of its own module: the connector's module is compiled, and an exceptio
 not one mypyc compiles)."""
 from __future__ import annotations
 
-from sim.config.errors import InputError
+from sim.errors import InputError
 
 
 class ConnectorAssertion(InputError):

@@ -31,20 +31,20 @@ class UtilityBlockPool(BlockPool):
 
     def cached_free(self) -> int:
         """Free blocks that hold a key (``occupied`` counts blocks in use and these)."""
-        in_use = self.num_blocks - 1 - self.num_free_blocks
+        in_use = self.num_blocks - 1 - self.free_queue.num_free_blocks
         return int(self.occupied[0]) + int(self.occupied[1]) - in_use
 
     def make_room(self, n: i64) -> None:
-        if n <= self.num_free_blocks:   # (else the pool raises, as vLLM's does)
-            short = n - (self.num_free_blocks - self.cached_free())
+        q = self.free_queue
+        if n <= q.num_free_blocks:   # (else the pool raises, as vLLM's does)
+            short = n - (q.num_free_blocks - self.cached_free())
             if short > 0:
-                head = self.head
                 victims = self.order.victims(short)
                 blocks = self.blocks
                 for j in range(len(victims) - 1, -1, -1):   # the first victim ends in front
                     b = blocks[victims[j]]
-                    self._unlink(b)
-                    self._insert(b, head, head.next_free)
+                    q.remove(b)
+                    q.insert_after(b, q.head)
 
     def touch(self, blocks: list[Block]) -> None:
         order = self.order

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 from sim.config.fields import build_section, check_int, show
 
 # a replica group's ``set`` may change the deployment only

@@ -18,7 +18,7 @@ import simpy
 from sim.cluster.routers import ROUTERS
 from sim.cluster.routers.base import RouteRequest, Stateless
 from sim.cluster.view import ReplicaView
-from sim.config.errors import CapacityError, ConfigError
+from sim.errors import CapacityError, ConfigError
 from sim.engine.arrivals import Arrivals, Inlet
 from sim.engine.gate import Gate
 
@@ -29,11 +29,11 @@ CLOSED_LOOP_KINDS = ("multi_turn", "jsonl")
 
 @dataclass
 class Replica:
-    """One replica's parts (what ``sim.run.simulate`` builds for a run alone)."""
+    """One replica's parts (what ``sim.commands.run.simulate`` builds for a run alone)."""
 
     index: int
     scenario: Any
-    dep: Any                    # sim.run.Deployment
+    dep: Any                    # sim.engine.replica.Deployment
     sched: Any
     maker: Any
     sampler: Any
@@ -45,7 +45,7 @@ class Replica:
 
 @dataclass
 class FleetDeployment:
-    """What a fleet resolves to, as ``sim.run.Deployment`` for one replica: the writers and
+    """What a fleet resolves to, as ``sim.engine.replica.Deployment`` for one replica: the writers and
     the report read the same names (``layout``, ``num_blocks``, ``block_bytes``,
     ``records``, ``sampler``, ``kv_events``, ``memory``), for the fleet as a whole."""
 
@@ -268,7 +268,7 @@ def replica_scenarios(sc) -> list:
 
 def build_replica(i: int, sc, env: simpy.Environment, kept, jump: bool, fast_decode: bool,
                   plant: str | None, streams) -> Replica:
-    """One replica, as ``sim.run.simulate`` builds its one (on the fleet's environment).
+    """One replica, as ``sim.commands.run.simulate`` builds its one (on the fleet's environment).
     ``streams``: the fleet's one registry of token streams, so that a prompt has the same
     block keys on every replica (as vLLM's block hashes do), which a router matching
     replicas' KV events needs; a replica's hits depend only on which keys are equal."""
@@ -276,8 +276,8 @@ def build_replica(i: int, sc, env: simpy.Environment, kept, jump: bool, fast_dec
     from sim.engine.engine import Engine
     from sim.engine.record import Recorder, RequestMaker, StepSampler
     from sim.engine.scheduler import Scheduler
-    from sim.kv_events import attach as attach_kv_events
-    from sim.run import build_deployment
+    from sim.rundir.kv_events import attach as attach_kv_events
+    from sim.engine.replica import build_deployment
 
     dep = build_deployment(sc)
     kv = dep.kv
@@ -308,9 +308,9 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
               fast_decode: bool = True, plant: str | None = None,
               replayed: Callable[[Any], None] | None = None, traces=None):
     """Replay the scenario's workload through its fleet; returns (fleet deployment,
-    served rows, summary), as ``sim.run.simulate`` does for one replica."""
-    from sim.request_table import RequestColumns
-    from sim.run import _quiet_gc, why_rejected
+    served rows, summary), as ``sim.commands.run.simulate`` does for one replica."""
+    from sim.rundir.request_table import RequestColumns
+    from sim.engine.replica import _quiet_gc, why_rejected
     from workloads import build_workload
 
     t_wall = time.perf_counter()
@@ -325,7 +325,7 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
                 for i, s in enumerate(scenarios)]
     tier = None
     if replicas[0].dep.offload is not None:     # the CPU tier's per-request columns
-        from sim.run import TierRecorder
+        from sim.engine.replica import TierRecorder
 
         tier = TierRecorder()
         for rep in replicas:
@@ -404,7 +404,7 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
     fdep.wall_s = time.perf_counter() - t_wall
     summary = fleet_summary(sc, fdep, rows)
     if tier is not None:
-        from sim.run import offload_summary
+        from sim.rundir.summary import offload_summary
 
         summary = offload_summary(sc, fdep, rows, summary)
     return fdep, rows, summary

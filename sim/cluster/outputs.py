@@ -17,7 +17,7 @@ from array import array
 from pathlib import Path
 from typing import Any, Sequence
 
-from sim.stats import percentiles
+from sim.rundir.stats import percentiles
 
 REPLICA_COLUMNS = ("replica", "gpu", "requests", "rejected_requests", "prompt_tokens",
                    "hit_tokens", "token_hit_rate", "ttft_p50_s", "ttft_p99_s", "busy_s",
@@ -33,7 +33,7 @@ FLEET_FIELDS = ("replicas", "router", "imbalance_requests", "imbalance_prompt_to
 
 
 class MergedSampler:
-    """The replicas' step samplers read as one (``sim.run.latency_fields`` reads the
+    """The replicas' step samplers read as one (``sim.rundir.summary.latency_fields`` reads the
     inter-token latencies of all of them; the peaks are each replica's, summed)."""
 
     def __init__(self, samplers: list):
@@ -106,15 +106,15 @@ def with_routing_columns(table, door):
 
 def routing_fields(rows) -> dict:
     """summary.json's fields on the router's beliefs and its regret (those its run has)."""
-    from sim.run import _col
+    from sim.rundir.summary import column
 
     out: dict = {}
     names = rows.names() if hasattr(rows, "names") else []
-    hit = list(_col(rows, "hit_tokens"))
-    prompt = sum(_col(rows, "prompt_tokens"))
+    hit = list(column(rows, "hit_tokens"))
+    prompt = sum(column(rows, "prompt_tokens"))
     n = len(hit)
     if "routed_hit_tokens" in names:
-        pred = list(_col(rows, "routed_hit_tokens"))
+        pred = list(column(rows, "routed_hit_tokens"))
         over = [p - h for p, h in zip(pred, hit) if p > h]
         under = [h - p for p, h in zip(pred, hit) if p < h]
         out["over_predicted_share"] = len(over) / n if n else 0.0
@@ -122,9 +122,9 @@ def routing_fields(rows) -> dict:
         out["mean_over_prediction_tokens"] = sum(over) / len(over) if over else 0.0
         out["over_predicted_tokens"] = sum(over)
     if "best_hit_tokens" in names:
-        best = list(_col(rows, "best_hit_tokens"))
+        best = list(column(rows, "best_hit_tokens"))
         regret = [max(b - h, 0) for b, h in zip(best, hit)]
-        away = sum(_col(rows, "routed_away_tokens"))
+        away = sum(column(rows, "routed_away_tokens"))
         out["regret_tokens"] = sum(regret)
         out["regret_token_rate"] = sum(regret) / prompt if prompt else 0.0
         out["best_token_hit_rate"] = sum(best) / prompt if prompt else 0.0
@@ -140,7 +140,7 @@ def _ratio(values: Sequence[float]) -> float:
 
 def fleet_summary(sc, fdep, rows) -> dict:
     """summary.json of a fleet: ``SUMMARY_FIELDS`` for the fleet, then ``FLEET_FIELDS``."""
-    from sim.run import _ttfts_makespan, pool_fields, summarize
+    from sim.rundir.summary import ttfts_makespan, pool_fields, summarize
 
     reps = fdep.replicas
     each = [pool_fields(r.dep, r.engine, r.sched) for r in reps]
@@ -148,7 +148,7 @@ def fleet_summary(sc, fdep, rows) -> dict:
     for k in ("block_size", "hash_block_size"):      # (replica 0's: replicas.csv has each)
         pool[k] = each[0][k]
     summary = summarize(sc, fdep, rows, None, None, fdep.wall_s, pool)
-    _, makespan = _ttfts_makespan(rows)
+    _, makespan = ttfts_makespan(rows)
     per = per_replica(fdep, rows, makespan)
     summary["replicas"] = len(reps)
     summary["router"] = fdep.router
@@ -171,15 +171,15 @@ def routed_away_class(summary: dict, rows) -> None:
     first: never computed *there*, then capacity, checkpoint, in flight, speculative).
     ``summary.json``'s ``miss_*`` totals become the fleet's (``reusable`` too: what was
     computed anywhere before); requests.csv keeps each replica's view per request."""
-    from sim.run import _col
+    from sim.rundir.summary import column
 
     names = rows.names() if hasattr(rows, "names") else []
     if "routed_away_tokens" not in names or summary.get("miss_compulsory_tokens") is None:
         return
-    cols = {c: list(_col(rows, f"{c}_tokens")) for c in TAKEN_FROM}
+    cols = {c: list(column(rows, f"{c}_tokens")) for c in TAKEN_FROM}
     taken = {c: 0 for c in TAKEN_FROM}
     total = 0
-    for k, ra in enumerate(_col(rows, "routed_away_tokens")):
+    for k, ra in enumerate(column(rows, "routed_away_tokens")):
         left = ra if isinstance(ra, int) else 0
         for c in TAKEN_FROM:
             if left <= 0:
@@ -201,14 +201,14 @@ def routed_away_class(summary: dict, rows) -> None:
 
 def per_replica(fdep, rows, makespan: float) -> list[dict]:
     """One mapping a replica (``REPLICA_COLUMNS``), from the served rows' ``replica``."""
-    from sim.run import _col
+    from sim.rundir.summary import column
 
     reps = fdep.replicas
     k = len(reps)
-    which = _col(rows, "replica")
-    prompt = _col(rows, "prompt_tokens")
-    hits = _col(rows, "hit_tokens")
-    ttft = _col(rows, "ttft_s")
+    which = column(rows, "replica")
+    prompt = column(rows, "prompt_tokens")
+    hits = column(rows, "hit_tokens")
+    ttft = column(rows, "ttft_s")
     req = [0] * k
     pt = [0] * k
     ht = [0] * k
@@ -248,13 +248,13 @@ def write_replicas_csv(path: Path, per: list[dict]) -> None:
 
 
 def memory_fields(fdep) -> list[tuple[str, Sequence[Any]]]:
-    """memory.csv's fields for a fleet: every replica's rows (``sim.run.memory_fields``),
+    """memory.csv's fields for a fleet: every replica's rows (``sim.rundir.memory.memory_fields``),
     merged in time order (replica order on ties), then the ``replica`` column."""
     import numpy as np
 
-    from sim import requests_csv
-    from sim.records import MemoryFields
-    from sim.run import memory_fields as one
+    from sim.rundir import requests_csv
+    from sim.rundir.records import MemoryFields
+    from sim.rundir.memory import memory_fields as one
 
     parts = [(r.index, one(r.sampler)) for r in fdep.replicas]
     cols = len(parts[0][1])

@@ -6,7 +6,7 @@ from sim.config.fields import show  # (values in messages: a short prefix)
 
 from dataclasses import dataclass
 
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 from sim.config.fields import check_int, check_num
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from sim.cache.config import ALIASES
 from sim.cache.policies import CACHE_POLICIES
 from sim.cache.policies.base import CacheSwitches
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 from sim.config.fields import build_section
 
 

@@ -8,7 +8,7 @@ import re
 from dataclasses import fields
 from typing import Any
 
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 
 _YAML11_NUMBER = re.compile(r"^[-+]?(\d[\d_]*)?\.?\d*([eE][-+]?\d+)?$")
 

@@ -2,7 +2,7 @@
 
 ``kv_events: true`` is ``{enable_kv_cache_events: true}``.  The run then writes the KV
 cache events vLLM 0.33.0 would publish (``kv_events.jsonl`` in the run folder, one batch
-per engine step; ``sim/kv_events.py``).  ``report_mode`` is the ``kv_cache_report_mode``
+per engine step; ``sim/rundir/kv_events.py``).  ``report_mode`` is the ``kv_cache_report_mode``
 every request asks for (vLLM's default ``incremental``; ``full`` re-announces prefix-cache
 hits), ``fix_emit`` publishes the corrected stream instead of vLLM's (no keys the pool
 never held, no ``IndexError``), ``msgpack`` also writes ``kv_events.msgpack``: the frames
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 from sim.config.fields import build_section, show
 
 

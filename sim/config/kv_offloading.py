@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 from sim.config.fields import build_section, check_int, check_num, show
 
 GIB = 1 << 30

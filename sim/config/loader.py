@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from sim.config.errors import InputError
+from sim.errors import InputError
 
 _MERGE = "tag:yaml.org,2002:merge"
 

@@ -13,7 +13,7 @@ from typing import Any
 from sim.cache.config import canonical_key, canonical_path
 from sim.config.backend import BackendSection
 from sim.config.cache import CacheSection
-from sim.config.errors import ConfigError, InputError
+from sim.errors import ConfigError, InputError
 from sim.config.fields import build_section, check_int, control_problem, show
 from sim.config.gpu import GPUSection
 from sim.config.kv_cache import KVCacheSection

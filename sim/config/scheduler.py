@@ -13,7 +13,12 @@ from sim.config.fields import show  # (values in messages: a short prefix)
 from dataclasses import dataclass
 
 from sim.cache.config import NO_LENGTH_LIMIT
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
+
+# scheduler.policy: the waiting queues by name, as vLLM names its scheduling policies (the
+# engine's registry, ``sim.engine.request_queue.QUEUE_POLICIES``, builds one per name; config
+# never imports the engine)
+QUEUE_POLICY_NAMES: tuple[str, ...] = ("fcfs", "priority", "lpm")
 
 
 @dataclass(frozen=True)
@@ -38,11 +43,9 @@ class SchedulerConfig:
 
     def check(self, prefix: str) -> None:
         """``ConfigError`` naming ``prefix + field`` for a policy key that is wrong."""
-        from sim.engine.request_queue import QUEUE_POLICIES
-
-        if not isinstance(self.policy, str) or self.policy not in QUEUE_POLICIES:
+        if not isinstance(self.policy, str) or self.policy not in QUEUE_POLICY_NAMES:
             raise ConfigError(prefix + "policy", f"unknown policy {show(self.policy)} "
-                              f"(choices: {', '.join(sorted(QUEUE_POLICIES))})")
+                              f"(choices: {', '.join(sorted(QUEUE_POLICY_NAMES))})")
         # (the compiled scheduler holds these in 64-bit machine integers)
         for name in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
                      "num_speculative_tokens", "max_model_len"):

@@ -40,7 +40,7 @@ from mypy_extensions import i64
 
 from backends.analytical import CostModel, DecodeTimes
 from backends.base import StepBackend, StepItem, StepPlan
-from sim.config.errors import CapacityError
+from sim.errors import CapacityError
 from sim.engine.arrivals import (NEVER, NORMAL, WAKE_ARMED, WAKE_NONE, Arrival, Arrivals, Inlet,
                                  Turn, ns)
 from sim.engine.gate import Gate

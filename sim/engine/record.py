@@ -115,13 +115,13 @@ class StepSampler:
 
     def row_bytes(self) -> bytes:
         """``rows``' values as little-endian int64 bytes, row after row (what
-        ``sim.run.memory_fields`` reads, with numpy: no tuple and no int object a
+        ``sim.rundir.memory.memory_fields`` reads, with numpy: no tuple and no int object a
         value)."""
         return vec_bytes(self.row_data)
 
     def itl_dense_bytes(self) -> bytes:
         """``itl_hist``'s counts of the gaps below ``ITL_DENSE`` us, indexed by the gap,
-        as little-endian int64 bytes (``sim.run.latency_fields`` reads them with numpy;
+        as little-endian int64 bytes (``sim.rundir.summary.latency_fields`` reads them with numpy;
         the gaps from there on: ``itl_sparse``)."""
         return vec_bytes(self.itl_dense)
 
@@ -262,11 +262,11 @@ class RowBatch:
     """Finished requests' ``requests.csv`` fields column by column, in machine types: a
     vec of 64-bit integers per integer column, of doubles per float column (a blank
     "" is a 0 there and a 1 in the column's blank flags), a list per text column.
-    ``RequestColumns.add_batch`` (``sim/request_table.py``) reads the vecs as buffers:
+    ``RequestColumns.add_batch`` (``sim/rundir/request_table.py``) reads the vecs as buffers:
     no boxed number and no row tuple per request (a tuple of ~28 boxed values, then
     taken apart again column by column, was ~15 k CPU instructions a request).  The
-    columns are ``sim.records.REQUEST_COLUMNS``' (``columns()``); ``slo_ok`` is blank
-    (``sim/run.py`` fills it), the miss attribution's columns blank for a request
+    columns are ``sim.rundir.records.REQUEST_COLUMNS``' (``columns()``); ``slo_ok`` is blank
+    (``sim/commands/run.py`` fills it), the miss attribution's columns blank for a request
     without attribution (``attributed`` 0)."""
 
     def __init__(self) -> None:
@@ -338,12 +338,12 @@ class RowBatch:
 
 class Recorder:
     """One ``requests.csv`` row per finished request: the arrival index first, then the
-    columns of ``sim.records.RequestRecord`` in order up to ``output_chunks``
-    (``slo_ok`` is left to ``sim/run.py``, which knows the SLOs and makes the records
+    columns of ``sim.rundir.records.RequestRecord`` in order up to ``output_chunks``
+    (``slo_ok`` is left to ``sim/commands/run.py``, which knows the SLOs and makes the records
     once the replay is over), then, with miss attribution on, its classes
     (``sim/cache/attribution.py``; defaults "" otherwise).
 
-    With ``keep_batch`` (``sim.request_table.RequestColumns.add_batch``) the rows are
+    With ``keep_batch`` (``sim.rundir.request_table.RequestColumns.add_batch``) the rows are
     kept column by column in a ``RowBatch`` and handed over every ``KEEP_BATCH`` rows;
     without it each row is a plain tuple in ``rows``, handed to ``keep``
     (``RequestColumns.add``) as often.  A refused request's row is always a tuple
@@ -394,7 +394,7 @@ class Recorder:
             r.num_output, r.preemptions, r.mamba_states_written, "", tpot, itl, chunks)
         m = r.miss
         if m is not None:
-            # slo_ok (sim/run.py fills it), then the miss attribution's columns
+            # slo_ok (sim/commands/run.py fills it), then the miss attribution's columns
             row = row + ("", m.compulsory, m.capacity, m.checkpoint, m.speculative,
                          m.in_flight, m.reason, m.evicted_by)
         self.rows.append(row)

@@ -351,14 +351,14 @@ class Scheduler:
                     it = r.item
                     if it is None:
                         self._emit(out, r, n, comp, False, sk)
-                    else:   # (_emit, inline: the step most requests of a batch take)
+                    else:   # inline of Scheduler._emit (the step most requests take)
                         it.num_tokens = n
                         it.context = comp
                         it.is_prefill = False
                         it.spec_tokens = sk
                         it.new_hit = 0
                         it.padded = False
-                        k_out = self.n_out    # (_put, inline too)
+                        k_out = self.n_out    # inline of Scheduler._put
                         if k_out < len(out):
                             out[k_out] = it
                         else:
@@ -869,7 +869,7 @@ class Scheduler:
                 r.first_token_ns = now
             start = r.num_output
             r.num_output = start + new_tokens
-            # (CacheRequest.append_run, inline: once per request per step)
+            # inline of CacheRequest.append_run (once per request per step)
             c.block_hashes.append_run(r.out_stream, start, new_tokens)
             c.num_tokens += new_tokens
             if drafts:

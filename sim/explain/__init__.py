@@ -35,7 +35,7 @@ def explain(path: str | Path, request: str | None = None, counterfactuals: bool 
 
 
 def _explain_case(path: Path, request, counterfactuals, hash_unit, retention) -> dict:
-    from sim.case_files import load_case_file
+    from sim.commands.case_files import load_case_file
 
     data = load_case_file(path)
     src = str(path)
@@ -60,13 +60,13 @@ def run_scenario(folder: Path, overrides: dict | None = None, facts: bool = True
     """The scenario a run folder's ``run.json`` records, as ``sim explain`` replays it:
     KV events off (they change no hit), miss attribution on for the facts (its eviction
     log and clock say who evicted what, when) and off for a what-if (only the hit)."""
-    from sim.provenance import load_run_record
+    from sim.rundir.provenance import load_run_record
 
     rec = folder / "run.json"
     if not rec.is_file() or not (folder / "requests.csv").is_file():
         raise ExplainError(f"{folder}: not a run folder (no run.json and requests.csv; "
                            f"sim run writes one)")
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.loader import read_text
 
     try:
@@ -123,7 +123,7 @@ def _explain_fleet(folder: Path, sc, request: str, counterfactuals, hash_unit,
 
     from sim.cluster.fleet import replica_scenarios
     from sim.config.loader import open_input
-    from sim.run import simulate
+    from sim.commands.run import simulate
     from workloads import build_workload
 
     with open_input(folder / "requests.csv", ExplainError, text=True, newline="") as f:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from sim.config.errors import InputError
+from sim.errors import InputError
 
 #: (name, the vLLM / scenario ``cache:`` field, the case-file ``CacheConfig`` field)
 SETTINGS = (

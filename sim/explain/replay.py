@@ -20,7 +20,7 @@ from sim.cache.case import CaseError, CaseSchedule, parse_case, prefill
 from sim.cache.config import CacheConfig
 from sim.cache.evictions import EvictionLog
 from sim.cache.kv_manager import KVCacheManager
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 from sim.explain.facts import Facts, gather
 
 
@@ -253,7 +253,7 @@ def run_lookup(sc, target: str, facts: bool = True, traces=None) -> Lookup:
     lookup; ``refused`` when it was rejected on arrival, ``ExplainError`` when no such
     request arrives.  ``traces``: the records to replay instead of the scenario's workload
     (a fleet's replica: ``sim/explain/__init__.py``)."""
-    from sim.run import simulate
+    from sim.commands.run import simulate
 
     w = _Watch(target, facts)
     try:
@@ -265,7 +265,7 @@ def run_lookup(sc, target: str, facts: bool = True, traces=None) -> Lookup:
     eng = w.engine
     for r in (eng.rejected if eng is not None else []):
         if r.cache.request_id == target:
-            from sim.run import why_rejected
+            from sim.engine.replica import why_rejected
 
             return Lookup(None, refused=why_rejected(w.sched, r))
     raise ExplainError(f"{sc.name}: request {target!r} never arrived in the replay")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from math import inf
 from typing import Any
 
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 from sim.marconi.costs import CostModel, cost_model
 from sim.marconi.eviction import FlopAware, LruLeaves
 from sim.marconi.rules import DEFAULT, Rules

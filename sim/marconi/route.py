@@ -12,12 +12,12 @@ command keeps the registry's contract whole and says plainly what it is.
 
 What it writes (``--out``, atomically):
 
-* ``requests.csv`` -- ``sim.records.REQUEST_COLUMNS``, one row per request in replay order:
+* ``requests.csv`` -- ``sim.rundir.records.REQUEST_COLUMNS``, one row per request in replay order:
   ``request_id, session, arrival_s`` (the workload's; for a follow-up turn a lower bound),
   ``prompt_tokens``, ``hit_tokens`` (the reference's hit), ``output_tokens``; every other
   column (timing, preemptions, the reconciliation and miss classes) is ``""``, as
-  ``sim.records`` allows for a request with no measurement;
-* ``summary.json`` -- the hit fields under ``sim.records``' names (``requests, prompt_tokens,
+  ``sim.rundir.records`` allows for a request with no measurement;
+* ``summary.json`` -- the hit fields under ``sim.rundir.records``' names (``requests, prompt_tokens,
   hit_tokens, token_hit_rate, request_hit_rate, pool_bytes, evictions``) plus the
   reference's own (``variant``, ``budget_bytes``, ``states_admitted``, ``bytes_held``,
   ``flops_saved_fraction``, ``alpha``, ``alpha_tuned_after``); ``policy`` is
@@ -42,11 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim import requests_csv
+from sim.rundir import requests_csv
 from sim.marconi.costs import CostModel, LayerFlops
 from sim.marconi.replay import Result, replay
 from sim.marconi.rules import DEFAULT, Rules
-from sim.records import REQUEST_COLUMNS, RequestRecord
+from sim.rundir.records import REQUEST_COLUMNS, RequestRecord
 
 POLICY = "marconi-reference"
 VARIANT_NAMES = {"vllm+": "vLLM+ (a state every 32-token block, LRU)",
@@ -66,7 +66,7 @@ class ReferenceRun:
 def scenario_pool(sc) -> tuple[int, CostModel]:
     """The scenario's provisioned pool in bytes per GPU and its costs, from the deployment
     ``sim run`` builds (same layout, same budget; no request runs)."""
-    from sim.run import build_deployment
+    from sim.engine.replica import build_deployment
 
     dep = build_deployment(sc)
     lay = dep.layout
@@ -169,7 +169,7 @@ def rules_text(rules: dict[str, Any]) -> str:
 
 def write_reference(folder: Path, run: ReferenceRun) -> Path:
     """``requests.csv``, ``summary.json`` and ``report.md`` into ``folder``, atomically."""
-    from sim.atomic import atomic_folder
+    from sim.rundir.atomic import atomic_folder
 
     with atomic_folder(folder, kind="run") as tmp:
         with open(tmp / "requests.csv", "w", newline="") as f:

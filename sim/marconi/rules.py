@@ -68,7 +68,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 
 _CHOICES: dict[str, tuple[Any, ...]] = {
     "evict": ("after-insert", "before-insert"),

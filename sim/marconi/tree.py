@@ -134,7 +134,7 @@ class RadixTree(TreeCache):
         self._layers = None
         if rules.flops == "marconi":
             if costs.layers is None:
-                from sim.config.errors import ConfigError
+                from sim.errors import ConfigError
                 raise ConfigError("marconi.rules.flops", "marconi needs the model's layer shapes "
                                   "(a catalogue model or a CostModel with layers)")
             self._layers = costs.layers

@@ -62,7 +62,7 @@ def window_scores(window: Sequence[Request], costs: CostModel, budget_bytes: int
     if rules.flops == "marconi":
         layers = costs.layers
         if layers is None:
-            from sim.config.errors import ConfigError
+            from sim.errors import ConfigError
             raise ConfigError("marconi.rules.flops", "marconi needs the model's layer shapes "
                               "(a catalogue model or a CostModel with layers)")
         saving = layers.hit_saving

@@ -16,7 +16,8 @@ _NEMOTRON_H_NOTE = ("vLLM NemotronH rule: mamba_ssm_cache_dtype=auto -> HF confi
                     "mamba_ssm_cache_dtype, else float32 (NemotronHForCausalLMConfig)")
 
 
-def _entries() -> list[ModelSpec]:
+def _nemotron_entries() -> list[ModelSpec]:
+    """NVIDIA's hybrids: Nemotron-H, Nemotron Nano 2, Nemotron 3."""
     return [
         ModelSpec(
             name="nemotron-h-8b", display_name="Nemotron-H-8B-Base-8K",
@@ -84,6 +85,12 @@ def _entries() -> list[ModelSpec]:
                    "it adds 1 KV-cache attention layer (models.md §3 says '+2 MTP attn'; vLLM 0.33.0 builds "
                    "one '*' layer: num_nextn_predict_layers == 1 is asserted)"),
             **_NEMOTRON_H),
+    ]
+
+
+def _other_entries() -> list[ModelSpec]:
+    """Qwen3-Next (Gated DeltaNet), Granite-4.0-H, Jamba (Mamba1)."""
+    return [
         ModelSpec(
             name="qwen3-next-80b-a3b", display_name="Qwen3-Next-80B-A3B",
             source=("models.md §2 row Qwen3-Next-80B-A3B: [S] HF config excerpt Qwen/Qwen3-Next-80B-A3B-Instruct "
@@ -139,7 +146,8 @@ def _entries() -> list[ModelSpec]:
     ]
 
 
-CATALOGUE: dict[str, ModelSpec] = {m.name: m for m in _entries()}
+CATALOGUE: dict[str, ModelSpec] = {m.name: m
+                                   for m in _nemotron_entries() + _other_entries()}
 
 
 def _norm(name: str) -> str:

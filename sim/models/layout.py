@@ -169,57 +169,18 @@ def _first_mixer_is_mamba(m: ModelSpec) -> bool:
     return True
 
 
-def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int = 0,
-                  mamba_cache_dtype: str = "auto", mamba_ssm_cache_dtype: str = "auto",
-                  kv_cache_dtype: str = "auto", kernel_block_size: int = 16,
-                  block_size: int | None = None, mamba_cache_mode: str = "align",
-                  speculative_method: str = "auto",
-                  gdn_prefill_backend: str = "flashinfer",
-                  draft_num_layers: int | None = None, draft_num_kv_heads: int | None = None,
-                  draft_head_dim: int | None = None) -> KVLayout:
-    """Page sizes and the attention block size vLLM picks (models.md §1; vLLM 0.33.0
-    ``Platform._align_hybrid_block_size``).
+def _pick(value: str, what: str, auto: str, auto_why: str, fp8: bool = False) -> tuple[str, str]:
+    """A dtype setting resolved: ``auto`` (and why it means what it does) or the one set."""
+    if isinstance(value, str) and value.lower() == "auto":
+        return auto, f"auto -> {auto_why}"
+    return resolve_dtype(value, what=what, allow_fp8=fp8), "set"
 
-    * ``kernel_block_size``: the attention backend's smallest kernel block (16 for FlashAttention /
-      FlashInfer on Hopper; 32 for FlashInfer + head 256 on Blackwell; 64 for the FlashInfer GDN
-      prefill checkpoint grid).
-    * ``block_size``: the user's ``--block-size``.  It must be a multiple of ``kernel_block_size``.
-      As in vLLM it becomes the alignment ``a = max(kernel_block_size, block_size)``, so a size that
-      holds one Mamba state is used as given and a smaller one grows to the next multiple of itself.
-    * ``mamba_cache_mode``: ``align`` (default; ``mamba_block_size = block_size``), ``none`` (same
-      block size, Mamba block = max_model_len, no prefix caching) or ``all`` (legacy mode of older
-      vLLM releases, removed in 0.33.0; kept to reproduce models.md §4's 'all' column).
-    * ``gdn_prefill_backend`` (GDN models only): ``flashinfer`` (what vLLM picks on Hopper, and on
-      Blackwell for 128-wide keys) exports prefill checkpoints on a 64-token grid, so vLLM keeps
-      the block a multiple of 64; ``triton`` exports none (models.md §4 assumes it: a = 16).
-    * ``speculative_method`` (``sim.models.drafter``): ``auto`` = ``mtp`` when
-      ``num_speculative_tokens > 0`` and the model ships MTP layers, else its first EAGLE variant,
-      else ``ngram``.  ``mtp`` adds the MTP attention layers to the pool, ``eagle`` / ``eagle3`` the
-      EAGLE head's ``draft_num_layers`` layers with ``draft_num_kv_heads`` x ``draft_head_dim``
-      (defaults: the catalogue's, else one layer shaped like the target's attention); a head of
-      another per-rank shape gets its own groups and vLLM unifies the pages
-      (``unify_kv_cache_spec_page_size``).  ``ngram`` / ``suffix`` / ``external`` add none.  Every
-      method keeps ``k`` speculative conv rows and ``k`` speculative Mamba blocks per request.
-    * ``kv_cache_dtype``: ``auto``, ``fp8`` or the model's own dtype; vLLM refuses ``float32``
-      and a 16-bit dtype other than the model's.
 
-    Raises ``ValueError`` (one line, naming the setting) on invalid settings.
-    """
-    tp = _positive_int("tp", tp)
-    k = _positive_int("num_speculative_tokens", num_speculative_tokens, 0)
-    a0 = _positive_int("kernel_block_size", kernel_block_size)
-    if mamba_cache_mode not in ("align", "none", "all"):
-        raise ValueError(f"mamba_cache_mode: must be align, none or all, got {mamba_cache_mode!r}")
-    steps: list[str] = []
-    m = model
-
+def _dtypes(m: ModelSpec, kv_cache_dtype: str, mamba_cache_dtype: str,
+            mamba_ssm_cache_dtype: str, steps: list[str]) -> tuple[str, str, str]:
+    """The KV, conv-state and SSM-state dtypes, refused as vLLM refuses them."""
     # dtypes ---------------------------------------------------------------------------------
-    def pick(value: str, what: str, auto: str, auto_why: str, fp8: bool = False) -> tuple[str, str]:
-        if isinstance(value, str) and value.lower() == "auto":
-            return auto, f"auto -> {auto_why}"
-        return resolve_dtype(value, what=what, allow_fp8=fp8), "set"
-
-    kv_dt, kv_why = pick(kv_cache_dtype, "kv_cache_dtype", m.dtype, "model dtype", fp8=True)
+    kv_dt, kv_why = _pick(kv_cache_dtype, "kv_cache_dtype", m.dtype, "model dtype", fp8=True)
     if kv_why == "set" and kv_dt == "float32":
         raise ValueError("kv_cache_dtype: vLLM 0.33.0 has no float32 KV cache (CacheDType: auto, "
                          "bfloat16, float16, fp8, ...); use auto for a float32 model")
@@ -227,27 +188,24 @@ def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int 
         allowed = f"auto or {m.dtype}" if m.dtype in ("bfloat16", "float16") else "auto"
         raise ValueError(f"kv_cache_dtype: {kv_dt} is incompatible with the model dtype {m.dtype} "
                          f"(vLLM 0.33.0 refuses it; use {allowed})")
-    conv_dt, conv_why = pick(mamba_cache_dtype, "mamba_cache_dtype", m.dtype, "model dtype")
+    conv_dt, conv_why = _pick(mamba_cache_dtype, "mamba_cache_dtype", m.dtype, "model dtype")
     if m.default_ssm_dtype is not None:
         ssm_auto, ssm_auto_why = m.default_ssm_dtype, "NemotronH default (HF config / float32)"
     else:
         ssm_auto, ssm_auto_why = conv_dt, "conv dtype"
-    ssm_dt, ssm_why = pick(mamba_ssm_cache_dtype, "mamba_ssm_cache_dtype", ssm_auto, ssm_auto_why)
-    kv_b, conv_b, ssm_b = DTYPE_BYTES[kv_dt], DTYPE_BYTES[conv_dt], DTYPE_BYTES[ssm_dt]
+    ssm_dt, ssm_why = _pick(mamba_ssm_cache_dtype, "mamba_ssm_cache_dtype", ssm_auto, ssm_auto_why)
     steps.append(f"dtypes: KV {kv_dt} ({kv_why}), conv state {conv_dt} ({conv_why}), "
                  f"SSM state {ssm_dt} ({ssm_why})")
 
-    # speculative method ------------------------------------------------------------------------
-    if m.q_heads % tp:
-        raise ValueError(f"tp: {tp} does not divide the attention heads ({m.q_heads})")
-    check_kv_heads("tp", m.kv_heads, tp)
-    d = resolve_drafter(m, k=k, method=speculative_method, tp=tp, draft_num_layers=draft_num_layers,
-                        draft_num_kv_heads=draft_num_kv_heads, draft_head_dim=draft_head_dim)
-    method = d.method
-    n_mtp_attn, n_draft = d.mtp_attention_layers, d.eagle_layers
-    if method is not None:
-        steps.append(f"speculative method {method} ({d.why}), k = {k}")
+    return kv_dt, conv_dt, ssm_dt
 
+
+def _attention_page(m: ModelSpec, d, tp: int, kv_b: int, method: str | None,
+                    steps: list[str]) -> tuple[int, int, int, int, int]:
+    """Per token, the bytes of one attention layer's page (the target's, then the
+    drafter's) and of all of them: (kv heads per rank, bytes per token and layer, layers,
+    drafter's kv heads per rank, drafter's bytes per token and layer)."""
+    n_mtp_attn, n_draft = d.mtp_attention_layers, d.eagle_layers
     # attention page -------------------------------------------------------------------------
     kv_rank = max(1, m.kv_heads // tp)
     attn_1 = 2 * kv_rank * m.head_dim * kv_b
@@ -269,6 +227,12 @@ def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int 
                     f"{_n(attn_1)} x {n_same} + {_n(d_attn_1)} x {n_draft}")
                  + f" = {_n(attn_all)} B")
 
+    return kv_rank, attn_1, n_attn, d_rank, d_attn_1
+
+
+def _mamba_page(m: ModelSpec, k: int, tp: int, conv_b: int, ssm_b: int, steps: list[str]):
+    """One Mamba layer's state for one request: (conv shape, SSM shape, conv bytes, SSM
+    bytes, page bytes), as vLLM's state shape functions give them per rank."""
     # Mamba page -----------------------------------------------------------------------------
     ns = k if m.passes_num_spec else 0
     if m.mamba_kind == "mamba2":
@@ -311,6 +275,13 @@ def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int 
     steps.append(f"Mamba page (one layer, one request) = {_n(conv_bytes)} + {_n(ssm_bytes)} = {_n(page)} B; "
                  f"x {m.num_mamba_layers} Mamba layers = {_n(page * m.num_mamba_layers)} B per sequence")
 
+    return conv_shape, ssm_shape, conv_bytes, ssm_bytes, page
+
+
+def _block_size(m: ModelSpec, page: int, attn_1: int, a0: int, block_size: int | None,
+                gdn_prefill_backend: str, mamba_cache_mode: str, steps: list[str]):
+    """vLLM's ``_align_hybrid_block_size``: (kernel alignment, block size, internal prefill
+    checkpoint blocks and grid, attention page padded, Mamba block size)."""
     # block size -----------------------------------------------------------------------------
     if block_size is not None:
         block_size = _positive_int("block_size", block_size)
@@ -367,6 +338,16 @@ def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int 
     else:
         steps.append("mode none: no Mamba prefix caching (mamba_block_size = max_model_len)")
 
+    return a, blk, ckpt_blocks, ckpt_grid, padded, mamba_blk
+
+
+def _block_pool(m: ModelSpec, d, method: str | None, n_attn: int, kv_rank: int, d_rank: int,
+                d_attn_1: int, padded: int, blk: int, steps: list[str]):
+    """The pages unified and the layers grouped into the pool, as vLLM's
+    ``unify_kv_cache_spec_page_size`` and ``get_kv_cache_groups`` do: (unified page, the
+    target's and the drafter's attention block sizes, the pool plan, attention / Mamba /
+    drafter group counts, EAGLE groups)."""
+    n_mtp_attn, n_draft = d.mtp_attention_layers, d.eagle_layers
     # block pool -----------------------------------------------------------------------------
     n_m = m.num_mamba_layers
     own_draft = n_draft > 0 and (d_rank, d.head_dim) != (kv_rank, m.head_dim)
@@ -414,6 +395,75 @@ def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int 
     if eagle:
         steps.append(f"EAGLE groups (holding drafter layers): {', '.join(map(str, eagle))} "
                      f"(attention groups first)")
+    return page_u, attn_blk, draft_blk, plan, ga, gm, gd, eagle
+
+
+def derive_layout(model: ModelSpec, *, tp: int = 1, num_speculative_tokens: int = 0,
+                  mamba_cache_dtype: str = "auto", mamba_ssm_cache_dtype: str = "auto",
+                  kv_cache_dtype: str = "auto", kernel_block_size: int = 16,
+                  block_size: int | None = None, mamba_cache_mode: str = "align",
+                  speculative_method: str = "auto",
+                  gdn_prefill_backend: str = "flashinfer",
+                  draft_num_layers: int | None = None, draft_num_kv_heads: int | None = None,
+                  draft_head_dim: int | None = None) -> KVLayout:
+    """Page sizes and the attention block size vLLM picks (models.md §1; vLLM 0.33.0
+    ``Platform._align_hybrid_block_size``).
+
+    * ``kernel_block_size``: the attention backend's smallest kernel block (16 for FlashAttention /
+      FlashInfer on Hopper; 32 for FlashInfer + head 256 on Blackwell; 64 for the FlashInfer GDN
+      prefill checkpoint grid).
+    * ``block_size``: the user's ``--block-size``.  It must be a multiple of ``kernel_block_size``.
+      As in vLLM it becomes the alignment ``a = max(kernel_block_size, block_size)``, so a size that
+      holds one Mamba state is used as given and a smaller one grows to the next multiple of itself.
+    * ``mamba_cache_mode``: ``align`` (default; ``mamba_block_size = block_size``), ``none`` (same
+      block size, Mamba block = max_model_len, no prefix caching) or ``all`` (legacy mode of older
+      vLLM releases, removed in 0.33.0; kept to reproduce models.md §4's 'all' column).
+    * ``gdn_prefill_backend`` (GDN models only): ``flashinfer`` (what vLLM picks on Hopper, and on
+      Blackwell for 128-wide keys) exports prefill checkpoints on a 64-token grid, so vLLM keeps
+      the block a multiple of 64; ``triton`` exports none (models.md §4 assumes it: a = 16).
+    * ``speculative_method`` (``sim.models.drafter``): ``auto`` = ``mtp`` when
+      ``num_speculative_tokens > 0`` and the model ships MTP layers, else its first EAGLE variant,
+      else ``ngram``.  ``mtp`` adds the MTP attention layers to the pool, ``eagle`` / ``eagle3`` the
+      EAGLE head's ``draft_num_layers`` layers with ``draft_num_kv_heads`` x ``draft_head_dim``
+      (defaults: the catalogue's, else one layer shaped like the target's attention); a head of
+      another per-rank shape gets its own groups and vLLM unifies the pages
+      (``unify_kv_cache_spec_page_size``).  ``ngram`` / ``suffix`` / ``external`` add none.  Every
+      method keeps ``k`` speculative conv rows and ``k`` speculative Mamba blocks per request.
+    * ``kv_cache_dtype``: ``auto``, ``fp8`` or the model's own dtype; vLLM refuses ``float32``
+      and a 16-bit dtype other than the model's.
+
+    Raises ``ValueError`` (one line, naming the setting) on invalid settings.
+    """
+    tp = _positive_int("tp", tp)
+    k = _positive_int("num_speculative_tokens", num_speculative_tokens, 0)
+    a0 = _positive_int("kernel_block_size", kernel_block_size)
+    if mamba_cache_mode not in ("align", "none", "all"):
+        raise ValueError(f"mamba_cache_mode: must be align, none or all, got {mamba_cache_mode!r}")
+    steps: list[str] = []
+    m = model
+
+    kv_dt, conv_dt, ssm_dt = _dtypes(m, kv_cache_dtype, mamba_cache_dtype, mamba_ssm_cache_dtype,
+                                     steps)
+    kv_b, conv_b, ssm_b = DTYPE_BYTES[kv_dt], DTYPE_BYTES[conv_dt], DTYPE_BYTES[ssm_dt]
+    # speculative method ------------------------------------------------------------------------
+    if m.q_heads % tp:
+        raise ValueError(f"tp: {tp} does not divide the attention heads ({m.q_heads})")
+    check_kv_heads("tp", m.kv_heads, tp)
+    d = resolve_drafter(m, k=k, method=speculative_method, tp=tp, draft_num_layers=draft_num_layers,
+                        draft_num_kv_heads=draft_num_kv_heads, draft_head_dim=draft_head_dim)
+    method = d.method
+    n_mtp_attn, n_draft = d.mtp_attention_layers, d.eagle_layers
+    if method is not None:
+        steps.append(f"speculative method {method} ({d.why}), k = {k}")
+
+    kv_rank, attn_1, n_attn, d_rank, d_attn_1 = _attention_page(m, d, tp, kv_b, method, steps)
+    attn_all = attn_1 * (n_attn - n_draft) + d_attn_1 * n_draft
+    conv_shape, ssm_shape, conv_bytes, ssm_bytes, page = _mamba_page(m, k, tp, conv_b, ssm_b, steps)
+    a, blk, ckpt_blocks, ckpt_grid, padded, mamba_blk = _block_size(
+        m, page, attn_1, a0, block_size, gdn_prefill_backend, mamba_cache_mode, steps)
+    page_u, attn_blk, draft_blk, plan, ga, gm, gd, eagle = _block_pool(
+        m, d, method, n_attn, kv_rank, d_rank, d_attn_1, padded, blk, steps)
+    n_m = m.num_mamba_layers
     per_req = (1 + k) if mamba_cache_mode == "none" else (2 + k + ckpt_blocks)
     pad_u = (page_u - page) / page
 

@@ -2,7 +2,7 @@
 
 A case ("spec") is ``{"name", "config": <our config keys>, "requests": [{"id", "segments":
 [[stream, offset, length], ...], "arrival", "max_tokens", "kind"}]}`` (optionally
-``"max_steps"``).  Our side gets a step case (``sim.steps.run_steps_data``) with the literal
+``"max_steps"``).  Our side gets a step case (``sim.commands.steps.run_steps_data``) with the literal
 token ids as prompts (or, for a file to read, the stream notation); the oracle gets the
 configuration through the key table (``sim.oracle.keys``) and ``tokens: {"ids": [...]}``.
 
@@ -141,11 +141,11 @@ def run_ours(spec: dict, timeout: float | None = 20.0, literal: bool = True,
              override: dict | None = None, scheduler: type | None = None,
              finish_orders: dict[int, list[str]] | None = None) -> dict:
     """``{"results": [...]}`` | ``{"case_error": msg}`` | ``{"crash": tb}`` |
-    ``{"hang": seconds}``.  ``scheduler``: a subclass of ``sim.steps.Scheduler`` to run
+    ``{"hang": seconds}``.  ``scheduler``: a subclass of ``sim.commands.steps.Scheduler`` to run
     instead, for this run only (e.g. one that records its decisions)."""
     from sim.cache.case import CaseError
     from sim.cache.offload_stop import ConnectorAssertion
-    import sim.steps as steps_mod
+    import sim.commands.steps as steps_mod
 
     data = to_ours(spec, literal, override)
     orig = steps_mod.Scheduler if scheduler is not None else None

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from backends.base import BACKENDS, backend_factory
-from sim.config.errors import ConfigError, InputError
+from sim.errors import ConfigError, InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKEND_FILES = sorted((ROOT / "backends").rglob("*.py"))
-FORBIDDEN = ("sim.engine", "sim.run", "sim.steps")   # the engine, its scheduler, the assembly
+FORBIDDEN = ("sim.engine", "sim.commands.run", "sim.commands.steps")   # the engine, its scheduler, the assembly
 
 
 def _imports(path: Path) -> list[str]:
@@ -64,7 +64,7 @@ def test_importing_the_backends_loads_neither_the_engine_nor_the_scheduler():
     r = _python("import sys\n"
                 + "".join(f"import {m}\n" for m in mods)
                 + "print(sorted(m for m in sys.modules if m.startswith(('sim.engine', "
-                  "'sim.run', 'sim.steps'))))\n"
+                  "'sim.commands.run', 'sim.commands.steps'))))\n"
                   "print('backends.analytical' in sys.modules)")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:2] == ["[]", "True"]
@@ -85,7 +85,7 @@ def test_the_registry_builds_the_analytical_backend_without_importing_torch():
     r = _python("import sys\n"
                 "from backends.base import build_backend\n"
                 "from sim.config.scenario import load_scenario\n"
-                "from sim.run import build_deployment\n"
+                "from sim.commands.run import build_deployment\n"
                 "sc = load_scenario('scenarios/athena-tiny.yaml')\n"
                 "dep = build_deployment(sc)\n"
                 "b = build_backend(sc, dep)\n"
@@ -98,7 +98,7 @@ def test_a_torch_run_without_torch_says_how_to_install_it():
     r = _python("import sys\n"
                 "sys.modules['torch'] = None      # as if torch were not installed\n"
                 "from backends.base import backend_factory\n"
-                "from sim.config.errors import ConfigError\n"
+                "from sim.errors import ConfigError\n"
                 "try:\n"
                 "    backend_factory('torch')\n"
                 "except ConfigError as e:\n"

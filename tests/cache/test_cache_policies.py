@@ -11,9 +11,9 @@ import pytest
 from sim.cache.config import CacheConfig
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.policies import CACHE_POLICIES, CacheSwitches, PoolShape, VllmPolicy
-from sim.config.errors import InputError
+from sim.errors import InputError
 from sim.config.scenario import load_scenario
-from sim.run import build_deployment
+from sim.engine.replica import build_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"
@@ -27,7 +27,7 @@ class DenseOptions:
 
     def validate(self, prefix: str) -> None:
         if self.reserve_blocks < 0:
-            from sim.config.errors import ConfigError
+            from sim.errors import ConfigError
 
             raise ConfigError(prefix + "reserve_blocks", f"must be >= 0, got {self.reserve_blocks}")
 
@@ -95,7 +95,7 @@ def test_registry_imports_a_policy_when_first_used():
     import sys
 
     code = ("import sys\n"
-            "import sim.run\n"
+            "import sim.commands.run\n"
             "from sim.cache.policies import CACHE_POLICIES\n"
             "assert sorted(CACHE_POLICIES) == ['ideal', 'marconi', 'none', 'vllm']\n"
             "assert 'sim.cache.policies.marconi' not in sys.modules\n"

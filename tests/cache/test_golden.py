@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden" / "cases"
 GOLDEN_FILES = sorted(GOLDEN_DIR.rglob("*.yaml"))
 MIN_GOLDEN_FILES = 80
 

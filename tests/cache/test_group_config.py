@@ -1,7 +1,7 @@
 """Per-group attention block sizes (``full@32``, ``swa:W@B``) and per-group EAGLE flags
 (``eagle_groups: [i, ...]``, vLLM's ``KVCacheGroupSpec.is_eagle_group``) in ``config:``.
 
-Equality with vLLM is checked by the goldens in ``tests/golden/groups/`` (answers of
+Equality with vLLM is checked by the goldens in ``tests/golden/cases/groups/`` (answers of
 ``tools/oracle_groups.py``, vLLM's real manager); these tests pin the config forms."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from sim.cache.case import run_case_data
 from sim.cache.config import CacheConfig
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 
 
 def test_attention_groups_take_their_own_block_size():
@@ -54,7 +54,7 @@ def test_bad_eagle_groups_are_refused(value):
 
 def test_eagle_flag_on_the_sliding_window_group_only():
     """Only the SWA group drops its trailing block: the full group keeps its 96 (vLLM's
-    answer in tests/golden/groups/g_full32_swa8_eagle_swa.yaml; all flagged gives 64, 64)."""
+    answer in tests/golden/cases/groups/g_full32_swa8_eagle_swa.yaml; all flagged gives 64, 64)."""
     def per_group(extra):
         data = {"config": {"groups": ["full@32", "swa:64@8"], "hash_block_size": 8,
                            "eagle": True, **extra},

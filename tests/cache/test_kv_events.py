@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from sim.cache.case import CaseError
-from sim.steps import run_steps_data
+from sim.commands.steps import run_steps_data
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden_events"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "events"
 
 
 def _golden(name: str) -> dict:

@@ -13,7 +13,7 @@ import pytest
 from sim.cache.mamba_manager import MambaManager, find_mamba
 from sim.cache.prompt import StreamRegistry
 from sim.config.scenario import load_scenario
-from sim.run import simulate
+from sim.commands.run import simulate
 from workloads import build_workload
 
 ROOT = Path(__file__).resolve().parents[2]

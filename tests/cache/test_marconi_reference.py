@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from sim.config.errors import InputError
+from sim.errors import InputError
 from sim.marconi import CostModel, Request, replay
 from sim.marconi.demo_trace import branches_trace
 from sim.marconi.eviction import FlopAware, LruLeaves

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
+from sim.entrypoints.cli import main
 from sim.marconi import CostModel, replay
 from sim.models import derive_layout, get_model
-from sim.records import REQUEST_COLUMNS, read_request_records
+from sim.rundir.records import REQUEST_COLUMNS, read_request_records
 from workloads import build_workload
 
 ROOT = Path(__file__).resolve().parents[2]

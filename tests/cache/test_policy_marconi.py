@@ -15,11 +15,11 @@ from sim.cache.policies import (CACHE_POLICIES, CacheSwitches, NoOptions, PoolSh
 from sim.cache.policies.marconi import FlopAwareOrder, MarconiOptions, MarconiPolicy
 from sim.cache.seams import EvictionOrder
 from sim.cache.utility_pool import UtilityBlockPool
-from sim.config.errors import InputError
+from sim.errors import InputError
 from sim.config.scenario import load_scenario
 from sim.marconi.costs import CostModel
 from sim.marconi.tuning import ALPHA_GRID
-from sim.run import build_deployment
+from sim.engine.replica import build_deployment
 from tests.sim_cli import run_sim
 
 ROOT = Path(__file__).resolve().parents[2]

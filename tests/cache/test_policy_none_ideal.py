@@ -1,7 +1,7 @@
 """``cache.policy: none`` (prefix caching off) and ``cache.policy: ideal`` (the upper bound).
 
 * ``none`` against vLLM 0.33.0's real scheduler with ``enable_prefix_caching=False``
-  (``tests/golden_steps_nocache/``, written by ``tools/make_nocache_goldens.py``), and its
+  (``tests/golden/steps_nocache/``, written by ``tools/make_nocache_goldens.py``), and its
   rules: no hit, nothing cached, a Mamba group in mode ``none`` holds ``1 + K`` blocks,
   no align-mode split, the layout derived in mode ``none``.
 * ``ideal``'s rules: the longest computed prefix on the hash-unit grid (outputs too), a
@@ -34,17 +34,18 @@ from sim.cache.policies import CACHE_POLICIES, CacheSwitches, PoolShape
 from sim.cache.policies.ideal import IdealOptions
 from sim.cache.policies.base import NoOptions
 from sim.cache.prompt import StreamRegistry
-from sim.config.errors import CapacityError, InputError
+from sim.errors import CapacityError, InputError
 from sim.config.scenario import load_scenario
 from sim.config.scheduler import SchedulerConfig
 from sim.engine.engine import Engine
 from sim.engine.scheduler import Scheduler, SimRequest
-from sim.run import build_deployment, simulate
-from sim.steps import run_steps_data
+from sim.engine.replica import build_deployment
+from sim.commands.run import simulate
+from sim.commands.steps import run_steps_data
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"
-GOLDEN = ROOT / "tests" / "golden_steps_nocache"
+GOLDEN = ROOT / "tests" / "golden" / "steps_nocache"
 GOLDENS = sorted(GOLDEN.glob("*.yaml"))
 
 
@@ -318,7 +319,7 @@ def test_the_three_policies_end_to_end():
 
 
 # ------------------------------------------------------ properties on random traces --
-from sim.steps import UNIT_S, StepArrival as _Trace  # noqa: E402  (the engine's arrival)
+from sim.commands.steps import UNIT_S, StepArrival as _Trace  # noqa: E402  (the engine's arrival)
 
 
 def _random_workload(rng: random.Random, sequential: bool) -> list[tuple]:

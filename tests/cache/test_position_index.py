@@ -16,7 +16,7 @@ from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS, BlockPool
 from sim.config.scenario import load_scenario
-from sim.run import simulate
+from sim.commands.run import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 MOONCAKE = ROOT / "scenarios" / "mooncake-conversation.yaml"

@@ -2,8 +2,8 @@
 ``prefill_checkpoint_alignment``): how a scenario gets them from its model, and what they do.
 
 Hit lengths and chunk ends with checkpoints on are pinned against vLLM's real manager and
-scheduler by the goldens (``tests/golden/checkpoints/`` from the oracle's ``ckpt_cases``,
-``tests/golden_steps/ckpt_*.yaml`` from ``sched_oracle.py``); these tests cover the wiring.
+scheduler by the goldens (``tests/golden/cases/checkpoints/`` from the oracle's ``ckpt_cases``,
+``tests/golden/steps/ckpt_*.yaml`` from ``sched_oracle.py``); these tests cover the wiring.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import yaml
 from sim.cache.config import CacheConfig
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.rules import prefill_checkpoint_valid
-from sim.config.errors import ConfigError, InputError
+from sim.errors import ConfigError, InputError
 from sim.config.scenario import load_scenario
-from sim.run import build_deployment
+from sim.engine.replica import build_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,7 +24,7 @@ from sim.cluster.fleet import replica_scenarios
 from sim.cluster.routers import ROUTERS
 from sim.config.scenario import load_scenario
 from sim.engine.arrivals import ns
-from sim.run import simulate, write_run
+from sim.commands.run import simulate, write_run
 from workloads import build_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,8 +122,8 @@ def test_two_engines_on_one_environment_run_as_alone():
     from sim.engine.engine import Engine
     from sim.engine.record import Recorder, RequestMaker, StepSampler
     from sim.engine.scheduler import Scheduler
-    from sim.request_table import RequestColumns
-    from sim.run import build_deployment
+    from sim.rundir.request_table import RequestColumns
+    from sim.engine.replica import build_deployment
 
     scs = [load_scenario(TINY), load_scenario(ATHENA, {"workload.num_requests": 150})]
     env = simpy.Environment()

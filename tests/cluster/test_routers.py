@@ -26,7 +26,7 @@ from sim.cluster.routers.base import RouteRequest
 from sim.cluster.routers.load_book import pick_by_cost
 from sim.cluster.views import Prompt
 from sim.config.scenario import load_scenario
-from sim.run import simulate, write_run
+from sim.commands.run import simulate, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 ATHENA_FLEET = ROOT / "scenarios" / "cluster" / "athena-fleet.yaml"

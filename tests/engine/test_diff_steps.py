@@ -75,7 +75,7 @@ def test_both_sides_get_the_same_token_ids():
 def test_ours_runs_every_generated_case_and_yaml_is_runnable(tmp_path):
     import yaml
 
-    from sim.steps import run_steps_file
+    from sim.commands.steps import run_steps_file
 
     for i in range(15):
         spec = ds.gen_case(SEED, i)

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from sim.config.scenario import load_scenario
-from sim.records import REQUEST_COLUMNS
-from sim.run import simulate, write_run
+from sim.rundir.records import REQUEST_COLUMNS
+from sim.commands.run import simulate, write_run
 
 BASE = {
     "name": "tiny",
@@ -290,7 +290,7 @@ def test_cost_model_called_natively_gives_the_same_run(monkeypatch):
     """The engine calls the analytical model's methods directly when the backend is the
     cost model, and through the backend protocol otherwise: the runs are identical
     (athena-tiny: chunked prefill, jumps, MTP)."""
-    from sim import run as R
+    from sim.commands import run as R
 
     sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "athena-tiny.yaml")
     made = []
@@ -314,7 +314,7 @@ def test_cost_model_called_natively_gives_the_same_run(monkeypatch):
 
 def _planned_run(monkeypatch, sc):
     """``sc`` run with every step handed to a logging backend (no jumps)."""
-    from sim import run as R
+    from sim.commands import run as R
 
     log: list = []
     backends = []

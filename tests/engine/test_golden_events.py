@@ -1,6 +1,6 @@
 """KV events goldens: vLLM 0.33.0's published events, step for step (sched_oracle.py).
 
-Each ``tests/golden_events/*.yaml`` (``tools/make_event_goldens.py``) is a step case with
+Each ``tests/golden/events/*.yaml`` (``tools/make_event_goldens.py``) is a step case with
 ``enable_kv_cache_events: true`` and, as its expectation, the events vLLM's real scheduler
 published in each step (``expect_kv_events``, the oracle's canonical form: positions for
 hashes) and where it raised (``kv_events_error``: the ``IndexError`` of an announced hit,
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-DIR = Path(__file__).resolve().parents[1] / "golden_events"
+DIR = Path(__file__).resolve().parents[1] / "golden" / "events"
 FILES = sorted(DIR.glob("*.yaml"))
 
 
@@ -38,7 +38,7 @@ def test_event_goldens_cover_the_brief():
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_event_golden(path):
-    from sim.steps import run_steps_data
+    from sim.commands.steps import run_steps_data
 
     data = _load(path)
     got = run_steps_data(data, str(path), kv_events=True)

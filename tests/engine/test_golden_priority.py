@@ -1,6 +1,6 @@
 """``scheduler.policy: priority`` against vLLM 0.33.0's real Scheduler.
 
-``tests/golden_steps/prio_*.yaml`` (``tools/make_priority_goldens.py``) hold random step
+``tests/golden/steps/prio_*.yaml`` (``tools/make_priority_goldens.py``) hold random step
 cases with preemption under ``policy: priority``, the oracle's own priority examples and
 three cases where a victim's tokens go back to the budget; ``expect`` is the oracle's
 answer.  ``test_golden_steps.py`` runs every one of them through ``sim steps``; this file
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from sim.steps import run_steps_data
+from sim.commands.steps import run_steps_data
 
-DIR = Path(__file__).resolve().parents[1] / "golden_steps"
+DIR = Path(__file__).resolve().parents[1] / "golden" / "steps"
 RANDOM = sorted(DIR.glob("prio_s*.yaml"))
 ALL = sorted(DIR.glob("prio_*.yaml"))
 

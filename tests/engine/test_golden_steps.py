@@ -1,6 +1,6 @@
 """Step goldens: vLLM 0.33.0's real scheduler (sched_oracle.py) step for step.
 
-Each ``tests/golden_steps/*.yaml`` (``tools/make_step_goldens.py``) is a step case with the
+Each ``tests/golden/steps/*.yaml`` (``tools/make_step_goldens.py``) is a step case with the
 oracle's per-request answers; `sim steps` runs the same engine and scheduler as `sim run`
 with one time unit per step.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-DIR = Path(__file__).resolve().parents[1] / "golden_steps"
+DIR = Path(__file__).resolve().parents[1] / "golden" / "steps"
 FILES = sorted(DIR.glob("*.yaml"))
 
 
@@ -21,7 +21,7 @@ def test_step_goldens_present():
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_step_golden(path):
-    from sim.steps import run_steps_data
+    from sim.commands.steps import run_steps_data
 
     data = yaml.safe_load(path.read_text())
     got = {r["id"]: r for r in run_steps_data(data, str(path))}

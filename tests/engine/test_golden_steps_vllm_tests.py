@@ -1,12 +1,12 @@
 """vLLM's own scheduler tests, translated: per-step tokens and drafts equal vLLM 0.33.0's.
 
-``tests/golden_steps/vllm_test_*.yaml`` (``tools/make_step_goldens.py --vllm-tests``) are step
+``tests/golden/steps/vllm_test_*.yaml`` (``tools/make_step_goldens.py --vllm-tests``) are step
 cases whose per-request answers ``test_golden_steps.py`` checks.  What the vLLM tests assert is
 per step, though (a prefix-cache hit admitted beside a running speculative decode is padded to
 1 + K drafts; one admitted beside a prefill chunk is not; a prefill chunk never carries drafts),
 so here every step in which the real scheduler scheduled anything is compared too: the tokens
 and draft tokens per request, from the oracle's own answers
-(``tests/golden/vllm_tests/sched.out.json``, ``sched_oracle.py --file sched_cases.json``).
+(``tests/golden/cases/vllm_tests/sched.out.json``, ``sched_oracle.py --file sched_cases.json``).
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 TESTS = Path(__file__).resolve().parents[1]
-FILES = sorted((TESTS / "golden_steps").glob("vllm_test_*.yaml"))
+FILES = sorted((TESTS / "golden" / "steps").glob("vllm_test_*.yaml"))
 ANSWERS = {a["id"]: a for a in json.loads(
-    (TESTS / "golden" / "vllm_tests" / "sched.out.json").read_text())}
+    (TESTS / "golden" / "cases" / "vllm_tests" / "sched.out.json").read_text())}
 FIELDS = ("step", "scheduled", "spec_tokens")
 
 
@@ -30,7 +30,7 @@ def test_vllm_test_step_goldens_present():
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_scheduled_and_draft_tokens_per_step(path):
-    from sim.steps import run_steps_data
+    from sim.commands.steps import run_steps_data
 
     got = run_steps_data(yaml.safe_load(path.read_text()), str(path), per_step=True)["steps"]
     want = [{k: s[k] for k in FIELDS} for s in ANSWERS[path.stem]["steps"] if s["scheduled"]]

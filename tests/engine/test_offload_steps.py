@@ -1,7 +1,7 @@
 """The CPU tier (``kv_offloading``) in step cases, against vLLM 0.33.0's real
 ``OffloadingConnector``, CPU manager and ``Scheduler`` (``offload_oracle.py``).
 
-* ``tests/golden_offload/*.yaml`` (``tools/make_offload_goldens.py``): step cases whose
+* ``tests/golden/offload/*.yaml`` (``tools/make_offload_goldens.py``): step cases whose
   ``expect`` / ``expect_offload_steps`` are the oracle's answers, checked without the oracle;
 * the random differential test (``tools/diff_steps.py --profile offload``) and the oracle's
   hand-written cases on both sides, where the oracle is installed (else skipped).
@@ -21,8 +21,8 @@ from sim.oracle.keys import OFFLOAD, to_oracle_config
 from sim.oracle.worker import oracle_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = sorted((ROOT / "tests" / "golden_offload").glob("*.yaml"))
-HAND = ROOT / "tests" / "golden_offload" / "hand" / "cases.json"
+GOLDEN = sorted((ROOT / "tests" / "golden" / "offload").glob("*.yaml"))
+HAND = ROOT / "tests" / "golden" / "offload" / "hand" / "cases.json"
 SEED = 20260402
 N_CASES = 20
 
@@ -33,7 +33,7 @@ def test_offload_goldens_present():
 
 @pytest.mark.parametrize("path", GOLDEN, ids=[p.stem for p in GOLDEN])
 def test_offload_golden(path):
-    from sim.steps import run_steps_data
+    from sim.commands.steps import run_steps_data
 
     data = yaml.safe_load(path.read_text())
     got = run_steps_data(data, str(path), per_step=True)
@@ -83,7 +83,7 @@ def test_the_tier_goes_to_the_offload_driver_with_our_chunk_bytes():
 
 def test_a_tier_of_zero_bytes_is_refused_and_a_missing_size_names_the_key():
     from sim.cache.case import CaseError
-    from sim.steps import run_steps_data
+    from sim.commands.steps import run_steps_data
 
     base = {"config": {"block_size": 16, "num_blocks": 64},
             "requests": [{"id": "a", "prompt": "A:40", "max_tokens": 2}]}
@@ -96,7 +96,7 @@ def test_a_tier_of_zero_bytes_is_refused_and_a_missing_size_names_the_key():
 def test_without_host_hits_the_tier_changes_no_step():
     """A host pool too small to hold any prompt: every step is the one without the tier
     (but EAGLE's lookahead hashes, which a KV connector turns off)."""
-    from sim.steps import run_steps_data
+    from sim.commands.steps import run_steps_data
 
     base = {"config": {"groups": ["full", "mamba"], "block_size": 16, "num_blocks": 40},
             "requests": [{"id": "a", "prompt": "S:64 A:20", "max_tokens": 3},
@@ -140,7 +140,7 @@ def test_diff_against_the_offload_oracle(capsys):
     rc = ds.main(["--seed", str(SEED), "--cases", str(N_CASES), "--profile", "offload",
                   "--show", "1", "--tables", "0"])
     out = capsys.readouterr().out
-    assert "offload_oracle vs sim.steps" in out and "mismatching cases: 0" in out, out[:12000]
+    assert "offload_oracle vs sim.commands.steps" in out and "mismatching cases: 0" in out, out[:12000]
     assert rc == 0
 
 
@@ -170,7 +170,7 @@ def test_both_stop_where_vllm_fails_its_assertion():
         pytest.skip(why)
     from sim.oracle.worker import start_oracle
 
-    spec = yaml.safe_load((ROOT / "tests" / "golden_offload" / "hand" / "stop.yaml").read_text())
+    spec = yaml.safe_load((ROOT / "tests" / "golden" / "offload" / "hand" / "stop.yaml").read_text())
     oracle = start_oracle(OFFLOAD, workers=1)
     try:
         ans = oracle.run([step_case.to_oracle(spec)])[0]
@@ -183,7 +183,7 @@ def test_both_stop_where_vllm_fails_its_assertion():
 
 
 def test_we_stop_where_the_oracle_died():
-    spec = yaml.safe_load((ROOT / "tests" / "golden_offload" / "hand" / "stop.yaml").read_text())
+    spec = yaml.safe_load((ROOT / "tests" / "golden" / "offload" / "hand" / "stop.yaml").read_text())
     ours = step_case.run_ours(spec)
     assert "stopped" in ours, ours
     assert spec["oracle_error"].startswith(f"step {ours['stopped']}: AssertionError")

@@ -20,7 +20,7 @@ from backends.base import FixedStep
 from sim.cache.config import CacheConfig
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry, parse_prompt
-from sim.config.errors import CapacityError
+from sim.errors import CapacityError
 from sim.config.scheduler import SchedulerConfig
 from sim.engine.engine import Engine
 from sim.engine.scheduler import TOO_LONG_FOR_POOL, Scheduler, SimRequest

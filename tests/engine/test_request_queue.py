@@ -9,7 +9,7 @@ from sim.cache.case import CaseError
 from sim.config.scheduler import SchedulerConfig
 from sim.engine.request_queue import (QUEUE_POLICIES, FCFSQueue, LPMQueue, PriorityQueue,
                                       make_queue)
-from sim.steps import run_steps_data
+from sim.commands.steps import run_steps_data
 
 
 class _Req:
@@ -129,3 +129,11 @@ def test_bad_request_priority_in_a_step_case():
     case["requests"][1]["priority"] = "high"
     with pytest.raises(CaseError, match=r"requests\[1\]\.priority: must be an integer"):
         run_steps_data(case)
+
+
+def test_the_config_accepts_exactly_the_queues_the_engine_builds():
+    from sim.config.scheduler import QUEUE_POLICY_NAMES
+    from sim.engine.request_queue import QUEUE_POLICIES, check_registry
+
+    check_registry()
+    assert sorted(QUEUE_POLICY_NAMES) == sorted(QUEUE_POLICIES)

@@ -9,10 +9,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.config.errors import InputError
+from sim.entrypoints.cli import app
+from sim.errors import InputError
 from sim.config.scenario import load_scenario
-from sim.run import simulate
+from sim.commands.run import simulate
 from workloads import WorkloadError, build_workload, write_jsonl
 
 runner = CliRunner()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sim.cache.case import CaseError
-from sim.steps import run_steps_data
+from sim.commands.steps import run_steps_data
 
 
 def _case(**cfg):

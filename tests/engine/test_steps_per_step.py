@@ -1,7 +1,7 @@
 """``sim steps --per-step``: each step's scheduled tokens and drafts per request, against
 vLLM 0.33.0's real scheduler.
 
-The expectations are ``sched_oracle.py``'s answers (``tests/golden_steps/per_step/``:
+The expectations are ``sched_oracle.py``'s answers (``tests/golden/steps/per_step/``:
 ``sched_cases.json`` is the oracle input, ``sched_cases.out.json`` its per-step records, cut to
 the steps that scheduled anything), not our output.  They pin vLLM's spec-decode padding: a
 request admitted with one token left is scheduled as 1 + K (K drafts that are never accepted)
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from sim.oracle.keys import STEPS, from_oracle_config
-from sim.steps import run_steps_data
+from sim.commands.steps import run_steps_data
 
-DIR = Path(__file__).resolve().parents[1] / "golden_steps" / "per_step"
+DIR = Path(__file__).resolve().parents[1] / "golden" / "steps" / "per_step"
 CASES = {c["id"]: c for c in json.loads((DIR / "sched_cases.json").read_text())}
 ANSWERS = {a["id"]: a for a in json.loads((DIR / "sched_cases.out.json").read_text())}
 

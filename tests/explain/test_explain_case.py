@@ -15,7 +15,7 @@ from sim.explain import explain, text
 from tests.sim_cli import run_sim
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = ROOT / "tests" / "golden"
+GOLDEN = ROOT / "tests" / "golden" / "cases"
 
 
 def test_seed_defect_1_names_mamba_as_the_cap_and_the_eagle_drop():
@@ -71,8 +71,8 @@ def test_hit_of_every_request_matches_the_oracle_golden(path):
 
 @pytest.mark.parametrize("case,rid", [("cases/junction-flag.yaml", "follower2"),
                                       ("cases/junction-flag.yaml", "follower1"),
-                                      ("tests/golden/dense/d3_eagle.yaml", "consumer"),
-                                      ("tests/golden/checkpoints/c22_ck0.yaml", "consumer2")])
+                                      ("tests/golden/cases/dense/d3_eagle.yaml", "consumer"),
+                                      ("tests/golden/cases/checkpoints/c22_ck0.yaml", "consumer2")])
 def test_what_ifs_equal_rerunning_the_case_with_the_switch_flipped(case, rid):
     path = ROOT / case
     d = explain(path, rid)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sim.config.scenario import load_scenario
 from sim.explain import explain, text
-from sim.run import simulate, write_run
+from sim.commands.run import simulate, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = ROOT / "scenarios" / "cluster" / "athena-fleet.yaml"

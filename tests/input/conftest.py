@@ -32,7 +32,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 @pytest.fixture
 def sim_inproc(capsys):
     """``sim_inproc(*args) -> Result``: the console entry point in this process (fast)."""
-    from sim.cli import main
+    from sim.entrypoints.cli import main
 
     def run(*args: str, cwd: Path | None = None) -> Result:
         old = os.getcwd()

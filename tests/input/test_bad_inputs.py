@@ -334,7 +334,7 @@ def test_bad_sweep_file(sim_inproc, tmp_path, name):
 @pytest.fixture(scope="module")
 def run_folder(tmp_path_factory) -> Path:
     """One good run folder (summary.json, run.json, requests.csv) to corrupt copies of."""
-    from sim.cli import main
+    from sim.entrypoints.cli import main
 
     d = tmp_path_factory.mktemp("good")
     (d / "s.yaml").write_text(BASE)

@@ -167,7 +167,7 @@ def test_a_long_unknown_key_is_cut(sim_inproc, tmp_path):
 
 
 def test_an_input_error_is_at_most_1000_characters():
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     e = InputError("x: " + "y" * 10**6)
     assert len(str(e)) == 1000 and str(e).endswith("...")
@@ -228,7 +228,7 @@ def test_a_huge_multi_turn_value_is_refused(sim_inproc, tmp_path, name):
 
 def test_num_requests_2_to_the_70_through_the_api(tmp_path):
     import sim
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     with pytest.raises(InputError, match=r"workload.num_requests: must be at most 10,000,000"):
         sim.run(TINY, set={"workload.num_requests": 2**70})

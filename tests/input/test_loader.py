@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.config.errors import InputError
+from sim.errors import InputError
 from sim.config.loader import field_lines, load_file, loads_yaml, parse_set
 
 

@@ -228,11 +228,11 @@ def test_sim_calibrate_names_its_counts_as_typed(sim_inproc, tmp_path):
 
 
 def test_a_scaled_models_message_names_the_option(monkeypatch):
-    import sim.cli
-    from sim.cli_tools import CALIBRATE_OPTIONS, MODEL_OPTIONS
-    from sim.cli import option_message
+    from sim.entrypoints import common
+    from sim.entrypoints.cli_tools import CALIBRATE_OPTIONS, MODEL_OPTIONS
+    from sim.entrypoints.common import option_message
 
-    monkeypatch.setattr(sim.cli, "COMMAND", ["sim", "model", "nemotron-h-8b"])
+    monkeypatch.setattr(common, "COMMAND_LINE", ["sim", "model", "nemotron-h-8b"])
 
     assert option_message("num_layers must be >= 2 to hold a Mamba and an attention layer",
                           CALIBRATE_OPTIONS) == \
@@ -318,7 +318,7 @@ def test_a_run_json_from_before_inputs_were_recorded_still_reruns(sim_inproc, tm
 # ---- the notebook API: the CLI's checks, the CLI's lines ---------------------------------
 
 def _api_error(fn, *args, **kw) -> str:
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     with pytest.raises(InputError) as got:
         fn(*args, **kw)
@@ -332,7 +332,7 @@ def test_api_set_as_a_string_is_the_clis_set(tmp_path):
 
     assert _api_error(sim.run, TINY, set="x") == "--set 'x': expected FIELD.PATH=VALUE"
     # the same line the CLI prints for --set x
-    from sim.cli import main
+    from sim.entrypoints.cli import main
 
     with pytest.raises(SystemExit):
         main(["run", str(TINY), "--set", "x", "--out", str(tmp_path / "o")])

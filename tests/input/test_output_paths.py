@@ -137,7 +137,7 @@ def test_unwritable_parent_chmod(sim_inproc, tmp_path):
 
 
 def test_bad_path_is_refused_before_simulating(sim_inproc, tmp_path, monkeypatch):
-    import sim.run
+    import sim.commands.run
 
     def boom(*a, **k):
         raise AssertionError("simulated before checking the output path")
@@ -256,7 +256,7 @@ def test_sigterm_during_sweep_stops_the_points_at_once(tmp_path):
 
 def test_interrupt_during_the_final_rename_keeps_the_earlier_run(sim_inproc, tmp_path,
                                                                  monkeypatch):
-    import sim.atomic
+    import sim.rundir.atomic
 
     assert sim_inproc("run", TINY, "--out", "r", "-q", "--no-report", cwd=tmp_path).rc == 0
     before = snapshot(tmp_path)
@@ -266,7 +266,7 @@ def test_interrupt_during_the_final_rename_keeps_the_earlier_run(sim_inproc, tmp
         if Path(dst).name == "r" and Path(src).name.startswith(".r."):
             os.kill(os.getpid(), signal.SIGTERM)        # lands mid-commit (held back)
         real_rename(src, dst)
-    monkeypatch.setattr(sim.atomic.os, "rename", rename)
+    monkeypatch.setattr(sim.rundir.atomic.os, "rename", rename)
     res = sim_inproc("run", TINY, "--out", "r", "-q", "--no-report", "--set", "seed=5",
                      cwd=tmp_path)
     monkeypatch.undo()
@@ -324,7 +324,8 @@ def test_other_program_takes_the_folder_meanwhile(tmp_path):
 # ---- calibrate's profile ------------------------------------------------------
 
 def test_atomic_write_text_leaves_no_temp_file(tmp_path, monkeypatch):
-    from sim.atomic import OutputPathError, atomic_write_text
+    from sim.rundir.atomic import OutputPathError
+    from sim.rundir.atomic_files import atomic_write_text
 
     p = tmp_path / "profiles" / "x.yaml"
     atomic_write_text(p, "a: 1\n")
@@ -333,7 +334,7 @@ def test_atomic_write_text_leaves_no_temp_file(tmp_path, monkeypatch):
 
     def fail(*a):
         raise OSError("disk full")
-    monkeypatch.setattr("sim.atomic.os.replace", fail)
+    monkeypatch.setattr("sim.rundir.atomic.os.replace", fail)
     with pytest.raises(OSError):
         atomic_write_text(p, "a: 3\n")
     monkeypatch.undo()

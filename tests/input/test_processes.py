@@ -189,7 +189,7 @@ FAILED = {"status": "failed", "error": "stand-in", "trace": ""}
 
 
 def test_plan_workers_caps_by_points_and_cpus(monkeypatch):
-    from sim import sweep
+    from sim.commands import sweep
 
     monkeypatch.setattr(sweep.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     assert sweep.plan_workers(None, 2) == (2, None)
@@ -206,7 +206,7 @@ def test_plan_workers_caps_by_points_and_cpus(monkeypatch):
 
 
 def test_sweep_workers_100000_starts_no_more_than_points(sim_inproc, tmp_path, monkeypatch):
-    from sim import sweep
+    from sim.commands import sweep
 
     monkeypatch.setattr(sweep.os, "sched_getaffinity", lambda pid: set(range(64)),
                         raising=False)
@@ -222,7 +222,7 @@ def test_sweep_workers_100000_starts_no_more_than_points(sim_inproc, tmp_path, m
 
 
 def test_sweep_workers_default_is_quiet(sim_inproc, tmp_path, monkeypatch):
-    from sim import sweep
+    from sim.commands import sweep
 
     seen = []
     monkeypatch.setattr(sweep, "_pool_points", lambda jobs, workers, progress, line:
@@ -268,7 +268,7 @@ def test_a_real_pool_of_100000_asked_runs_two_workers(tmp_path):
 # ---- Ray: an interrupt cancels the tasks -------------------------------------------
 
 class _FakeRay:
-    """What ``sim/sweep.py`` calls of Ray, recording the cancels."""
+    """What ``sim/commands/sweep.py`` calls of Ray, recording the cancels."""
 
     def __init__(self, interrupt_at: int):
         self.cancelled: list = []
@@ -298,7 +298,7 @@ class _FakeRay:
     def get(self, ref):
         self.gets += 1
         if self.gets == self.interrupt_at:
-            from sim.cli import Interrupted
+            from sim.entrypoints.cli import Interrupted
 
             raise Interrupted(signal.SIGINT)
         return {"status": "failed", "error": "x", "trace": ""}
@@ -311,8 +311,8 @@ class _FakeRay:
 
 
 def test_an_interrupted_ray_sweep_cancels_its_tasks(tmp_path, monkeypatch):
-    from sim import sweep as sweep_mod
-    from sim.cli import Interrupted
+    from sim.commands import sweep as sweep_mod
+    from sim.entrypoints.cli import Interrupted
 
     fake = _FakeRay(interrupt_at=2)
     monkeypatch.setitem(sys.modules, "ray", fake)
@@ -324,7 +324,7 @@ def test_an_interrupted_ray_sweep_cancels_its_tasks(tmp_path, monkeypatch):
 
 
 def test_a_ray_sweep_that_finishes_cancels_nothing(monkeypatch):
-    from sim import sweep as sweep_mod
+    from sim.commands import sweep as sweep_mod
 
     fake = _FakeRay(interrupt_at=0)
     monkeypatch.setitem(sys.modules, "ray", fake)

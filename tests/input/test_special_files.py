@@ -206,7 +206,7 @@ def test_sim_report_on_a_fifo(sim_inproc, tmp_path):
 
 def test_notebook_load_refuses_a_fifo_requests_csv(tmp_path):
     import sim
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     sim.run(str(TINY), set={"workload.num_requests": 4}, out=tmp_path / "r", report=False)
     (tmp_path / "r" / "requests.csv").unlink()

@@ -272,7 +272,7 @@ def test_sim_report_when_moving_a_file_in_fails_puts_back_the_earlier_ones(
         sim_inproc, tmp_path, monkeypatch):
     """A failure half-way through moving the staged files in: those moved are undone
     (the earlier files put back), so the folder is as it was."""
-    import sim.atomic
+    import sim.rundir.atomic
 
     assert sim_inproc("run", TINY, "--out", "r", "-q", cwd=tmp_path).rc == 0
     before = snapshot(tmp_path)
@@ -285,7 +285,7 @@ def test_sim_report_when_moving_a_file_in_fails_puts_back_the_earlier_ones(
             if len(moved) == 2:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
         return real(src, dst)
-    monkeypatch.setattr(sim.atomic.os, "replace", replace)
+    monkeypatch.setattr(sim.rundir.atomic.os, "replace", replace)
     res = sim_inproc("report", "r", cwd=tmp_path)
     monkeypatch.undo()
     _unchanged(res, tmp_path, before, "r:", "No space left on device")
@@ -395,7 +395,7 @@ def _dead_pid() -> int:
 def _writer(pid: int, **over) -> dict:
     import socket
 
-    from sim.atomic import _boot_id, _proc_start
+    from sim.rundir.atomic import _boot_id, _proc_start
 
     rec = {"written_by": "hybrid-cache-sim", "pid": pid,
            "start": _proc_start(pid) if _proc_start(pid) is not None else 12345,
@@ -446,7 +446,7 @@ def test_what_sim_cannot_prove_stale_is_kept(sim_inproc, tmp_path):
 
 @linux_proc
 def test_a_folder_moved_aside_by_a_dead_writer_is_put_back(sim_inproc, tmp_path):
-    from sim.atomic import _boot_id
+    from sim.rundir.atomic import _boot_id
 
     assert sim_inproc("run", TINY, "--out", "r", "-q", "--no-report", cwd=tmp_path).rc == 0
     first = snapshot(tmp_path / "r")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
-from sim.cli_marconi import parse_bytes
-from sim.config.errors import InputError
+from sim.entrypoints.cli import main
+from sim.entrypoints.cli_marconi import parse_bytes
+from sim.errors import InputError
 from sim.marconi import replay
 from sim.marconi.rules import MARCONI_CODE, Rules
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.config.errors import InputError
+from sim.errors import InputError
 from sim.marconi import CostModel, Request, replay
 from sim.marconi.costs import LayerFlops
 from sim.marconi.eviction import FlopAware

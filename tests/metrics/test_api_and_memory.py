@@ -1,4 +1,4 @@
-"""The notebook API (sim/api.py: ``sim.run``, ``sim.load``, ``sim.sweep``), the memory
+"""The notebook API (sim/entrypoints/api.py: ``sim.run``, ``sim.load``, ``sim.sweep``), the memory
 series of a run folder, and the ITL statistics with and without decode jumps."""
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import pytest
 
 import sim
 from sim.config.scenario import load_scenario
-from sim.records import MEMORY_COLUMNS, REQUEST_COLUMNS
-from sim.run import simulate, write_run
+from sim.rundir.records import MEMORY_COLUMNS, REQUEST_COLUMNS
+from sim.commands.run import simulate, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"
 
 
 def test_import_sim_stays_cheap():
-    code = ("import sys, sim; bad = [m for m in ('pandas', 'matplotlib', 'simpy', 'sim.run', "
-            "'sim.api', 'numpy') if m in sys.modules]; print(bad)")
+    code = ("import sys, sim; bad = [m for m in ('pandas', 'matplotlib', 'simpy', 'sim.commands.run', "
+            "'sim.entrypoints.api', 'numpy') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stderr
 
@@ -43,9 +43,10 @@ def test_run_is_the_cli_path_and_load_reads_it_back(tmp_path):
     assert all(isinstance(v, int) for v in cols["output_tokens"])
     assert all(isinstance(v, float) for v in cols["ttft_s"])
     assert list(back.memory_columns) == list(MEMORY_COLUMNS)
-    # sim.run is also the module: both spellings work, in either import order
-    import sim.run as run_module
-    assert run_module is sim.run and callable(sim.run) and sim.run.simulate is simulate
+    # sim.run is the API's function, whether or not the command's module was imported
+    from sim.commands import run as run_module
+    from sim.entrypoints import api
+    assert sim.run is api.run and sim.sweep is api.sweep and run_module.simulate is simulate
 
 
 def test_run_without_out_leaves_nothing(tmp_path, monkeypatch):
@@ -58,7 +59,7 @@ def test_run_without_out_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_load_of_a_bad_folder_is_one_line(tmp_path):
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     with pytest.raises(InputError, match="not a run folder"):
         sim.load(tmp_path / "nope")

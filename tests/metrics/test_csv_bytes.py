@@ -1,4 +1,4 @@
-"""Numbers written digit by digit (sim/csv_bytes.py) are the very text of ``str`` and
+"""Numbers written digit by digit (sim/rundir/csv_bytes.py) are the very text of ``str`` and
 ``"%.6f"``: every int, every double (exact halves between two six-decimal values and their
 neighbours included), and whole chunks of requests.csv rows either way."""
 from __future__ import annotations
@@ -12,7 +12,9 @@ from array import array
 import pytest
 from librt.strings import BytesWriter
 
-from sim import csv_bytes, requests_csv
+from sim.rundir import csv_bytes
+
+from sim.rundir import requests_csv
 
 
 def fixed6(x: float) -> str:
@@ -129,7 +131,7 @@ def test_a_table_is_written_the_same_either_way(on, monkeypatch):
     from tests.metrics.test_request_table import build, served_row
     from tests.metrics.test_requests_csv import _table_reference, _table_rows
 
-    from sim.records import REQUEST_COLUMNS
+    from sim.rundir.records import REQUEST_COLUMNS
 
     monkeypatch.setattr(requests_csv, "BYTES_ROWS", on)
     rng = random.Random(4)

@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 import yaml
 
-import sim.run as run_mod
+import sim.commands.run as run_mod
+import sim.engine.replica as replica_mod
 from sim.config.scenario import load_scenario
-from sim.run import simulate, write_run
+from sim.commands.run import simulate, write_run
 
 BASE = {
     "name": "timeline",
@@ -64,12 +65,12 @@ def _scenario(tmp_path: Path, slo: dict | None = None) -> Path:
 
 @pytest.fixture
 def hand_cost(monkeypatch):
-    real = run_mod.cost_model
+    real = replica_mod.cost_model
 
     def fake(sc, layout, gpu):
         real(sc, layout, gpu)          # (still validated as usual)
         return HandCost()
-    monkeypatch.setattr(run_mod, "cost_model", fake)
+    monkeypatch.setattr(replica_mod, "cost_model", fake)
 
 
 @pytest.mark.parametrize("jump", [True, False])
@@ -123,7 +124,7 @@ def test_goodput_counts_requests_meeting_every_slo(tmp_path, hand_cost):
 
 
 def test_written_and_read_back(tmp_path, hand_cost):
-    from sim.records import read_request_records
+    from sim.rundir.records import read_request_records
 
     sc = load_scenario(_scenario(tmp_path, {"ttft_ms": 15}))
     dep, rows, s = simulate(sc)
@@ -140,7 +141,7 @@ def test_written_and_read_back(tmp_path, hand_cost):
 
 
 def test_a_run_folder_without_the_new_columns_reads_back(tmp_path, hand_cost):
-    from sim.records import read_request_records
+    from sim.rundir.records import read_request_records
 
     sc = load_scenario(_scenario(tmp_path))
     dep, rows, s = simulate(sc)

@@ -18,8 +18,8 @@ from sim.cache.case import parse_case, prefill
 from sim.cache.evictions import EvictionLog
 from sim.cache.kv_manager import KVCacheManager
 from sim.config.scenario import load_scenario
-from sim.records import MISS_FIELDS, REQUEST_COLUMNS
-from sim.run import simulate
+from sim.rundir.records import MISS_FIELDS, REQUEST_COLUMNS
+from sim.commands.run import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"
@@ -302,4 +302,4 @@ def test_requests_csv_gains_the_columns_at_the_end():
     assert REQUEST_COLUMNS[-7:] == ("compulsory_tokens", "capacity_tokens", "checkpoint_tokens",
                                     "speculative_tokens", "in_flight_tokens",
                                     "checkpoint_reason", "capacity_evicted_by")
-    assert json.dumps(list(MISS_FIELDS))   # (named once, in sim/records.py)
+    assert json.dumps(list(MISS_FIELDS))   # (named once, in sim/rundir/records.py)

@@ -1,5 +1,5 @@
-"""The one percentile method (sim/stats.py) and the non-negative least squares of
-``sim calibrate`` (sim/nnls.py, sim/calibrate.py), against independent answers."""
+"""The one percentile method (sim/rundir/stats.py) and the non-negative least squares of
+``sim calibrate`` (sim/commands/nnls.py, sim/commands/calibrate.py), against independent answers."""
 from __future__ import annotations
 
 import itertools
@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from sim.calibrate import design, fit
-from sim.nnls import nnls
-from sim.stats import percentile, percentiles, weighted_percentiles
+from sim.commands.calibrate import design, fit
+from sim.commands.nnls import nnls
+from sim.rundir.stats import percentile, percentiles, weighted_percentiles
 
 
 def test_percentiles_are_numpys_linear():

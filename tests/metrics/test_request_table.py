@@ -1,4 +1,4 @@
-"""The run's requests kept column by column (sim/request_table.py): read back, they are
+"""The run's requests kept column by column (sim/rundir/request_table.py): read back, they are
 exactly the records the recorder's tuples make (values and types, in arrival order),
 whatever the values (blanks, NaN, huge or odd numbers), batches and order."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import pytest
 
 from sim.config.slo import SLOSection
-from sim.records import REQUEST_COLUMNS, RequestRecord, records_in_arrival_order
-from sim.request_table import RequestColumns, RequestTable
+from sim.rundir.records import REQUEST_COLUMNS, RequestRecord, records_in_arrival_order
+from sim.rundir.request_table import RequestColumns, RequestTable
 
 BLANK_INT = -(2 ** 63)        # the least 64-bit integer
 
@@ -165,7 +165,7 @@ def test_simulate_returns_tables_of_every_request_and_of_the_served_ones():
     from pathlib import Path
 
     from sim.config.scenario import load_scenario
-    from sim.run import simulate
+    from sim.commands.run import simulate
 
     tiny = Path(__file__).resolve().parents[2] / "scenarios" / "athena-tiny.yaml"
     sc = load_scenario(tiny, {"workload.num_requests": 30, "scheduler.max_model_len": 350})
@@ -189,7 +189,7 @@ def test_numbers_from_a_buffer_make_the_column_a_tuple_of_them_makes(code):
     from librt.vecs import append, vec
     from mypy_extensions import i64
 
-    from sim.request_table import _Column
+    from sim.rundir.request_table import _Column
 
     rng = random.Random(13)
     edges = [0, 127, -128, 128, 32767, -32768, 2 ** 31, -(2 ** 63), 2 ** 63 - 1]
@@ -218,7 +218,7 @@ def test_blanks_appended_at_once_make_the_column_blanks_given_as_values_make(kin
     # extend_blank's shortcuts (zeros flagged blank, the code of "") against extend of
     # the same "" values, between batches of other values (a coded column meets "" first
     # or later; an integer column already widened)
-    from sim.request_table import _Column
+    from sim.rundir.request_table import _Column
 
     fill = {"i": [5, 70000, -3], "d": [0.5, -0.0, 2.0], "t": ["a", "b", "a"],
             "s": ["r1", "r2", "r3"], "o": ["x", 7, None]}[kind]
@@ -246,7 +246,7 @@ def test_a_replay_recorded_column_by_column_equals_one_recorded_as_tuples(attrib
     from pathlib import Path
 
     from sim.config.scenario import load_scenario
-    from sim.run import simulate
+    from sim.commands.run import simulate
 
     mooncake = Path(__file__).resolve().parents[2] / "scenarios" / "mooncake-conversation.yaml"
     sc = load_scenario(mooncake, {"workload.num_requests": 300, "attribution": attribution,
@@ -271,8 +271,8 @@ def test_the_reports_columns_of_a_table_are_what_its_requests_csv_reads_back(att
     from the same table does: refused requests left out, blanks "", odd ids, values and
     types; and as the record-by-record path gives them from the table's records."""
     from reports.rows import REPORT_COLUMNS, as_written
-    from sim import requests_csv
-    from sim.records import read_request_records
+    from sim.rundir import requests_csv
+    from sim.rundir.records import read_request_records
 
     rng = random.Random(11)
     ids = ["a,b\n", 'q"x', "é-\U0001f600"]

@@ -1,4 +1,4 @@
-"""requests.csv written column by column (sim/requests_csv.py) is byte for byte what
+"""requests.csv written column by column (sim/rundir/requests_csv.py) is byte for byte what
 csv.writer writes of the same rows, whatever the text in them (commas, quotes, line
 breaks, carriage returns, non-ASCII), the numbers (blanks, huge, negative, infinite,
 NaN, bools) and the chunking."""
@@ -11,9 +11,9 @@ import random
 
 import pytest
 
-from sim import requests_csv
-from sim.records import REQUEST_COLUMNS
-from sim.run import _fmt
+from sim.rundir import requests_csv
+from sim.rundir.records import REQUEST_COLUMNS
+from sim.rundir.requests_csv import fmt as _fmt
 
 TEXTS = ["r1", "", "a,b", 'say "hi"', "two\nlines", "cr\rhere", "é-\U0001f600", " lead", "x"]
 

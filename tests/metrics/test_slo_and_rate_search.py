@@ -1,5 +1,5 @@
 """The scenario's ``slo:`` section (validated at load) and the rate search
-(sim/search.py, ``sim sweep --search rate``) on a hand-checked timeline."""
+(sim/commands/search.py, ``sim sweep --search rate``) on a hand-checked timeline."""
 from __future__ import annotations
 
 import csv
@@ -11,7 +11,7 @@ import yaml
 
 from sim.config.scenario import ScenarioError, load_scenario
 from sim.config.slo import SLOSection
-from sim.search import ABOVE, BELOW, FOUND, RateSearch, rate_overrides, search_rate
+from sim.commands.search import ABOVE, BELOW, FOUND, RateSearch, rate_overrides, search_rate
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"
@@ -107,7 +107,7 @@ class HandCost:
 
 @pytest.fixture
 def hand_cost(monkeypatch):
-    import sim.run as run_mod
+    import sim.engine.replica as run_mod
 
     monkeypatch.setattr(run_mod, "cost_model", lambda sc, layout, gpu: HandCost())
 
@@ -131,7 +131,7 @@ def _sweep(tmp_path: Path, search: dict | None) -> Path:
 
 
 def test_sweep_search_finds_the_hand_computed_rate(tmp_path, hand_cost, capsys):
-    from sim.sweep import load_sweep, run_sweep
+    from sim.commands.sweep import load_sweep, run_sweep
 
     sw = load_sweep(_sweep(tmp_path, {"attainment": 0.9, "tolerance": 0.01}))
     results = run_sweep(sw, tmp_path / "out", workers=1, report=False, verbose=True)
@@ -170,7 +170,7 @@ def test_sweep_search_finds_the_hand_computed_rate(tmp_path, hand_cost, capsys):
 
 
 def test_search_needs_slos_and_a_known_search(tmp_path):
-    from sim.sweep import SweepError, load_sweep
+    from sim.commands.sweep import SweepError, load_sweep
 
     p = _sweep(tmp_path, None)
     assert load_sweep(p).search is None

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.config.errors import ConfigError, InputError
+from sim.errors import ConfigError, InputError
 from sim.config.scenario import ScenarioError, load_scenario
-from sim.run import build_deployment
+from sim.engine.replica import build_deployment
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "scenarios" / "mooncake-conversation.yaml"
 GiB = 2**30

@@ -124,7 +124,7 @@ def _load(tmp_path, edit):
 
     import yaml
 
-    from sim.config.errors import InputError
+    from sim.errors import InputError
     from sim.config.scenario import load_scenario
 
     root = Path(__file__).resolve().parents[2]

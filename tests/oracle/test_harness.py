@@ -109,7 +109,7 @@ def test_validate_translates_a_case_file_for_the_kv_oracle():
 
 
 def test_validate_refuses_a_key_the_oracle_lacks_before_starting_it():
-    from sim.validate import validate_case
+    from sim.commands.validate import validate_case
 
     data = {"config": {"groups": ["full", "mamba"], "block_size": 16,
                        "prompt_checkpoint": "seed"},

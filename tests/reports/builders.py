@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.records import REQUEST_COLUMNS
+from sim.rundir.records import REQUEST_COLUMNS
 
 SUMMARY = {"scenario": "synthetic", "model": "m", "policy": "vllm", "block_size": 1024,
            "hash_block_size": 64, "num_gpu_blocks": 100, "requests": 3, "prompt_tokens": 3000,

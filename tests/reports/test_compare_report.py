@@ -64,7 +64,7 @@ def test_the_stored_flag_is_the_one_field_off_then_on(tmp_path):
     import pytest
 
     from reports.compare_report import stored_flag
-    from sim.config.errors import InputError
+    from sim.errors import InputError
 
     base = {"policy": "vllm", "hash_block_size": 64, "disable_lookahead_block_hashes": True}
     one = _scenarios(tmp_path / "one", {**base, "enable_mamba_shared_prefix_checkpoint": False},

@@ -13,7 +13,7 @@ import yaml
 
 import reports.workers as W
 from sim.config.scenario import load_scenario
-from sim.run import simulate, write_run
+from sim.commands.run import simulate, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="workers fork (Linux)")
@@ -138,7 +138,7 @@ def test_a_memory_figure_drawn_ahead_is_the_same_bytes(ran, tmp_path, cpus, monk
     folder is handed over is ignored."""
     import multiprocessing
 
-    from sim.run import memory_prelude
+    from sim.commands.run import memory_prelude
 
     sc, dep, rows, summary, ref = ran
     got = memory_prelude(sc, dep)
@@ -158,7 +158,7 @@ def test_a_memory_figure_that_fails_ahead_is_drawn_with_its_part(ran, tmp_path,
     import multiprocessing
 
     import reports.memory_figure as mf
-    from sim.run import memory_prelude
+    from sim.commands.run import memory_prelude
 
     def fail(*a, **k):
         raise RuntimeError("made to fail")
@@ -179,7 +179,7 @@ def test_a_memory_figure_drawn_ahead_is_written_only_for_its_own_inputs(ran, tmp
     import shutil
 
     from reports.memory_figure import draw_memory, memory_png, title_of
-    from sim.run import memory_prelude
+    from sim.commands.run import memory_prelude
 
     sc, dep, rows, summary, ref = ran
     fields, pool, block, name = memory_prelude(sc, dep)
@@ -203,7 +203,7 @@ def test_no_report_imports_no_matplotlib(tmp_path):
     data = yaml.safe_load((ROOT / "scenarios" / "athena.yaml").read_text())
     data["workload"]["num_requests"] = 20
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
-    code = ("import sys; from sim.cli import main\n"
+    code = ("import sys; from sim.entrypoints.cli import main\n"
             "try:\n    main(['run', 's.yaml', '--out', 'o', '-q', '--no-report'])\n"
             "except SystemExit as e:\n    assert not e.code, e.code\n"
             "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))")

@@ -48,7 +48,7 @@ def _mostly_misses():
 
 def test_ttft_percentiles_are_numpy_linear(tmp_path, figures):
     run_report.write_report(write_run(tmp_path / "r", _mostly_misses()))
-    # linear interpolation (sim.stats), not the nearest rank the report once drew (0.600 s)
+    # linear interpolation (sim.rundir.stats), not the nearest rank the report once drew (0.600 s)
     assert figures["ttft_cdf"]["legend"] == ["p50 = 0.550 s", "p90 = 0.910 s", "p99 = 0.991 s"]
     assert figures["ttft_cdf"]["xlabels"] == ["time to first token (s)"]
 
@@ -111,7 +111,7 @@ def athena_run(tmp_path_factory):
     import yaml
 
     from sim.config.scenario import load_scenario
-    from sim.run import simulate, write_run as write_sim_run
+    from sim.commands.run import simulate, write_run as write_sim_run
 
     d = tmp_path_factory.mktemp("athena_run")
     root = Path(__file__).resolve().parents[2]
@@ -236,7 +236,7 @@ def test_a_fleet_run_draws_its_replicas_panel(tmp_path):
     """A fleet's report has the per-replica panel, cut to its pixels like the others,
     and a Fleet section naming the router; a single replica's has neither."""
     from sim.config.scenario import load_scenario
-    from sim.run import simulate, write_run
+    from sim.commands.run import simulate, write_run
 
     sc = load_scenario(ROOT / "scenarios" / "athena-tiny.yaml",
                        {"cluster.replicas": 3, "cluster.router.policy": "least_outstanding"})

@@ -12,7 +12,7 @@ import pytest
 from reports import sweep_figures
 from reports.sweep_data import identical_groups, load_sweep, merge_note
 from reports.sweep_report import write_sweep_report
-from sim.stats import percentile
+from sim.rundir.stats import percentile
 from tests.reports.builders import P, Req, write_sweep
 
 FLAG, UNIT = "cache.enable_mamba_shared_prefix_checkpoint", "cache.hash_block_size"

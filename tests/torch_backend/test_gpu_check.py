@@ -16,7 +16,7 @@ pytest.importorskip("torch", reason="torch not installed: pip install -e '.[torc
 import yaml  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from sim.cli import app  # noqa: E402
+from sim.entrypoints.cli import app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -82,7 +82,7 @@ def test_the_kernel_grid_times_every_kernel(check):
 
 
 def test_the_profile_has_provenance_and_loads_as_a_backend_profile(check):
-    from sim.run import load_profile
+    from sim.engine.replica import load_profile
 
     _, out, _, _ = check
     path = out / "cpu-tiny-hybrid.yaml"
@@ -111,7 +111,7 @@ def _grid(per_kind: dict, chunk: int = 64, save: float = 1e-5) -> dict:
     import dataclasses
 
     from backends.torch_backend.config import TorchModelConfig
-    from sim.calibrate import GRID_FORMAT, design
+    from sim.commands.calibrate import GRID_FORMAT, design
 
     cfg = TorchModelConfig(pattern="M-M*", chunk_size=chunk)
     pts = []
@@ -139,7 +139,7 @@ KNOWN = {"mamba": [1e-3, 2e-6, 0.0, 5e-4], "attention": [4e-4, 1e-6, 3e-9, 0.0],
 def test_the_per_kind_fit_recovers_each_layer_kind():
     import numpy as np
 
-    from sim.calibrate import TERMS, fit_profile
+    from sim.commands.calibrate import TERMS, fit_profile
 
     prof = fit_profile(_grid({k: np.array(v) for k, v in KNOWN.items()}), method="per-kind")
     pk = prof["per_kind"]
@@ -178,7 +178,7 @@ def test_calibrate_fits_a_saved_grid(tmp_path):
 
 
 def test_held_out_cases_lie_off_the_grid():
-    from sim.calibrate import QUICK_GRID, held_out_cases
+    from sim.commands.calibrate import QUICK_GRID, held_out_cases
 
     cases = held_out_cases(QUICK_GRID, 20, seed=3)
     on = {(t, c) for t in QUICK_GRID["new"] for c in QUICK_GRID["cached"]}
@@ -277,7 +277,7 @@ def test_the_cuda_environment_report(monkeypatch):
     q = envinfo.nvidia_smi_query()
     assert q["name"] == "NVIDIA H200" and q["driver"] == "580.1" and q["clocks_mhz"]["sm"] is None
     # a GPU grid's profile says where it was measured
-    from sim.calibrate import fit_profile
+    from sim.commands.calibrate import fit_profile
 
     g = _grid({k: __import__("numpy").array(v) for k, v in KNOWN.items()})
     g["device"], g["environment"] = "cuda", env

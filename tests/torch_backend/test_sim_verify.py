@@ -10,7 +10,7 @@ pytest.importorskip("torch", reason="torch not installed: pip install -e '.[torc
 
 from typer.testing import CliRunner  # noqa: E402
 
-from sim.cli import app  # noqa: E402
+from sim.entrypoints.cli import app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "scenarios" / "athena-tiny.yaml")
@@ -49,7 +49,7 @@ def test_bf16_verifies_against_the_fp32_reference():
 def test_broken_speculative_rollback_is_caught():
     """Keeping the Mamba state of the last scheduled draft instead of the last accepted
     token (no roll-back) fails the decode check; the honest run (above) passes it."""
-    from sim.run import simulate
+    from sim.commands.run import simulate
     try:
         from sim.config.scenario import load_scenario
     except ImportError:

@@ -11,7 +11,7 @@ pytest.importorskip("torch", reason="torch not installed: pip install -e '.[torc
 from backends.base import StepItem, StepPlan  # noqa: E402
 from backends.torch_backend import backend as TB  # noqa: E402
 from sim.config.scenario import load_scenario  # noqa: E402
-from sim.run import simulate  # noqa: E402
+from sim.commands.run import simulate  # noqa: E402
 
 TINY = Path(__file__).resolve().parents[2] / "scenarios" / "athena-tiny.yaml"
 
@@ -60,7 +60,7 @@ def test_the_torch_backend_runs_from_plain_step_items(monkeypatch):
 def test_finished_requests_are_forgotten_at_the_next_plan():
     """The plan's ``finished`` ids drop what the backend keeps per request."""
     sc = load_scenario(TINY, {"backend.kind": "torch", "workload.num_requests": 2})
-    from sim.run import build_deployment
+    from sim.engine.replica import build_deployment
 
     b = TB.build_backend(sc, build_deployment(sc))
     assert b.jumps is False

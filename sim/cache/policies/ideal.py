@@ -39,7 +39,7 @@ from sim.cache.kv_manager import KVCacheManager
 from sim.cache.policies.base import CacheSwitches, PoolShape
 from sim.cache.policies.none import NoCachePolicy
 from sim.cache.policies.vllm import VllmPolicy
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 
 CHECKPOINTS = ("every_unit", "vllm")
 

@@ -61,7 +61,7 @@ from sim.cache.policies.vllm import VllmPolicy
 from sim.cache.request import CacheRequest
 from sim.cache.seams import Admission, EvictionOrder
 from sim.cache.utility_pool import UtilityBlockPool
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 from sim.marconi.costs import CostModel
 from sim.marconi.eviction import FlopAware
 from sim.marconi.runs import Request, split

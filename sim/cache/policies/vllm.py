@@ -8,7 +8,7 @@ from __future__ import annotations
 from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.policies.base import CacheSwitches, NoOptions, PoolShape
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 
 
 class VllmPolicy:
@@ -41,7 +41,7 @@ class VllmPolicy:
         except ConfigError as e:
             field = {"shared_prefix_checkpoint": "enable_mamba_shared_prefix_checkpoint"
                      }.get(e.field_name, e.field_name)
-            raise ConfigError("cache." + field, str(e).split(": ", 1)[1]) from None
+            raise ConfigError("cache." + field, e.reason) from None
 
     def build(self, switches: CacheSwitches, options: NoOptions,
               shape: PoolShape) -> KVCacheManager:

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.cluster.routers.base import RouteRequest, Stateless, least
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 
 PRESETS = {
     "sglang-router-2024": dict(cache_threshold=0.5, balance_abs_threshold=32,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from sim.cluster.routers.base import RouteRequest
 from sim.cluster.routers.load_book import LoadBook, pick_by_cost
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 
 VIEWS = ("events", "approximate")
 

@@ -27,7 +27,7 @@ import random
 from dataclasses import dataclass
 
 from sim.cluster.routers.base import RouteRequest, Stateless
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 
 VIEWS = ("approximate", "events")
 

@@ -15,7 +15,7 @@ import hashlib
 from dataclasses import dataclass
 
 from sim.cluster.routers.base import RouteRequest, Stateless, least
-from sim.config.errors import ConfigError
+from sim.errors import ConfigError
 
 
 @dataclass(frozen=True)
