@@ -1,6 +1,6 @@
-"""Every command shown in README.md and workloads/README.md runs, and prints its sample.
+"""Every command shown in README.md, docs/*.md and the folders' READMEs runs, and prints its sample.
 
-Conventions for the READMEs (what this test reads):
+Conventions for these pages (what this test reads; ``READMES`` lists them):
 
 * A fenced ```` ```text ```` block holds commands and what they print: a line ``$ CMD`` is a
   command; the lines after it, up to the next ``$`` line, are its sample output (stdout and
@@ -42,7 +42,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-READMES = ("README.md", "workloads/README.md")
+READMES = ("README.md", "workloads/README.md", "sim/cache/README.md", "sim/engine/README.md",
+           *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 COPIED = ("scenarios", "cases", "checks", "profiles", "bench")
 LINKED = ("data",)
 
@@ -250,16 +251,54 @@ def test_setup_is_two_commands():
 
 
 def test_output_files_documented(tmp_path):
-    """README's "Output files" names every file, column and field a run writes."""
+    """docs/run-folder.md names every file, column and field a run writes."""
     out = tmp_path / "run"
     p = run(f"sim run scenarios/athena-tiny.yaml --quiet --out {out}", ROOT)
     assert p.returncode == 0, p.stdout
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("\n## Output files"):]
-    section = section[:section.index("\n## ", 1)]
+    section = (ROOT / "docs" / "run-folder.md").read_text()
     names = [f.name for f in out.iterdir()]
     names += (out / "requests.csv").read_text().splitlines()[0].split(",")
     for f in ("summary.json", "run.json"):
         names += list(json.loads((out / f).read_text()))
     missing = [n for n in names if f"`{n}`" not in section]
-    assert not missing, f"README's Output files does not name: {missing}"
+    assert not missing, f"docs/run-folder.md does not name: {missing}"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    fence = False
+    for ln in path.read_text().splitlines():
+        if ln.startswith("```"):
+            fence = not fence
+        m = None if fence else re.match(r"^#{1,6} (.+)$", ln)
+        if m:
+            a = _anchor(m.group(1))
+            n = seen.get(a, 0)
+            seen[a] = n + 1
+    return {a if n == 0 else f"{a}-{n}" for a, count in seen.items() for n in range(count)}
+
+
+def test_relative_links_resolve():
+    """Every relative link of README.md and docs/ names a file that exists, and an anchor it has."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *(ROOT / r for r in READMES if "/" in r and not r.startswith("docs/"))]
+    bad = []
+    for page in pages:
+        if not page.exists():
+            continue
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):          # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                bad.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                bad.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not bad, "\n".join(bad)

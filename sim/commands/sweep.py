@@ -350,7 +350,7 @@ def _ray_points(jobs: list, workers: int, address: str | None, progress) -> list
               else {"num_cpus": workers, "logging_level": logging.ERROR})
         ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
                  runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                     [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}},
+                     [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}},
                  **kw)
         started = True
     refs: list = []

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 PROJECT = "hybrid-cache-sim"
-ROOT = Path(__file__).resolve().parents[1]       # the project root (a source checkout)
+ROOT = Path(__file__).resolve().parents[2]       # the project root (a source checkout)
 RELATIVE_TO = "project root"
 
 #: scenario fields that name a file, resolved against the scenario's folder at run time

@@ -20,7 +20,7 @@ from sim.config.scenario import load_scenario
 from sim.marconi.costs import CostModel
 from sim.marconi.tuning import ALPHA_GRID
 from sim.engine.replica import build_deployment
-from tests.sim_cli import run_sim
+from tests.entrypoints.sim_cli import run_sim
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"

@@ -12,7 +12,7 @@ import yaml
 
 from sim.cache.case import run_case_data
 from sim.explain import explain, text
-from tests.sim_cli import run_sim
+from tests.entrypoints.sim_cli import run_sim
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "cases"

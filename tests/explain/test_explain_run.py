@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from sim.explain import explain, text
-from tests.sim_cli import run_sim
+from tests.entrypoints.sim_cli import run_sim
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = """\

@@ -81,7 +81,7 @@ def test_the_stored_flag_is_the_one_field_off_then_on(tmp_path):
 def test_sim_report_rewrites_a_compare_folder(tmp_path):
     from pathlib import Path
 
-    from tests.sim_cli import run_sim
+    from tests.entrypoints.sim_cli import run_sim
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "cmp"

@@ -10,9 +10,9 @@ import yaml
 
 from workloads import build_workload, describe
 
-from tests.sim_cli import run_sim
+from tests.entrypoints.sim_cli import run_sim
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def sim(*args: str, cwd: Path = ROOT) -> int:

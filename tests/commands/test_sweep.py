@@ -9,7 +9,7 @@ import yaml
 
 from sim.commands.sweep import SweepError, load_sweep, run_sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sweep(tmp_path: Path, grid: dict, points=None, n=60) -> Path:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import yaml
 
-from tests.sim_cli import run_sim
+from tests.entrypoints.sim_cli import run_sim
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMING = ("wall_s", "sim_requests_per_s")
 
 

@@ -13,7 +13,7 @@ from sim.config.scenario import load_scenario
 from sim.commands.events_check import EventStreamError, check_stream
 from sim.commands.run import simulate, write_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"
 runner = CliRunner()
 

@@ -24,7 +24,7 @@ from sim.commands.events_serve import ServeError, binds, serve  # noqa: E402
 from sim.oracle.worker import default_oracle_python  # noqa: E402
 from sim.commands.run import simulate, write_run  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"
 
 VLLM_DECODE = r"""

@@ -14,7 +14,7 @@ from sim.rundir.kv_events import JSONL, MSGPACK, token_ids
 from sim.commands.run import simulate, write_run
 from sim.oracle.worker import default_oracle_python
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"
 STORED_FIELDS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
                  "lora_id", "medium", "lora_name", "extra_keys", "group_idx"]

@@ -14,7 +14,7 @@ from sim.config.scenario import ScenarioError, load_scenario
 from sim.rundir.records import OFFLOAD_COLUMNS, OFFLOAD_MEMORY_COLUMNS, OFFLOAD_SUMMARY_FIELDS
 from sim.commands.run import simulate, write_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"
 # a GPU pool small enough that the two system prompts leave it; MambaMixer2's internal
 # prefill checkpoints off (with them and a hash unit under the block, vLLM's connector

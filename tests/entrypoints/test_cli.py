@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from sim.entrypoints.common import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
