@@ -134,7 +134,7 @@ def test_compare_draws_hit_delta_and_ttft_byte_for_byte(tmp_path):
 def test_compare_prints_its_folder(tmp_path, capsys):
     from pathlib import Path
 
-    from tests.sim_cli import run_sim
+    from tests.entrypoints.sim_cli import run_sim
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "cmp"
