@@ -106,7 +106,8 @@ def test_failure_lists_ten_differences_unless_all():
     table = [ln for ln in lines if ln.startswith("  s.yaml")]
     assert len(table) == 10 and table[0].split()[:2] == ["s.yaml", "r00"]
     assert "  ... 21 more (--all lists every one)" in lines
-    assert lines[-1].startswith("If the change is intended") and "sim check s.yaml --update" in lines[-1]
+    assert lines[-1].startswith("If the change is intended")
+    assert "sim check s.yaml --update" in lines[-1]
     every = failure_lines(res, "sim check --update", show_all=True)
     assert every[3] == "every 31 difference(s):"
     assert len([ln for ln in every if ln.startswith("  s.yaml")]) == 31
