@@ -141,7 +141,7 @@ def test_bad_path_is_refused_before_simulating(sim_inproc, tmp_path, monkeypatch
 
     def boom(*a, **k):
         raise AssertionError("simulated before checking the output path")
-    monkeypatch.setattr(sim.run, "simulate", boom)
+    monkeypatch.setattr(sim.commands.run, "simulate", boom)
     (tmp_path / "f").write_text("x")
     assert_input_error(sim_inproc("run", TINY, "--out", "f", cwd=tmp_path), "f")
     assert_input_error(sim_inproc("verify", TINY, "--out", "f", cwd=tmp_path), "f")
