@@ -81,8 +81,124 @@ def _column(path: Path, name: str) -> list[str]:
         return [row[name] for row in rd]
 
 
-def compare_markdown(folder: Path, flag: str) -> str:
-    """The text of ``compare.md`` for the compare folder ``folder``."""
+CAPTIONS = {
+    "hit_delta": "How much more (or less) of each prompt does the cache serve with the flag "
+                 "on?",
+    "ttft": "Does a request wait less for its first token with the flag on?",
+}
+FIGURES = ("hit_delta", "ttft")
+MAX_BARS = 12       # distinct deltas drawn as one bar each; more: a histogram
+MAX_BINS = 40
+
+
+def _floats(path: Path, name: str) -> "np.ndarray":
+    import numpy as np
+
+    from sim.errors import InputError
+
+    try:
+        return np.array([float(v) for v in _column(path, name)], dtype=float)
+    except ValueError:
+        raise InputError(f"{path}: {name}: expected numbers") from None
+
+
+def hit_delta_figure(folder: Path, flag: str) -> "style.Saved":
+    """``hit_delta.png``: the requests whose reconciled hit changed, by how many tokens
+    (on - off): one bar per distinct change where there are few, else a histogram;
+    gains in the reuse colour, losses in the loss colour; the unchanged counted in the
+    title, not drawn."""
+    import numpy as np
+
+    from reports import style
+
+    folder = Path(folder)
+    d = _floats(folder / "paired.csv", "hit_delta")
+    n = len(d)
+    nz = d[d != 0]
+    gain, lose = int((d > 0).sum()), int((d < 0).sum())
+    fig = style.figure(8.0, 4.2)
+    with style.fixed_titles():
+        ax = fig.add_subplot()
+    ax.set_ylabel("requests")
+    ax.grid(alpha=0.3, axis="y")
+    distinct, counts = np.unique(nz, return_counts=True)
+    if not len(distinct):
+        style.empty(ax, "no request's hit changes")
+        ax.set_xlabel("hit with the flag on - off (tokens)")
+    elif len(distinct) <= MAX_BARS:
+        x = np.arange(len(distinct))
+        ax.bar(x, counts, width=0.6, color=[style.HIT if v > 0 else style.LOSS
+                                            for v in distinct])
+        for xi, c in zip(x, counts):
+            ax.text(xi, c, f"{c:,}", ha="center", va="bottom", fontsize=7.5)
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{int(v):+,}" for v in distinct])
+        ax.set_xlim(-0.7, len(distinct) - 0.3)
+        ax.set_ylim(0, counts.max() * 1.12)
+        ax.set_xlabel("hit with the flag on - off (tokens; one bar per distinct change)")
+    else:
+        span = float(np.abs(nz).max())
+        width = style.nice_step(2 * span / MAX_BINS, (1, 2, 5))
+        lo = -width * np.ceil(-nz.min() / width) if nz.min() < 0 else 0.0
+        hi = width * np.ceil(nz.max() / width) if nz.max() > 0 else 0.0
+        edges = np.arange(lo, hi + width / 2, width)
+        if len(edges) < 2:
+            edges = np.array([lo, lo + width])
+        hist, _ = np.histogram(nz, bins=edges)
+        mid = (edges[:-1] + edges[1:]) / 2
+        for sel, color in ((mid < 0, style.LOSS), (mid >= 0, style.HIT)):
+            if sel.any():
+                ax.bar(edges[:-1][sel], hist[sel], width=width, align="edge", color=color,
+                       edgecolor="white", linewidth=0.4)
+        ax.set_xlim(edges[0], edges[-1])
+        style.token_axis(ax.xaxis)
+        ax.set_xlabel(f"hit with the flag on - off (tokens; bins of {width:,.0f})")
+    style.integer_axis(ax.yaxis)
+    ax.set_title(f"{gain:,} of {n:,} requests reuse more (blue), {lose:,} less (red); "
+                 f"{n - gain - lose:,} unchanged (not drawn)", fontsize=9.5, loc="left")
+    fig.suptitle(f"{_name(folder)}: {flag} on vs off, per request", fontsize=11)
+    return style.save(fig, folder, "hit_delta", CAPTIONS["hit_delta"], svg=False)
+
+
+def ttft_figure(folder: Path, flag: str) -> "style.Saved":
+    """``ttft.png``: the TTFT CDF of the paired requests with the flag off and on, their
+    p50 and p90 in the key."""
+    import numpy as np
+
+    from reports import style
+    from sim.rundir.stats import percentiles
+
+    folder = Path(folder)
+    fig = style.figure(6.4, 4.0)
+    with style.fixed_titles():
+        ax = fig.add_subplot()
+    for side, color, ls in (("off", style.DOMINATED, "--"), ("on", style.HIT, "-")):
+        vals = np.sort(_floats(folder / "paired.csv", f"ttft_{side}_s"))
+        if not len(vals):
+            continue
+        p50, p90 = percentiles(vals, (50, 90))
+        ax.plot(vals, np.arange(1, len(vals) + 1) / len(vals), drawstyle="steps-post",
+                color=color, ls=ls, label=f"flag {side}: p50 {p50:.3f} s, p90 {p90:.3f} s")
+    if ax.lines:
+        ax.legend(loc="lower right", fontsize=8)
+    else:
+        style.empty(ax, "no paired requests")
+    ax.set_xlabel("time to first token (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_ylim(0, 1.01)
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"{_name(folder)}: TTFT, {flag} off vs on", fontsize=10)
+    return style.save(fig, folder, "ttft", CAPTIONS["ttft"], svg=False)
+
+
+def _name(folder: Path) -> str:
+    return str(_read_json(Path(folder) / "off" / "run.json").get("name", ""))
+
+
+def compare_markdown(folder: Path, flag: str, figures=()) -> str:
+    """The text of ``compare.md`` for the compare folder ``folder`` (``figures``: the
+    ``style.Saved`` of each figure drawn, shown under the table)."""
     folder = Path(folder)
     off, on = _read_json(folder / "off" / "summary.json"), _read_json(folder / "on" / "summary.json")
     name = _read_json(folder / "off" / "run.json").get("name", "")
@@ -102,7 +218,10 @@ def compare_markdown(folder: Path, flag: str) -> str:
         rel = f"{(b - a) / a:+.2%}" if a else "n/a"
         lines.append(f"| {k} | {value_text(k, a)} | {value_text(k, b)} | "
                      f"{delta_text(k, b - a)} | {rel} |")
-    lines += ["", "Per request: `paired.csv`; the same table as numbers: `summary_deltas.csv`; "
+    lines.append("")
+    for fig in figures:
+        lines += [f"![{fig.caption}]({fig.files[0].name})", ""]
+    lines += ["Per request: `paired.csv`; the same table as numbers: `summary_deltas.csv`; "
               "the two runs: `off/`, `on/`.", ""]
     return "\n".join(lines)
 
@@ -139,9 +258,13 @@ def stored_flag(folder: Path) -> str:
 
 
 def write_compare_report(folder: Path, flag: str) -> Path:
-    """(Re)write ``compare.md`` in the compare folder; returns its path."""
+    """(Re)write ``compare.md`` and its figures (``hit_delta.png``, ``ttft.png``) in the
+    compare folder; returns the path of ``compare.md``."""
+    from reports import style
     from sim.rundir.atomic_files import write_file
 
+    with style.rc():
+        figures = [hit_delta_figure(folder, flag), ttft_figure(folder, flag)]
     path = Path(folder) / "compare.md"
-    write_file(path, compare_markdown(folder, flag))
+    write_file(path, compare_markdown(folder, flag, figures))
     return path

@@ -61,13 +61,42 @@ def _typed(names, columns) -> dict[str, list[float]]:
     return {h: list(map(float if h == "time_s" else int, col)) for h, col in zip(names, columns)}
 
 
+#: the requests panel draws time bins (each one's time-weighted mean, and its min-max as a
+#: band) once a run has more than twice this many engine steps: thousands of steps drawn
+#: one by one are a solid block of spikes (Mooncake: 11,700 steps over 7,000 s)
+REQUEST_BINS = 150
+
+
+def binned(t, v, bins: int = REQUEST_BINS):
+    """``v`` (each value held from its step's time to the next step's) over ``bins``
+    equal bins of [t[0], t[-1]]: (edges, time-weighted mean, min, max) per bin."""
+    import numpy as np
+
+    t = np.asarray(t, dtype=float)
+    v = np.asarray(v, dtype=float)
+    edges = np.linspace(t[0], t[-1], bins + 1)
+    if not t[-1] > t[0]:
+        return edges, np.full(bins, v[-1]), np.full(bins, v.min()), np.full(bins, v.max())
+    # the integral of the step function at each step's time, then at each edge
+    area = np.concatenate(([0.0], np.cumsum(v[:-1] * np.diff(t))))
+    k = np.clip(np.searchsorted(t, edges, side="right") - 1, 0, len(t) - 1)
+    at = area[k] + v[k] * (edges - t[k])
+    mean = np.diff(at) / np.diff(edges)
+    # min and max: the value holding at each bin's start, and every step inside the bin
+    lo, hi = v[k[:-1]].copy(), v[k[:-1]].copy()
+    inside = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, bins - 1)
+    np.minimum.at(lo, inside, v)
+    np.maximum.at(hi, inside, v)
+    return edges, mean, lo, hi
+
+
 def memory_frame():
     """The memory figure before its data (in ``style.rc``): (figure, (memory axes,
     requests axes))."""
     fig = style.figure(*style.SINGLE)
     with style.fixed_titles():
         return fig, tuple(fig.subplots(2, 1, sharex=True,
-                                       gridspec_kw={"height_ratios": [3, 1]}))
+                                       gridspec_kw={"height_ratios": [3, 1.4]}))
 
 
 def memory_figure(cols: dict[str, list[float]], block_bytes: float, pool_bytes: float,
@@ -92,8 +121,24 @@ def memory_figure(cols: dict[str, list[float]], block_bytes: float, pool_bytes: 
             ax.stackplot(t, kv, mamba, step="post", colors=("#1f77b4", "#2ca02c"), alpha=0.55,
                          labels=("attention KV held", "Mamba states held"))
             ax.step(t, in_use, where="post", color="black", lw=0.9, label="in use by requests")
-            bx.step(t, cols["running"], where="post", color=style.HIT, lw=0.9, label="running")
-            bx.step(t, cols["waiting"], where="post", color=style.P99, lw=0.9, label="waiting")
+            if len(t) > 2 * REQUEST_BINS:
+                for name, colour in (("running", style.HIT), ("waiting", style.P99)):
+                    edges, mean, lo, hi = binned(t, cols[name])
+                    bx.stairs(hi, edges, baseline=lo, fill=True, color=colour, alpha=0.22,
+                              lw=0)
+                    bx.plot((edges[:-1] + edges[1:]) / 2, mean, color=colour, lw=1.2,
+                            label=f"{name} (mean)")
+                from matplotlib.patches import Patch
+
+                bx.legend(handles=[*bx.get_legend_handles_labels()[0],
+                                   Patch(color="grey", alpha=0.35, lw=0,
+                                         label=f"min-max per {_seconds(edges[1] - edges[0])}")],
+                          loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+            else:
+                bx.step(t, cols["running"], where="post", color=style.HIT, lw=0.9,
+                        label="running")
+                bx.step(t, cols["waiting"], where="post", color=style.P99, lw=0.9,
+                        label="waiting")
         else:
             style.empty(ax, "no engine step")
         ax.axhline(pool_bytes / style.GIB, color=style.LOSS, ls="--", lw=1.0,
@@ -106,9 +151,16 @@ def memory_figure(cols: dict[str, list[float]], block_bytes: float, pool_bytes: 
         bx.set_ylabel("requests")
         bx.set_xlabel("simulated time (s)")
         bx.grid(alpha=0.3)
-        bx.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        if bx.get_legend() is None:
+            bx.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        bx.set_ylim(bottom=0)
         style.integer_axis(bx.yaxis)
         return style.save(fig, folder, "memory", CAPTION, svg=False, into=into)
+
+
+def _seconds(w: float) -> str:
+    """A bin's width for the key: 29 s, 2.5 s, 40 ms."""
+    return f"{w:.3g} s" if w >= 1 else f"{w * 1000:.3g} ms"
 
 
 def as_read(fields) -> dict[str, list[float]]:

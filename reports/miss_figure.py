@@ -9,6 +9,7 @@ attribution existed, or with ``attribution: false``, gets no section.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -146,19 +147,34 @@ def miss_markdown(folder: Path, s: dict, rows, name: str, draw: bool = True) -> 
 
 # ------------------------------------------------------------------- sweep reports --
 
+def zoom_start(least_hit: float) -> float:
+    """Where the sweep bars' share axis starts: 0, or where every point hits at least
+    a quarter of its prompt tokens, a round 0.05 a little below the least hit share, so
+    that the miss classes (what tells the points apart) fill the figure instead of its
+    last quarter."""
+    if not least_hit >= 0.25:
+        return 0.0
+    return max(0.0, math.floor((least_hit - 0.03) * 20) / 20)
+
+
 def sweep_bars(points: list[tuple[str, dict]], folder: Path, title: str,
-               stem: str = "miss_classes") -> style.Saved | None:
+               stem: str = "miss_classes", head: str | None = None) -> style.Saved | None:
     """``miss_classes.png``: one stacked bar per sweep point (its label, its summary),
     hit then each miss class as a share of the prompt tokens; None when no point has
-    attribution."""
+    attribution.  ``head``: the labels are the rows of a monospace key (point id and the
+    varying axes' values, ``Sweep.value_table``) and this its header, drawn above them.
+    Where every point hits much of its prompt the axis starts near the least hit share
+    (``zoom_start``, said in the axis label), each hit share written on its bar."""
     pts = [(label, s) for label, s in points if has_attribution(s) and s.get("prompt_tokens")]
     if not pts:
         return None
     away = [ROUTED_AWAY] if any(style.finite(s.get("miss_routed_away_tokens"))
                                 for _, s in pts) else []
     classes = [("hit", "hit", "", style.HIT), *reversed(STEPS), *away, COMPULSORY]
+    hits = [(s.get("hit_tokens") or 0) / s["prompt_tokens"] for _, s in pts]
+    lo = zoom_start(min(hits))
     with style.rc():
-        fig = style.figure(8.0, 1.4 + 0.3 * len(pts))
+        fig = style.figure(8.0, 1.4 + 0.3 * len(pts) + (0.2 if head else 0.0))
         ax = fig.add_subplot()
         y = list(range(len(pts)))
         left = [0.0] * len(pts)
@@ -167,14 +183,28 @@ def sweep_bars(points: list[tuple[str, dict]], folder: Path, title: str,
             vals = [(s.get(field) or 0) / s["prompt_tokens"] for _, s in pts]
             ax.barh(y, vals, left=left, color=colour, height=0.7, label=label)
             left = [b + v for b, v in zip(left, vals)]
+        for yi, h in zip(y, hits):
+            inside = h - lo >= 0.07 * (1.0 - lo)
+            ax.text(lo + 0.006 * (1.0 - lo), yi, f"{h:.1%}", ha="left", va="center",
+                    fontsize=7, color="white" if inside else "black", zorder=5)
         ax.set_yticks(y)
-        ax.set_yticklabels([label for label, _ in pts], fontsize=7.5)
+        mono = {"family": "monospace"} if head else {}
+        ax.set_yticklabels([label for label, _ in pts], fontsize=7.5, **mono)
         ax.invert_yaxis()                      # the first point on top
-        ax.set_xlabel("share of prompt tokens")
-        ax.set_xlim(0, 1.0)
+        if head:
+            # the key's header over its rows (the tick labels, right-aligned as they are)
+            tick = ax.yaxis.get_major_ticks()[0]
+            ax.annotate(head, (0.0, 1.0), xycoords="axes fraction",
+                        xytext=(-(tick.get_pad() + tick.get_tick_padding()), 3),
+                        textcoords="offset points", ha="right", va="bottom", fontsize=7.5,
+                        fontweight="bold", **mono)
+        ax.set_xlabel("share of prompt tokens" if lo == 0 else
+                      f"share of prompt tokens (the axis starts at {lo:.2f}: every point "
+                      f"hits at least {min(hits):.1%})")
+        ax.set_xlim(lo, 1.0)
         ax.grid(alpha=0.3, axis="x")
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7.5)
-        ax.set_title(title, fontsize=10, loc="left")
+        ax.set_title(title, fontsize=10, loc="left", pad=16 if head else 6)
         return style.save(fig, folder, stem,
                           "Why did each sweep point miss? Per point, its prompt tokens split "
                           "into hit and the miss classes (shares add up to 1).")

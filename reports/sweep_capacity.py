@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.lines import Line2D
-from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from reports import style
 from reports.render import Table
@@ -205,7 +205,9 @@ def figure_capacity(sweep: Sweep, folder: Path, target: float = DEFAULT_TARGET) 
         bx.set_yscale("log")
         bx.set_ylim(min(finite) / 1.3, max(finite) * 1.3)
         bx.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        bx.yaxis.set_major_formatter(ScalarFormatter())
+        # each tick as written (0.05, 0.1, 100): ScalarFormatter gave every label one
+        # count of decimals, so 0.05 printed as a second "0.1" and 100 as "100.0"
+        bx.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         bx.yaxis.set_minor_formatter(NullFormatter())
     return style.save(fig, folder, "capacity", CAPTION)
 

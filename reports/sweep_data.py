@@ -52,6 +52,14 @@ def short_axis(a: str) -> str:
     return a.rsplit(".", 1)[-1]
 
 
+def axis_value(a: str, v: str) -> str:
+    """The text a figure prints for axis ``a``'s value ``v``: a byte count (an axis named
+    ``*_bytes``) in GiB (``0.5 GiB``, not ``536870912``); any other value as stored."""
+    if short_axis(a).endswith("_bytes") and re.fullmatch(r"\d+", v or ""):
+        return f"{int(v) / GIB:.4g} GiB"
+    return v
+
+
 def axis_name(a: str) -> str:
     """The name a figure prints for an axis: its field name, shortened when very long."""
     return AXIS_ALIASES.get(short_axis(a), short_axis(a))
@@ -167,14 +175,15 @@ class Sweep:
 
     def point_label(self, p: Point, sep: str = ", ") -> str:
         """The point by the axis values that differ across the sweep (its id when none do)."""
-        text = sep.join(f"{axis_name(a)}={p.axes[a]}" for a in self.varying_axes)
+        text = sep.join(f"{axis_name(a)}={axis_value(a, p.axes[a])}"
+                        for a in self.varying_axes)
         return text or p.id
 
     def group_label(self, group: list[Point], sep: str = ", ") -> str:
         """Points with identical results, by the axis values they share; the axes that
         vary inside the group evidently do not matter to what is drawn."""
         const = [a for a in self.varying_axes if len({p.axes[a] for p in group}) == 1]
-        text = sep.join(f"{axis_name(a)}={group[0].axes[a]}" for a in const)
+        text = sep.join(f"{axis_name(a)}={axis_value(a, group[0].axes[a])}" for a in const)
         if len(group) == 1:
             return text or group[0].id
         return text or "every setting"
@@ -184,7 +193,7 @@ class Sweep:
         aligned row of values per point, in the order given."""
         axes = self.varying_axes
         head = ["point"] + [axis_name(a) for a in axes]
-        rows = [[p.id] + [p.axes[a] for a in axes] for p in points]
+        rows = [[p.id] + [axis_value(a, p.axes[a]) for a in axes] for p in points]
         width = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
 
         def line(r):        # every line the same width: they align left or right

@@ -27,6 +27,7 @@ from matplotlib.lines import Line2D
 from matplotlib.transforms import Bbox
 
 from reports import style
+from reports.sweep_capacity import policy_label
 from reports.sweep_data import (
     FALSE,
     TRUE,
@@ -204,6 +205,21 @@ def key_columns(sweep: Sweep, points: list[Point]) -> list[str]:
     return ["\n".join([head, *rows[i:i + KEY_ROWS]]) for i in range(0, len(rows), KEY_ROWS)]
 
 
+BOUND_STYLES = ("--", ":", "-.")
+
+
+def ideal_bounds(points: list[Point], axis: MemoryAxis) -> list[Point]:
+    """The points of the ideal policy on a provisioned-memory axis, where the sweep has
+    others: with unlimited memory no budget binds them, so their pool (the base
+    scenario's, 64.79 GiB on athena) is nominal; drawn as a line at their hit rate, they
+    no longer stretch the axis and squash every configuration into its left edge."""
+    from reports.sweep_capacity import is_ideal
+
+    if not axis.provisioned or all(is_ideal(p) for p in points):
+        return []
+    return [p for p in points if is_ideal(p)]
+
+
 def use_value_labels(sweep: Sweep, points: list[Point]) -> bool:
     names = [sweep.point_label(p) for p in points]
     return (len(points) <= MAX_VALUE_LABELS and bool(sweep.varying_axes)
@@ -245,13 +261,15 @@ def figure_pareto(sweep: Sweep, folder: Path) -> style.Saved:
 
     flag = sweep.flag_axis
     shapes = {FALSE: "o", TRUE: "^"}
-    for p in ordered:
+    bounds = ideal_bounds(ordered, axis)
+    drawn = [p for p in ordered if p not in bounds]
+    for p in drawn:
         on = p.id in front
         mk = shapes[p.axes[flag].lower()] if flag else "o"
         ax.scatter([mem(p)], [p.hit_pct], s=40 if on else 32, marker=mk, zorder=4,
                    facecolor=style.FRONTIER if on else "white",
                    edgecolor=style.FRONTIER if on else style.DOMINATED, linewidth=1.2)
-    xs = np.array([mem(p) for p in pts])
+    xs = np.array([mem(p) for p in drawn])
     ys = np.array([p.hit_pct for p in pts])
     xspan = max(xs.max() - xs.min(), abs(xs.max()) * 0.1, 0.2)
     yspan = max(ys.max() - ys.min(), 4.0)
@@ -259,10 +277,13 @@ def figure_pareto(sweep: Sweep, folder: Path) -> style.Saved:
     y0, y1 = ys.min() - 0.15 * yspan, ys.max() + 0.15 * yspan
     ax.set_xlim(x0, x1)
     ax.set_ylim(y0, y1)
-    fpts = [p for p in ordered if p.id in front]
-    fx = [mem(p) for p in fpts] + [x1]
-    fy = [p.hit_pct for p in fpts] + [fpts[-1].hit_pct]
+    fpts = [p for p in drawn if p.id in front]
+    fx = [mem(p) for p in fpts] + [x1] if fpts else []
+    fy = [p.hit_pct for p in fpts] + [fpts[-1].hit_pct] if fpts else []
     ax.plot(fx, fy, drawstyle="steps-post", color=style.FRONTIER, lw=1.2, alpha=0.8, zorder=3)
+    for j, p in enumerate(bounds):
+        ax.axhline(p.hit_pct, color=style.FRONTIER if p.id in front else style.DOMINATED,
+                   ls=BOUND_STYLES[j % len(BOUND_STYLES)], lw=1.0, zorder=2)
     ax.set_xlabel(axis.label)
     ax.set_ylabel("token hit rate (% of prompt tokens)")
     ax.grid(alpha=0.3)
@@ -272,13 +293,18 @@ def figure_pareto(sweep: Sweep, folder: Path) -> style.Saved:
                       label=f"Pareto frontier ({len(front)})"),
                Line2D([], [], color=style.DOMINATED, lw=0, marker="o", markerfacecolor="white",
                       markersize=6, label=f"dominated ({n - len(front)})")]
+    for j, p in enumerate(bounds):       # (in the key, not on the axes: no label collides)
+        handles.append(Line2D([], [], color=style.FRONTIER if p.id in front else
+                              style.DOMINATED, lw=1.0, ls=BOUND_STYLES[j % len(BOUND_STYLES)],
+                              label=f"{p.id} {policy_label(p)}: {p.hit_pct:.2f} % (a bound: "
+                                    f"its {mem(p):.2f} GiB pool binds nothing)"))
     if flag:
         for v, mk in shapes.items():
             handles.append(Line2D([], [], color="black", lw=0, marker=mk, markerfacecolor="none",
                                   markersize=6, label=f"{axis_name(flag)}={v}"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.085 * 4.4 / h),
               ncol=2, frameon=False, fontsize=7.5, handletextpad=0.4, columnspacing=1.5)
-    label_points(fig, ax, ordered, names, ids=not values, line=(fx, fy), x=mem)
+    label_points(fig, ax, drawn, names, ids=not values, line=(fx, fy) if fx else None, x=mem)
 
     # right panel: TTFT p50 / p99 per point, same order as the memory axis
     ypos = np.arange(n)[::-1]

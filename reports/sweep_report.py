@@ -90,8 +90,11 @@ def write_sweep_report(sweep_dir: Path, target: float | None = None) -> list[Pat
     if stale not in csvs and file_exists(stale):
         remove_file(stale)  # from an earlier report of a different sweep in the same folder
     # why each point missed (miss attribution; points written without it get no section)
-    saved_miss = sweep_bars([(sweep.point_label(p), p.metrics) for p in sweep.points if p.ok],
-                            folder, f"{sweep.name}: why each point missed")
+    # (each bar named by its point id and the varying axes' values, a key's rows)
+    ok = [p for p in sweep.points if p.ok]
+    head, rows = sweep.value_table(ok) if sweep.varying_axes else (None, [p.id for p in ok])
+    saved_miss = sweep_bars([(row, p.metrics) for row, p in zip(rows, ok)],
+                            folder, f"{sweep.name}: why each point missed", head=head)
     if saved_miss is not None:
         at = next((i for i, b in enumerate(blocks) if b == ("h2", "Failed points")), len(blocks))
         blocks[at:at] = [("h2", "Why points missed"),

@@ -189,3 +189,62 @@ def _write_golden(gp: Path, text: str) -> None:
     except OutputPathError as e:
         raise InputError(f"{gp}: cannot write the golden file: "
                          f"{str(e).split(': ', 1)[-1]}") from None
+
+
+#: the differences a failed ``sim check`` lists under its summary (``--all``: every one)
+FIRST_DIFFS = 10
+STATUS = {"fixed": "fixed - move the marker", "new": "no golden (run --update)",
+          "missing": "request gone", "drift": "DRIFT"}
+
+
+def _int(v: str) -> int | None:
+    try:
+        return int(v)
+    except ValueError:
+        return None
+
+
+def failure_lines(res: CheckResult, update_command: str, show_all: bool = False) -> list[str]:
+    """What a failed check prints: a summary (requests changed, per file; hit tokens
+    gained and lost; findings by kind), then the first ``FIRST_DIFFS`` differences (every
+    one with ``show_all``) as a table, then the ``--update`` hint."""
+    findings = res.findings
+    changed: dict[str, set[str]] = {}
+    for fd in findings:
+        changed.setdefault(fd.path, set()).add(fd.request)
+    n_changed = sum(len(v) for v in changed.values())
+    per_file = ", ".join(f"{p}: {len(v):,}" for p, v in changed.items())
+    lines = [f"sim check FAILED: {n_changed:,} of {res.checked:,} requests changed ({per_file})"]
+    gained = lost = up = down = 0
+    for fd in findings:
+        if fd.key != "hit":
+            continue
+        a, b = _int(fd.golden), _int(fd.got)
+        if a is None or b is None:
+            continue
+        if b > a:
+            gained, up = gained + b - a, up + 1
+        elif b < a:
+            lost, down = lost + a - b, down + 1
+    lines.append(f"  hit tokens: {gained:,} gained ({up:,} request(s)), {lost:,} lost "
+                 f"({down:,} request(s)); net {gained - lost:+,}")
+    kinds: dict[str, int] = {}
+    for fd in findings:
+        kinds[fd.kind] = kinds.get(fd.kind, 0) + 1
+    lines.append(f"  {len(findings):,} difference(s): " + ", ".join(
+        f"{n:,} {STATUS[k]}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])))
+    shown = findings if show_all else findings[:FIRST_DIFFS]
+    lines.append(f"{'every' if len(shown) == len(findings) else f'first {len(shown)} of'} "
+                 f"{len(findings):,} difference(s):")
+    rows = [("file", "request", "key", "golden -> now", "status")] + [
+        (fd.path, fd.request, fd.key, f"{fd.golden} -> {fd.got}", STATUS[fd.kind])
+        for fd in shown]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4])
+    if len(shown) < len(findings):
+        lines.append(f"  ... {len(findings) - len(shown):,} more (--all lists every one)")
+    lines.append(f"If the change is intended, rewrite the goldens with `{update_command}` "
+                 f"and review their diff.")
+    return lines
+

@@ -89,6 +89,12 @@ def _fmt_value(v: Any) -> str:
     return str(v)
 
 
+def _scenario_keys() -> set:
+    from sim.config.scenario import TOP_KEYS
+
+    return set(TOP_KEYS)
+
+
 def load_sweep(path: str | Path, overrides: dict | None = None,
                search: str | None = None) -> Sweep:
     """Load and validate a sweep file; ``overrides`` (dotted field -> value, e.g. from
@@ -103,6 +109,16 @@ def load_sweep(path: str | Path, overrides: dict | None = None,
     data = load_file(p, SweepError, fmt="yaml")
     if not isinstance(data, dict):
         raise SweepError(f"{path}: expected a mapping with base and grid/points")
+    if "base" not in data and set(data) - SWEEP_KEYS:
+        # (a scenario or a case file where a sweep file belongs: say so, not "seed:
+        # unknown key")
+        what = ("a scenario" if set(data) <= _scenario_keys() else
+                "a case file" if {"requests", "config"} <= set(data) else None)
+        if what:
+            run = "sim run" if what == "a scenario" else "sim case"
+            raise SweepError(f"{path}: {what}, not a sweep file: sim sweep wants a sweep file "
+                             f"(base: SCENARIO, then grid: or points:, as in scenarios/sweeps/);"
+                             f" run {what} with {run}")
     for k in data:
         if k not in SWEEP_KEYS:
             raise SweepError(f"{path}: {k}: unknown key (known: {', '.join(sorted(SWEEP_KEYS))})")

@@ -13,7 +13,7 @@ import typer
 
 from sim.entrypoints.common import (COMMAND_LINE, Executor, REQUESTS_HELP, app,
                                      expected_requests, fail, no_update, parse_sets, progress,
-                                     requests_override, scenario_error)
+                                     requests_override, scenario_error, stop_bars)
 
 
 @app.command()
@@ -113,8 +113,7 @@ def run(scenario: Path = typer.Argument(..., help="Scenario YAML, or a run folde
 
     git = GitProbe()        # (run.json's commit, found while the run runs)
     try:
-        update, stop = progress(not quiet, "requests", lambda: expected_requests(sc),
-                                 delay_s=1.0)
+        update, stop = progress(not quiet, "requests", lambda: expected_requests(sc))
         try:
             with as_input_errors(scenario, over):   # (the notebook API's lines too)
                 dep, rows, summary = simulate(
@@ -263,7 +262,7 @@ def compare(scenario: Path = typer.Argument(..., help="Scenario YAML."),
         typer.echo(f"{res['flag']}: token hit {a['token_hit_rate']:.2%} -> {b['token_hit_rate']:.2%} "
                    f"({(b['token_hit_rate'] - a['token_hit_rate']) * 100:+.2f} pp), TTFT p50 "
                    f"{a['ttft_p50_s']:.3f}s -> {b['ttft_p50_s']:.3f}s; {res['improved']:,} requests "
-                   f"gain, {res['worse']:,} lose")
+                   f"gain, {res['worse']:,} lose  -> {folder}/")
 
 
 @app.command()
@@ -363,6 +362,13 @@ def _main(version: bool = typer.Option(False, "--version", is_eager=True, callba
                                        help="Print the version (and git commit, and which build "
                                        "of the hot path runs) and exit.")) -> None:
     """hybrid-cache-sim."""
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 class Interrupted(BaseException):
@@ -465,6 +471,10 @@ def main(argv: list[str] | None = None) -> None:
         typer.echo(f"error: {e.format_message()}{hint}", err=True)
         sys.exit(e.exit_code)
     except (Interrupted, KeyboardInterrupt) as e:
+        # the message on its own line: the bar erased, or past the terminal's echo of ^C
+        sigint = not isinstance(e, Interrupted) or e.signum == signal.SIGINT
+        if not stop_bars() and sigint and _isatty(sys.stderr):
+            typer.echo("", err=True)
         typer.echo("interrupted; nothing written", err=True)
         sys.exit(128 + (e.signum if isinstance(e, Interrupted) else signal.SIGINT))
     code = rc if isinstance(rc, int) else 0

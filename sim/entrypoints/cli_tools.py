@@ -71,8 +71,7 @@ def verify(scenario: Path = typer.Argument(..., help="Scenario YAML (run with th
         sc = load_scenario(scenario, over)
     except (ScenarioError, ConfigError) as e:
         fail(scenario_error(scenario, e, over))
-    update, stop = progress(not quiet, "prefills verified", lambda: expected_requests(sc),
-                             delay_s=0.5)
+    update, stop = progress(not quiet, "prefills verified", lambda: expected_requests(sc))
     try:
         dep, rows, summary = simulate(sc, plant=plant, progress=update)
     except (ScenarioError, ConfigError) as e:
@@ -360,18 +359,25 @@ def check(paths: list[Path] = typer.Argument(None, help="Case files and scenario
           golden: Path = typer.Option(Path("checks/golden"), "--golden",
                                       help="Folder of golden files."),
           update: bool = typer.Option(False, "--update", help="Rewrite the goldens; print what "
-                                      "changed.")) -> None:
+                                      "changed."),
+          all_: bool = typer.Option(False, "--all", help="On failure, list every difference "
+                                    "(by default the summary and the first ten).")) -> None:
     """Compare per-request hit lengths (reconciled, per group alone, junction) with goldens.
 
     Exit 1 on any drift, on a request without a golden, or when a `want:` marker's value
-    appears ("fixed - move the marker"); 0 when everything holds.
+    appears ("fixed - move the marker"): a summary (requests changed, hit tokens gained and
+    lost), the first ten differences (--all: every one) and the --update command that
+    records the change; 0 when everything holds.
     """
     import glob
+    import shlex
 
     from sim.cache.case import CaseError
     from sim.commands.check import check as run_check
+    from sim.commands.check import failure_lines
     from sim.config.scenario import ScenarioError
 
+    named = list(paths or [])
     if not paths:
         paths = [Path(p) for pat in DEFAULT_CHECKS for p in sorted(glob.glob(pat))]
     for p in paths:
@@ -396,13 +402,11 @@ def check(paths: list[Path] = typer.Argument(None, help="Case files and scenario
         typer.echo(f"{res.checked} requests checked, {len(res.updated)} golden file(s) rewritten")
         return
     if res.findings:
-        w = max(len(f.path) for f in res.findings)
-        typer.echo(f"{'file':<{w}}  request  key  golden -> now  status")
-        for fd in res.findings:
-            status = {"fixed": "fixed - move the marker", "new": "no golden (run --update)",
-                      "missing": "request gone", "drift": "DRIFT"}[fd.kind]
-            typer.echo(f"{fd.path:<{w}}  {fd.request}  {fd.key}  {fd.golden} -> {fd.got}  {status}")
-        typer.echo(f"{len(res.findings)} finding(s) in {res.checked} requests")
+        cmd = ["sim", "check", *map(str, named)]
+        if golden != Path("checks/golden"):
+            cmd += ["--golden", str(golden)]
+        for line in failure_lines(res, shlex.join(cmd + ["--update"]), show_all=all_):
+            typer.echo(line)
         raise typer.Exit(1)
     typer.echo(f"{res.checked} requests checked: every hit length holds")
 

@@ -98,14 +98,34 @@ def no_update(done: int) -> None:
     no callback at all: an interpreted call a request otherwise)."""
 
 
+#: the stop() of each progress bar on screen: an interrupt erases them before its message
+BARS: list[Callable[[], None]] = []
+#: a bar shows on a run expected to take longer than this (s) ...
+SHOW_IF_EXPECTED_S = 1.0
+#: ... expected from the rate of its first PROBE_S seconds (a bar without a total: shown
+#: once the run has taken SHOW_IF_EXPECTED_S)
+PROBE_S = 0.2
+
+
+def stop_bars() -> bool:
+    """Erase every progress bar on screen (the cursor then starts the line the bar held);
+    whether there was one."""
+    bars = list(BARS)
+    for stop in bars:
+        stop()
+    return bool(bars)
+
+
 def progress(enabled: bool, what: str = "requests",
-              total: int | Callable[[], int | None] | None = None, delay_s: float = 2.0):
+             total: int | Callable[[], int | None] | None = None,
+             delay_s: float | None = None):
     """A progress bar on stderr (done / total, elapsed, ETA; a counter where the total is
-    unknown), shown after ``delay_s`` and only when stderr is a terminal and ``enabled``
-    (not ``--quiet``).  ``total`` may be a function, asked only when there is a bar (a
-    trace's total is a pass over its file).  Returns ``(update(done), stop())``;
-    ``update`` is cheap enough to call per request (it redraws at most ~10 times a
-    second)."""
+    unknown), shown only when stderr is a terminal and ``enabled`` (not ``--quiet``), on
+    any run expected to take over ``SHOW_IF_EXPECTED_S`` (its rate over the first
+    ``PROBE_S`` against its total), or after ``delay_s`` where that is given.  ``total``
+    may be a function, asked only when there is a bar (a trace's total is a pass over
+    its file).  Returns ``(update(done), stop())``; ``update`` is cheap enough to call
+    per request (it redraws at most ~10 times a second)."""
     import time
 
     if not enabled or not sys.stderr.isatty():
@@ -122,7 +142,8 @@ def progress(enabled: bool, what: str = "requests",
                        TimeElapsedColumn()]
     prog = Progress(*columns, transient=True, console=Console(stderr=True))
     t0 = time.monotonic()
-    state: dict = {"task": None, "next": t0 + delay_s}
+    first = delay_s if delay_s is not None else PROBE_S if total else SHOW_IF_EXPECTED_S
+    state: dict = {"task": None, "next": t0 + first}
 
     def update(done: int) -> None:
         now = time.monotonic()
@@ -130,7 +151,12 @@ def progress(enabled: bool, what: str = "requests",
             return
         state["next"] = now + 0.1
         if state["task"] is None:
+            if delay_s is None and total and now - t0 < SHOW_IF_EXPECTED_S:
+                # the whole run, at the rate so far: no bar for a run done within a second
+                if done <= 0 or (now - t0) * total / done <= SHOW_IF_EXPECTED_S:
+                    return
             prog.start()
+            BARS.append(stop)
             state["task"] = prog.add_task(what, total=total or None)
             # the rate (and so the ETA) counts from the start, not from the first redraw
             prog.tasks[0].start_time = prog.get_time() - (now - t0)
@@ -138,7 +164,11 @@ def progress(enabled: bool, what: str = "requests",
 
     def stop() -> None:
         if state["task"] is not None:
+            state["task"] = None
+            state["next"] = float("inf")      # (an update after stop draws nothing)
             prog.stop()
+            if stop in BARS:
+                BARS.remove(stop)
 
     return update, stop
 

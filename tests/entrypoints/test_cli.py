@@ -1,6 +1,7 @@
 """Command-line behaviour a user sees: outputs, and one-line errors with exit code 2."""
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -177,3 +178,85 @@ def test_the_progress_bar_asks_for_its_total_only_when_it_is_shown(monkeypatch):
     update(5)
     stop()
     assert asked == [1]
+
+
+def test_sweep_of_a_scenario_or_case_says_it_wants_a_sweep_file(tmp_path):
+    for path, what in ((ROOT / "scenarios" / "athena.yaml", "a scenario"),
+                       (ROOT / "cases" / "seed-d3-eagle.yaml", "a case file")):
+        out = tmp_path / "out"
+        res = runner.invoke(app, ["sweep", str(path), "--out", str(out)])
+        _one_line_error(res, str(path), f"{what}, not a sweep file", "wants a sweep file")
+        assert "unknown key" not in res.output
+        assert not out.exists()
+    # a sweep file with a typo is still a sweep file's error
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: ../scenarios/athena.yaml\ngird: {}\n")
+    _one_line_error(runner.invoke(app, ["sweep", str(bad)]), "gird: unknown key")
+
+
+class _Tty(io.StringIO):
+    """A terminal's stderr: records what is written."""
+
+    def isatty(self):
+        return True
+
+
+def test_the_bar_shows_on_a_run_expected_to_take_over_a_second(monkeypatch):
+    """The rate over the first PROBE_S decides: 1,000 requests at 100 per 0.25 s (2.5 s
+    in all) get a bar at once, at 500 per 0.25 s (0.5 s in all) none; a bar without a
+    total shows once a second has gone by."""
+    import sys
+    import time
+
+    from sim.entrypoints import common
+
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    for per_probe, total, at, shown in ((100, 1000, 0.25, True), (500, 1000, 0.25, False),
+                                        (500, None, 0.5, False), (500, None, 1.01, True)):
+        monkeypatch.setattr(sys, "stderr", _Tty())
+        clock[0] = 100.0
+        update, stop = common.progress(True, "requests", total)
+        clock[0] += at
+        update(per_probe)
+        assert bool(common.BARS) == shown, (per_probe, total, at)
+        stop()
+        assert not common.BARS
+
+
+def test_an_interrupt_prints_its_message_on_its_own_line(monkeypatch, tmp_path):
+    """Ctrl-C while the bar is drawn: the bar is erased first, so the message starts a
+    line of its own (not after the bar's ETA)."""
+    import signal
+    import sys
+
+    import pytest
+
+    import sim.commands.run
+    from sim.entrypoints import cli, common
+
+    def simulate(sc, progress=None, replayed=None, **kw):
+        progress(1)
+        raise cli.Interrupted(signal.SIGINT)      # (what main's SIGINT handler raises)
+
+    err = _Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(sim.commands.run, "simulate", simulate)
+    monkeypatch.setattr(common, "SHOW_IF_EXPECTED_S", 0.0)
+    monkeypatch.setattr(common, "PROBE_S", 0.0)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["run", str(_athena(tmp_path)), "--out", str(tmp_path / "o"),
+                      "--no-report"])
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert exit_.value.code == 130
+    text = err.getvalue()
+    assert "ETA" in text                                   # the bar was drawn
+    before, msg = text.rsplit("interrupted; nothing written", 1)
+    assert msg == "\n"
+    assert before.endswith("\x1b[2K"), repr(before[-80:])  # its line erased, message at its start
+    assert not common.BARS
+    assert not (tmp_path / "o").exists()

@@ -88,8 +88,58 @@ def test_sim_report_rewrites_a_compare_folder(tmp_path):
     assert run_sim("compare", "scenarios/athena-tiny.yaml", "--flag",
                    "enable_mamba_shared_prefix_checkpoint", "--out", str(out), "-q", cwd=root) == 0
     before = {p: (out / p).read_bytes() for p in ("compare.md", "off/report.md", "on/report.md",
-                                                  "on/hit_hist.png")}
+                                                  "on/hit_hist.png", "hit_delta.png", "ttft.png")}
     for p in before:
         (out / p).unlink()
     assert run_sim("report", str(out), cwd=root) == 0
     assert {p: (out / p).read_bytes() for p in before} == before
+
+
+def _paired(tmp_path, deltas, name="toy"):
+    """A compare folder whose paired.csv holds ``deltas`` and TTFTs (0.1 s faster on)."""
+    tmp_path.mkdir()
+    _folder(tmp_path)
+    for side in ("off", "on"):
+        (tmp_path / side / "run.json").write_text(json.dumps({**RUN, "name": name}))
+    with open(tmp_path / "paired.csv", "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["request_id", "prompt_tokens", "hit_off", "hit_on", "hit_delta", "lost_off",
+                    "lost_on", "ttft_off_s", "ttft_on_s", "ttft_delta_s"])
+        for i, d in enumerate(deltas):
+            off = 0.2 + (i % 17) * 0.03
+            w.writerow([f"r{i}", 9000, 4000, 4000 + d, d, 0, 0, f"{off:.6f}",
+                        f"{off - 0.1:.6f}", "-0.100000"])
+    return tmp_path
+
+
+def test_compare_draws_hit_delta_and_ttft_byte_for_byte(tmp_path):
+    """hit_delta.png and ttft.png: drawn into the compare folder, named in compare.md, the
+    same bytes from the same folder (few distinct deltas: bars; many: a histogram)."""
+    from reports.compare_report import write_compare_report
+
+    few = [4352] * 30 + [0] * 10 + [-64] * 3
+    many = [(i * 37) % 3000 - 600 for i in range(400)]
+    for deltas in (few, many):
+        a, b = (_paired(tmp_path / f"{len(deltas)}{side}", deltas) for side in "ab")
+        md = write_compare_report(a, "cache.f").read_text()
+        write_compare_report(b, "cache.f")
+        for stem in ("hit_delta", "ttft"):
+            png = (a / f"{stem}.png").read_bytes()
+            assert png.startswith(b"\x89PNG") and len(png) > 5000, stem
+            assert png == (b / f"{stem}.png").read_bytes(), stem
+            assert f"]({stem}.png)" in md
+    assert "How much more (or less) of each prompt" in md
+
+
+def test_compare_prints_its_folder(tmp_path, capsys):
+    from pathlib import Path
+
+    from tests.entrypoints.sim_cli import run_sim
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "cmp"
+    assert run_sim("compare", "scenarios/athena-tiny.yaml", "--flag",
+                   "enable_mamba_shared_prefix_checkpoint", "--out", str(out), cwd=root) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.endswith(f"lose  -> {out}/"), line
+    assert (out / "hit_delta.png").stat().st_size > 0 and (out / "ttft.png").stat().st_size > 0

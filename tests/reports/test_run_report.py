@@ -250,3 +250,20 @@ def test_a_fleet_run_draws_its_replicas_panel(tmp_path):
     shutil.copytree(out, again)
     run_report.write_report(again)          # (sim report DIR: the same bytes)
     assert (again / "replicas.png").read_bytes() == (out / "replicas.png").read_bytes()
+
+
+def test_requests_panel_bins_are_time_weighted_with_their_range():
+    """A run of thousands of steps draws the requests running and waiting as bins: each
+    bin's time-weighted mean (a value holds until the next step) and its min-max."""
+    import numpy as np
+
+    from reports.memory_figure import binned
+
+    # 0 for 1 s, 10 for 3 s, then 4 to the end (8 s): two bins of 4 s
+    edges, mean, lo, hi = binned([0.0, 1.0, 4.0, 8.0], [0, 10, 4, 4], bins=2)
+    assert list(edges) == [0.0, 4.0, 8.0]
+    assert np.allclose(mean, [7.5, 4.0])
+    assert list(lo) == [0, 4] and list(hi) == [10, 4]
+    # a bin with no step of its own: the value holding through it
+    edges, mean, lo, hi = binned([0.0, 1.0, 9.0], [2, 6, 6], bins=3)
+    assert np.allclose(mean, [(2 + 2 * 6) / 3, 6, 6]) and list(lo) == [2, 6, 6]

@@ -85,3 +85,42 @@ def test_other_sweeps_get_no_capacity_view(tmp_path):
     names = {p.name for p in write_sweep_report(folder)}
     assert "capacity.png" not in names and not (folder / "capacity.png").exists()
     assert "Capacity" not in (folder / "report.md").read_text()
+
+
+def tick_labels(svg: str, axes: int, axis: str = "y") -> list[str]:
+    """The tick labels of one axis (``axes``: 1, 2, ... as matplotlib numbers them) in a
+    figure's SVG (text kept as text, reports/style.py)."""
+    import re
+
+    start = svg.index(f'<g id="axes_{axes}">')
+    end = svg.find(f'<g id="axes_{axes + 1}">', start)
+    part = svg[start:end if end > 0 else len(svg)]
+    return [t for block in re.split(rf'<g id="{axis}tick_\d+">', part)[1:]
+            for t in re.findall(r"<text[^>]*>([^<]+)</text>", block.split("</g>\n    </g>")[0])]
+
+
+def test_ttft_ticks_are_each_written_once_as_they_are(tmp_path):
+    # TTFT 0.05 ... 1.95 s: 0.05 printed as "0.05", not as a second "0.1"; 1 as "1", not "1.0"
+    folder = build(tmp_path)
+    write_sweep_report(folder, target=0.8)
+    labels = tick_labels((folder / "capacity.svg").read_text(), 2)
+    assert labels and len(labels) == len(set(labels)), labels
+    assert {"0.05", "0.1", "1"} <= set(labels) and "1.0" not in labels, labels
+
+
+def test_pareto_draws_the_ideal_bounds_as_lines_and_bytes_in_gib(tmp_path):
+    """The ideal policy's pool binds nothing (64.79 GiB on athena): on the Pareto it is a
+    line at its hit rate, so the budgeted points keep the memory axis (0.5-8 GiB here,
+    not 0-70); the key writes kv_cache_memory_bytes in GiB, not raw bytes."""
+    folder = write_sweep(tmp_path / "cap", [
+        pt(0, "none", 0.5, 0.0), pt(1, "vllm", 0.5, 0.12), pt(2, "vllm", 2, 0.67),
+        pt(3, "vllm", 8, 0.78),
+        pt(4, "ideal", 64.79, 0.78, checkpoints="vllm"), pt(5, "ideal", 64.79, 0.95, "every_unit"),
+    ], name="cap")
+    write_sweep_report(folder, target=0.8)
+    svg = (folder / "pareto.svg").read_text()
+    xs = [float(t.replace("\u2212", "-")) for t in tick_labels(svg, 1, "x")]
+    assert xs and max(xs) < 10, xs
+    assert "p5 ideal: 95.00 % (a bound: its 64.79 GiB pool binds nothing)" in svg
+    assert "p4 ideal(checkpoints: vllm): 78.00 %" in svg
+    assert "0.5 GiB" in svg and str(GiB // 2) not in svg

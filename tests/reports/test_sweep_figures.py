@@ -170,3 +170,35 @@ def test_miss_classes_is_written_as_png_and_svg_like_every_sweep_figure(tmp_path
     assert [f.name for f in saved.files] == ["miss_classes.png", "miss_classes.svg"]
     text = _svg_text(tmp_path, "miss_classes")
     assert "p000" in text and "p001" in text and "checkpoint" in text
+
+
+def test_miss_classes_names_points_by_id_and_zooms_to_the_data(tmp_path):
+    """Each bar is its point id and the varying axes' values under a header (not
+    'checkpoint=false, hash_block_size=64, ...'); where every point hits >= 80 % the
+    axis starts at 0.75, said in its label, so the miss classes fill the figure."""
+    from reports.miss_figure import zoom_start
+
+    from tests.reports.test_sweep_capacity import tick_labels
+
+    assert zoom_start(0.815) == 0.75 and zoom_start(0.124) == 0.0 and zoom_start(0.3) == 0.25
+
+    def summary(hit, ckpt):
+        return {"prompt_tokens": 1000, "hit_tokens": hit, "token_hit_rate": hit / 1000,
+                "miss_in_flight_tokens": 0, "miss_capacity_tokens": 0,
+                "miss_checkpoint_tokens": ckpt, "miss_speculative_tokens": 0,
+                "miss_compulsory_tokens": 1000 - hit - ckpt}
+
+    pts = [P(f"p{i:03d}", {UNIT: u, "cache.enable_mamba_shared_prefix_checkpoint": f},
+             summary=summary(hit, 930 - hit))
+           for i, (u, f, hit) in enumerate([("64", "false", 815), ("64", "true", 927),
+                                            ("192", "false", 887), ("192", "true", 935)])]
+    folder = write_sweep(tmp_path / "s", pts)
+    write_sweep_report(folder)
+    svg = _svg_text(folder, "miss_classes")
+    rows = tick_labels(svg, 1, "y")
+    assert [r.split()[0] for r in rows] == ["p000", "p001", "p002", "p003"], rows
+    assert "=" not in " ".join(rows)
+    assert "point  hash_block_size  checkpoint" in svg
+    assert tick_labels(svg, 1, "x")[0] == "0.75"
+    assert "the axis starts at 0.75: every point hits at least 81.5%" in svg
+    assert "93.5%" in svg                                  # each hit share on its bar
