@@ -22,6 +22,7 @@ from sim.config.scenario import Scenario
 from sim.engine.engine import Engine
 from sim.engine.record import Recorder, RequestMaker, StepSampler
 from sim.engine.scheduler import Scheduler, SimRequest
+from sim.engine.tiered_scheduler import TieredScheduler
 from sim.rundir.records import REQUEST_COLUMNS
 from sim.rundir import requests_csv
 from sim.rundir.request_table import RequestColumns, RequestTable
@@ -82,7 +83,9 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     t_wall = time.perf_counter()
     dep = build_deployment(sc)
     kv = dep.kv
-    sched = Scheduler(sc.scheduler, kv, accepted_per_step=sc.speculative.mean_accepted_tokens
+    # (a replica with the CPU tier: the scheduler that admits through its connector)
+    sched_cls = Scheduler if dep.offload is None else TieredScheduler
+    sched = sched_cls(sc.scheduler, kv, accepted_per_step=sc.speculative.mean_accepted_tokens
                       if sc.speculative.method else 0.0, fast_decode=fast_decode,
                       reject_unservable=True)
     tier = None

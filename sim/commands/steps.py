@@ -18,6 +18,7 @@ from sim.config.dialects import DIALECT_DEFAULTS
 from sim.config.scheduler import SchedulerConfig
 from sim.engine.engine import Engine
 from sim.engine.scheduler import Scheduler, SimRequest
+from sim.engine.tiered_scheduler import TieredScheduler
 
 STEP_KEYS = {"max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
              "num_speculative_tokens", "accepted_tokens", "eagle_lookahead_hashes",
@@ -252,7 +253,8 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
         return {"requests": res, **({"steps": []} if per_step else {}),
                 **({"kv_events": [], "kv_events_error": None} if kv_events else {})}
     step_log: list[dict] = []
-    sched = Scheduler(sc, kv, accepted_per_step=acc if not isinstance(acc, list) else 0.0,
+    sched_cls = Scheduler if ev_cfg.get("offload") is None else TieredScheduler
+    sched = sched_cls(sc, kv, accepted_per_step=acc if not isinstance(acc, list) else 0.0,
                       eagle_family=cfg.eagle)
     if per_step:
         sched.step_log = step_log     # (the scheduler records each step's decisions)

@@ -16,121 +16,42 @@ The scheduler knows nothing about time; the engine calls ``schedule`` and
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from librt.vecs import append, vec
+from librt.vecs import append
 from mypy_extensions import i64
 
-from backends.base import StepItem
-from sim.cache.attribution import Miss, MissAttribution
+from sim.cache.attribution import MissAttribution
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.offload import OffloadConnector
 from sim.cache.request import CacheRequest
 from sim.config.scheduler import SchedulerConfig
+from sim.engine.request import ScheduledItem, SimRequest
 from sim.engine.request_queue import FCFSQueue, RequestQueue, make_queue
+
+class QueueWatcher(Protocol):
+    """What watches the waiting queue as the scheduler uses it (``sim explain`` reads the
+    pool as one request's admission lookup sees it): a request arriving, put back
+    (preempted, or passed over for a step), looked at for admission (its lookup comes
+    next, on this pool), taken off to run (``first``: its first admission).  A watcher may
+    end the replay there by raising ``StopReplay``."""
+
+    def arrived(self, r: SimRequest) -> None: ...
+
+    def put_back(self, r: SimRequest) -> None: ...
+
+    def looking_at(self, r: SimRequest) -> None: ...
+
+    def admitted(self, r: SimRequest, first: bool) -> None: ...
+
+
+class StopReplay(Exception):
+    """Raised by a ``QueueWatcher`` to end a replay where it stands."""
+
 
 # why a request is refused on arrival (requests.csv ``rejected``)
 EXCEEDS_MAX_MODEL_LEN: Final = "exceeds_max_model_len"   # prompt >= max_model_len
 TOO_LONG_FOR_POOL: Final = "too_long_for_pool"           # the pool can never hold it
-
-
-class SimRequest:
-    """A request inside the engine: cache view plus serving progress.
-
-    A plain class with slots (not a dataclass: a dataclass's generated
-    ``__init__`` is interpreted Python even in the compiled build, several
-    thousand CPU instructions per request with this many fields)."""
-
-    __slots__ = ("cache", "max_tokens", "index", "arrival_ns", "num_output", "hit_tokens",
-                 "attention_hit_tokens", "junction", "first_scheduled_ns", "first_token_ns",
-                 "finish_ns", "preemptions", "recomputed_tokens", "mamba_states_written",
-                 "chunk_ends", "chunk_end_steps", "first_prefill_done", "done_event",
-                 "out_stream", "fast_n", "fast_until", "item", "has_drafts",
-                 "is_prefill_chunk", "recording", "cache_mark", "cache_mark_end", "rejected",
-                 "priority",
-                 "arrival_step", "miss", "last_delivery_ns", "deliveries", "session",
-                 "cpu_hit_tokens", "cpu_no_state_tokens", "loading")
-
-    def __init__(self, cache: CacheRequest, max_tokens: int, index: int):
-        # (integer fields are machine integers: no tagged-int checks in the compiled
-        # scheduler's per-step arithmetic)
-        self.cache = cache
-        self.max_tokens: i64 = max_tokens
-        self.index: i64 = index                 # arrival order (tie-break, output order)
-        # engine clock (integer ns; one per step in `sim steps`), -1 until it happens
-        self.arrival_ns: i64 = -1
-        self.num_output: i64 = 0
-        self.hit_tokens: i64 = -1               # prefix hit at first admission
-        self.attention_hit_tokens: i64 = 0      # full attention alone
-        self.junction: i64 = 0
-        self.first_scheduled_ns: i64 = -1
-        self.first_token_ns: i64 = -1
-        self.finish_ns: i64 = -1
-        self.preemptions: i64 = 0
-        self.recomputed_tokens: i64 = 0
-        self.mamba_states_written: i64 = 0
-        # (machine integers: an int object and a list slot a chunk end otherwise)
-        self.chunk_ends = vec[i64]()
-        self.chunk_end_steps = vec[i64]()   # step index of each chunk end
-        self.first_prefill_done = False
-        self.done_event: Any = None        # the engine's turn record until it finishes
-        self.out_stream: i64 = 0                # stream id of this request's output tokens
-        self.fast_n: i64 = -1                   # decode fast path: tokens per step at the last allocation
-        self.fast_until: i64 = -1               # ... and the computed count up to which it stays valid
-        self.item: ScheduledItem | None = None   # reused per step (scheduled once per step)
-        self.has_drafts = False            # drafter proposed K tokens after its last sampling step
-        self.is_prefill_chunk = False      # its last scheduled step left prompt tokens uncomputed
-        self.recording = True              # first prefill's chunk ends (stops at a preemption)
-        # the block of min(computed, hashed) at the last update-time cache_blocks, as its
-        # token range [cache_mark, cache_mark_end) (later calls before the next block
-        # completes are no-ops and are skipped; a comparison, not a division, a step)
-        self.cache_mark: i64 = -1
-        self.cache_mark_end: i64 = -1
-        self.rejected = ""                 # why it was refused on arrival (a reason token), or ""
-        self.priority: i64 = 0                  # scheduler.policy priority: lower goes first
-        self.arrival_step: i64 = 0              # scheduler step at arrival (lpm's starvation bound)
-        self.miss: Miss | None = None      # why its first admission missed (attribution on)
-        # the step sampler's (sim/engine/record.py): end of the step that last delivered
-        # tokens (-1: none yet) and how many deliveries so far (inter-token latencies)
-        self.last_delivery_ns: i64 = -1
-        self.deliveries: i64 = 0
-        self.session: str | None = None    # the workload record's session (requests.csv)
-        # the CPU tier (kv_offloading): tokens its first admission loaded from the host
-        # pool, and whether it waits for a load now (vLLM's WAITING_FOR_REMOTE_KVS)
-        self.cpu_hit_tokens: i64 = 0
-        self.cpu_no_state_tokens: i64 = 0     # held in attention groups past the hit
-        self.loading = False
-
-    def __repr__(self) -> str:
-        return (f"SimRequest({self.cache.request_id!r}, index={self.index}, "
-                f"output={self.num_output}/{self.max_tokens})")
-
-    @property
-    def rid(self) -> str:
-        return self.cache.request_id
-
-    @property
-    def num_computed(self) -> int:
-        return self.cache.num_computed_tokens
-
-    @property
-    def decoding(self) -> bool:
-        """Prompt (and any replayed outputs) computed: each step samples."""
-        return self.num_output > 0 and self.cache.num_computed_tokens >= self.cache.num_tokens - 1
-
-
-class ScheduledItem(StepItem):
-    """One request's share of a step (the object is reused step after step): the step
-    plan's item, which the engine hands to the backend, plus the scheduler's own handle
-    on the request (no backend reads it)."""
-
-    __slots__ = ("req",)
-
-    def __init__(self, req: SimRequest, num_tokens: int, context: int, is_prefill: bool,
-                 spec_tokens: int = 0, new_hit: int = 0, padded: bool = False):
-        super().__init__(req.cache, req.out_stream, num_tokens, context, is_prefill,
-                         spec_tokens, new_hit, padded)
-        self.req = req
 
 
 class Scheduler:
@@ -188,7 +109,10 @@ class Scheduler:
         self.usable_blocks = kv.usable_blocks   # (block 0 is the null block)
         # miss attribution (sim/cache/attribution.py): None = off
         self.attribution: MissAttribution | None = None
-        # the CPU tier's connector (sim/cache/offload.py; None: no tier).  With one, the
+        # what watches the waiting queue (``QueueWatcher``; empty: nobody, one test a call)
+        self.watchers: list[QueueWatcher] = []
+        # the CPU tier's connector (sim/cache/offload.py; None: no tier; set by
+        # ``TieredScheduler.attach_connector``).  With one, the
         # requests that hold blocks while waiting (an async load, or one done and not yet
         # scheduled) wait in ``holding``, drained before ``waiting``; ``inflight`` are the
         # requests admitted with prompt left to compute (an async load's reservation)
@@ -225,6 +149,9 @@ class Scheduler:
             req.rejected = TOO_LONG_FOR_POOL
             return False
         req.arrival_step = self.step_index
+        if self.watchers:
+            for w in self.watchers:
+                w.arrived(req)
         self.waiting.add_request(req)
         if self.connector is not None:
             self.connector.add_request(req.cache)
@@ -268,18 +195,6 @@ class Scheduler:
         if self.connector is not None:
             return not self.holding and self.connector.quiet(self.running)
         return True
-
-    def attach_connector(self, connector: OffloadConnector) -> None:
-        """Serve with the CPU tier's connector (``sim/cache/offload.py``)."""
-        self.connector = connector
-        K = self.num_speculative_tokens
-        n = 1 + K + self.num_lookahead if K else 0
-        blocks = 0
-        if n:
-            for kind, bs in zip(self.group_kinds, self.kv.group_block_sizes):
-                if kind != "mamba":
-                    blocks += -(-n // bs)
-        self.spec_step_blocks = blocks
 
     def _split(self, r: SimRequest, num_new: int, new_local: int, lpt: int) -> int:
         c = r.cache
@@ -421,14 +336,15 @@ class Scheduler:
             while budget > 0 and self.waiting:
                 if len(self.running) >= self.max_num_seqs:
                     break
-                # (through the policy's peek_request, not ``[0]``: ``sim explain`` watches
-                # this call to read the pool as the admission lookup sees it; the plain
-                # FCFS queue's is its first element, read directly: its peek_request is
-                # an interpreted method, ~450 CPU instructions more a call)
+                # (the plain FCFS queue's head is its first element, read directly: its
+                # peek_request is an interpreted method, ~450 CPU instructions more a call)
                 # (the test on a copy: mypy narrows what it tests, and a narrowed deque
                 # reads Any, which would box the arithmetic below)
                 w = self.waiting
                 r = self.waiting[0] if type(w) is self._fcfs_type else self.waiting.peek_request()
+                if self.watchers:
+                    for qw in self.watchers:
+                        qw.looking_at(r)
                 c = r.cache
                 lookup = None
                 new_local = 0
@@ -472,6 +388,9 @@ class Scheduler:
                 if not ok:
                     break
                 self.waiting.pop_request()
+                if self.watchers:
+                    for qw in self.watchers:
+                        qw.admitted(r, r.hit_tokens < 0)
                 self.running.append(r)
                 if r.hit_tokens < 0:
                     r.hit_tokens = new_local
@@ -498,183 +417,14 @@ class Scheduler:
         return out
 
     # -------------------------------------------------------------- the CPU tier --
+    # (``sim/engine/tiered_scheduler.py``: a scheduler with a connector is a
+    # ``TieredScheduler``, which defines these two)
     def _admit_with_tier(self, now: int, budget: i64, out: list[ScheduledItem],
                          num_running_scheduled: i64, prefill_scheduled: bool) -> i64:
-        """The waiting loop with a KV connector (vLLM 0.33.0's ``Scheduler.schedule``):
-        requests holding blocks first; a request the connector cannot answer for yet, or
-        still loading, is set aside for this step (the others may still be admitted); an
-        admission that loads from the tier allocates its blocks and waits, scheduling
-        nothing, until the load is done."""
-        conn = self.connector
-        assert conn is not None
-        kv = self.kv
-        attr = self.attribution
-        K = self.num_speculative_tokens
-        mml = self.max_model_len
-        sbs: i64 = kv.scheduler_block_size
-        held: list[SimRequest] = []
-        passed: list[SimRequest] = []
-        fresh = self.fresh
-        fresh.clear()
-        while budget > 0:
-            queue = self.holding if self.holding else self.waiting
-            if not queue:
-                break
-            if len(self.running) >= self.max_num_seqs:
-                break
-            r = queue.peek_request()
-            c = r.cache
-            rid = c.request_id
-            if r.loading:
-                if not conn.load_done(rid):
-                    queue.pop_request()
-                    held.append(r)
-                    continue
-                # the load is done: its blocks enter the GPU prefix cache
-                kv.cache_blocks(c, c.num_computed_tokens)
-                if c.num_computed_tokens == c.num_tokens:
-                    c.num_computed_tokens = c.num_tokens - 1
-                conn.promoted(rid)
-                r.loading = False
-            looked_up = c.num_computed_tokens == 0
-            lookup = None
-            new_local: i64 = 0
-            ext: i64 = 0
-            hit_blocks = None
-            if looked_up:
-                lookup = kv.get_computed_blocks(c)
-                c.shared_prefix_boundary = lookup.junction
-                new_local = lookup.hit
-                partial = new_local % sbs
-                got = conn.get_num_new_matched_tokens(c, new_local - partial)
-                if got is None:
-                    queue.pop_request()
-                    passed.append(r)
-                    continue
-                if lookup.hit:
-                    hit_blocks = lookup.blocks
-                if partial and got > partial:
-                    # a longer load from the tier replaces the GPU hit's partial block
-                    new_local -= partial
-                    hit_blocks = kv.truncate_hit(lookup.blocks, new_local)
-                    ext = got
-                elif not partial:
-                    ext = got
-            is_async = ext > 0
-            computed = c.num_computed_tokens + new_local + ext
-            n: i64 = 0
-            padded = False
-            if not is_async:
-                n = c.num_tokens - computed
-                if (K > 0 and n == 1 and not prefill_scheduled
-                        and (num_running_scheduled > 0 or computed > 0)
-                        and (mml is None or computed + 1 + K + 1 <= mml)):
-                    if 1 + K > budget:
-                        break
-                    n = 1 + K
-                    padded = True
-                lpt: i64 = 0
-                if len(self.running) + len(self.waiting) + len(self.holding) > 1:
-                    lpt = self.long_prefill_token_threshold
-                if 0 < lpt < n:
-                    n = lpt
-                if budget < n:
-                    n = budget
-                if self.aligned and not padded:
-                    n = self._split(r, n, new_local + ext, lpt)
-                    if n == 0:
-                        break
-            attn_alone = 0
-            if lookup is not None and r.hit_tokens < 0:
-                attn_alone = (lookup.full_alone if lookup.full_alone >= 0
-                              else self._attention_alone(c))
-                if attr is not None:
-                    r.miss = attr.classify(c, lookup)
-            reserved: i64 = 0
-            lookahead = self.num_lookahead
-            if is_async:
-                reserved = self._inflight_reserved() + self.spec_step_blocks
-                lookahead = 0
-            ok = kv.allocate_slots(c, n, new_local, hit_blocks, num_lookahead_tokens=lookahead,
-                                   full_sequence_must_fit=True, num_external=ext,
-                                   delay_cache=is_async, reserved=reserved)
-            if not ok:
-                break
-            conn.update_state_after_alloc(c, ext, looked_up, new_local)
-            if looked_up and r.hit_tokens < 0:
-                r.hit_tokens = new_local
-                r.cpu_hit_tokens = ext
-                reach = conn.attention_reach(c, c.num_computed_tokens + new_local - new_local % sbs)
-                if reach > new_local + ext:
-                    r.cpu_no_state_tokens = reach - new_local - ext
-                r.junction = lookup.junction if lookup is not None else 0
-                r.attention_hit_tokens = attn_alone
-                if attr is not None:
-                    attr.admit(c, computed + n)
-            if is_async:
-                r.loading = True
-                c.num_computed_tokens = computed
-                self.inflight[rid] = r
-                queue.pop_request()
-                held.append(r)
-                continue
-            queue.pop_request()
-            self.running.append(r)
-            if r.first_scheduled_ns < 0:
-                r.first_scheduled_ns = now
-            c.num_computed_tokens = computed
-            if computed + n < c.num_tokens:
-                self.inflight[rid] = r
-            kp: i64 = 0
-            if padded:
-                kp = K
-            self._emit(out, r, n, computed, not padded, kp, new_local, padded)
-            fresh.append(rid)
-            budget -= n
-        for k in range(len(held) - 1, -1, -1):
-            self.holding.prepend_request(held[k])
-        for k in range(len(passed) - 1, -1, -1):
-            self.waiting.prepend_request(passed[k])
-        return budget
-
-    def _inflight_reserved(self) -> i64:
-        """Blocks the admitted prefills still need to hold their whole sequence (vLLM's
-        ``_inflight_prefill_reserved_blocks``)."""
-        kv = self.kv
-        K = self.num_speculative_tokens
-        mml = self.max_model_len
-        extra: i64 = 0
-        if K:
-            extra = 1 + K + self.num_lookahead
-        total: i64 = 0
-        for r in self.inflight.values():
-            c = r.cache
-            full = c.num_tokens
-            if mml is not None and full > mml:
-                full = mml
-            end = c.num_tokens - 1
-            if end < c.num_prompt_tokens:
-                end = c.num_prompt_tokens
-            total += kv.remaining_blocks(c, full + extra, full, end)
-        return total
+        raise NotImplementedError("a scheduler with a KV connector is a TieredScheduler")
 
     def _connector_step(self, out: list[ScheduledItem]) -> None:
-        """After the step is scheduled: the connector's part of it (stores, flushes, the
-        finished requests' recency), then the requests done prefilling leave the set of
-        in-flight prefills."""
-        conn = self.connector
-        assert conn is not None
-        fresh = self.fresh
-        sched = [(it.req.cache.request_id, it.num_tokens, it.req.cache.request_id in fresh)
-                 for it in out]
-        conn.build(sched)
-        fresh.clear()
-        if self.inflight:
-            for it in out:
-                if not it.req.is_prefill_chunk:
-                    rid = it.req.cache.request_id
-                    if rid in self.inflight:
-                        del self.inflight[rid]
+        raise NotImplementedError("a scheduler with a KV connector is a TieredScheduler")
 
     def _log_step(self, now: int, out: list[ScheduledItem]) -> None:
         """Tokens scheduled per request (drafts included), their total, and the drafts
@@ -778,6 +528,9 @@ class Scheduler:
                 del out[k]
                 self.n_out -= 1
                 break
+        if self.watchers:
+            for w in self.watchers:
+                w.put_back(r)
         self.waiting.prepend_request(r)
         return given_back
 

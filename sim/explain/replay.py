@@ -20,6 +20,7 @@ from sim.cache.case import CaseError, CaseSchedule, parse_case, prefill
 from sim.cache.config import CacheConfig
 from sim.cache.evictions import EvictionLog
 from sim.cache.kv_manager import KVCacheManager
+from sim.engine.scheduler import StopReplay
 from sim.errors import ConfigError
 from sim.explain.facts import Facts, gather
 
@@ -174,13 +175,10 @@ def _replace(cfg: CacheConfig, flip: dict) -> CacheConfig:
 
 # ------------------------------------------------------------------------------ runs --
 
-class _Stop(Exception):
-    """Ends a replay at the watched request's admission."""
-
-
 class _Watch:
-    """What the watched queue reports to: the request, whether to gather facts, and
-    what it found."""
+    """The waiting queue's watcher (``sim.engine.scheduler.QueueWatcher``) for one request:
+    every request's history (arrivals, put-backs), the pool as the watched request's
+    admission lookup sees it, and the replay's end at that admission."""
 
     def __init__(self, target: str, facts: bool):
         self.target = target
@@ -188,64 +186,42 @@ class _Watch:
         self.history = Requests()
         self.last_recomputed: dict[str, int] = {}
         self.found: Lookup | None = None
-        self.admitted = False
+        self.admitted_once = False
         self.sched = None
         self.engine = None
 
     def prepare(self, dep, sched, engine) -> None:
-        """``simulate``'s hook: swap in the watched queue (and, for facts, turn on the
-        pool's eviction log)."""
+        """``simulate``'s hook: watch the scheduler's waiting queue (and, for facts, turn
+        on the pool's eviction log)."""
         self.sched, self.engine = sched, engine
         kv = dep.kv
         if self.facts and kv.pool.evictions is None:
             kv.enable_eviction_log(EvictionLog())
-        base = type(sched.waiting)
-        sched.waiting = _watched_class(base).build(sched.cfg)
-        sched.waiting.watch = self
+        sched.watchers.append(self)
 
-    def looked_up(self, r) -> None:
-        kv = self.sched.kv
-        if self.facts:
-            self.found = _facts(kv, r.cache, self.history, kv.eviction_of, self.sched.sched_time)
-        else:
-            self.found = _hit_only(kv, r.cache)
+    def arrived(self, r) -> None:
+        self.history.add(r.cache, r)
 
-    def preempted(self, r) -> None:
+    def put_back(self, r) -> None:
         rid = r.cache.request_id
         before = self.last_recomputed.get(rid, 0)
         self.history.preempted(rid, r.recomputed_tokens - before)
         self.last_recomputed[rid] = r.recomputed_tokens
 
+    def looking_at(self, r) -> None:
+        if r.cache.request_id != self.target or r.hit_tokens >= 0 \
+                or r.cache.num_computed_tokens != 0:
+            return
+        kv = self.sched.kv     # (the scheduler's admission lookup comes next, on this pool)
+        if self.facts:
+            self.found = _facts(kv, r.cache, self.history, kv.eviction_of, self.sched.sched_time)
+        else:
+            self.found = _hit_only(kv, r.cache)
 
-def _watched_class(base: type) -> type:
-    """``base`` (a scheduler policy's queue class) with a watch on one request."""
-
-    def add_request(self, r) -> None:
-        self.watch.history.add(r.cache, r)
-        base.add_request(self, r)
-
-    def prepend_request(self, r) -> None:
-        self.watch.preempted(r)
-        base.prepend_request(self, r)
-
-    def peek_request(self):
-        r = base.peek_request(self)
-        w = self.watch
-        if r.cache.request_id == w.target and r.hit_tokens < 0 and r.cache.num_computed_tokens == 0:
-            w.looked_up(r)      # (the scheduler's admission lookup comes next, on this pool)
-        return r
-
-    def pop_request(self):
-        r = base.pop_request(self)
-        w = self.watch
-        if r.cache.request_id == w.target and r.hit_tokens < 0:
-            w.admitted = True
-            raise _Stop
-        return r
-
-    return type(f"Watched{base.__name__}", (base,), {
-        "add_request": add_request, "prepend_request": prepend_request,
-        "peek_request": peek_request, "pop_request": pop_request, "watch": None})
+    def admitted(self, r, first: bool) -> None:
+        if first and r.cache.request_id == self.target:
+            self.admitted_once = True
+            raise StopReplay
 
 
 def run_lookup(sc, target: str, facts: bool = True, traces=None) -> Lookup:
@@ -258,9 +234,9 @@ def run_lookup(sc, target: str, facts: bool = True, traces=None) -> Lookup:
     w = _Watch(target, facts)
     try:
         simulate(sc, prepare=w.prepare, traces=traces)
-    except _Stop:
+    except StopReplay:
         pass
-    if w.admitted and w.found is not None:
+    if w.admitted_once and w.found is not None:
         return w.found
     eng = w.engine
     for r in (eng.rejected if eng is not None else []):

@@ -1,0 +1,222 @@
+"""The scheduler with vLLM 0.33.0's KV connector (the CPU tier, ``kv_offloading``): the
+admission that asks the connector for external hits, loads asynchronously and holds
+blocks while waiting (``Scheduler.schedule``'s ``_admit_with_tier``), the blocks the
+admitted prefills still reserve, and the connector's part of each step (vLLM's
+``build_connector_meta``).  ``Scheduler`` calls these only when a connector is attached,
+which only this subclass does."""
+from __future__ import annotations
+
+from mypy_extensions import i64
+
+from sim.cache.offload import OffloadConnector
+from sim.engine.request import ScheduledItem, SimRequest
+from sim.engine.scheduler import Scheduler
+
+
+class TieredScheduler(Scheduler):
+    """``Scheduler`` serving with the CPU tier's connector."""
+
+    def attach_connector(self, connector: OffloadConnector) -> None:
+        """Serve with the CPU tier's connector (``sim/cache/offload.py``)."""
+        self.connector = connector
+        K = self.num_speculative_tokens
+        n = 1 + K + self.num_lookahead if K else 0
+        blocks = 0
+        if n:
+            for kind, bs in zip(self.group_kinds, self.kv.group_block_sizes):
+                if kind != "mamba":
+                    blocks += -(-n // bs)
+        self.spec_step_blocks = blocks
+
+    def _admit_with_tier(self, now: int, budget: i64, out: list[ScheduledItem],
+                         num_running_scheduled: i64, prefill_scheduled: bool) -> i64:
+        """The waiting loop with a KV connector (vLLM 0.33.0's ``Scheduler.schedule``):
+        requests holding blocks first; a request the connector cannot answer for yet, or
+        still loading, is set aside for this step (the others may still be admitted); an
+        admission that loads from the tier allocates its blocks and waits, scheduling
+        nothing, until the load is done."""
+        conn = self.connector
+        assert conn is not None
+        kv = self.kv
+        attr = self.attribution
+        K = self.num_speculative_tokens
+        mml = self.max_model_len
+        sbs: i64 = kv.scheduler_block_size
+        held: list[SimRequest] = []
+        passed: list[SimRequest] = []
+        fresh = self.fresh
+        fresh.clear()
+        while budget > 0:
+            queue = self.holding if self.holding else self.waiting
+            if not queue:
+                break
+            if len(self.running) >= self.max_num_seqs:
+                break
+            r = queue.peek_request()
+            watched = bool(self.watchers) and queue is self.waiting
+            if watched:
+                for qw in self.watchers:
+                    qw.looking_at(r)
+            c = r.cache
+            rid = c.request_id
+            if r.loading:
+                if not conn.load_done(rid):
+                    queue.pop_request()
+                    held.append(r)
+                    continue
+                # the load is done: its blocks enter the GPU prefix cache
+                kv.cache_blocks(c, c.num_computed_tokens)
+                if c.num_computed_tokens == c.num_tokens:
+                    c.num_computed_tokens = c.num_tokens - 1
+                conn.promoted(rid)
+                r.loading = False
+            looked_up = c.num_computed_tokens == 0
+            lookup = None
+            new_local: i64 = 0
+            ext: i64 = 0
+            hit_blocks = None
+            if looked_up:
+                lookup = kv.get_computed_blocks(c)
+                c.shared_prefix_boundary = lookup.junction
+                new_local = lookup.hit
+                partial = new_local % sbs
+                got = conn.get_num_new_matched_tokens(c, new_local - partial)
+                if got is None:
+                    queue.pop_request()
+                    passed.append(r)
+                    continue
+                if lookup.hit:
+                    hit_blocks = lookup.blocks
+                if partial and got > partial:
+                    # a longer load from the tier replaces the GPU hit's partial block
+                    new_local -= partial
+                    hit_blocks = kv.truncate_hit(lookup.blocks, new_local)
+                    ext = got
+                elif not partial:
+                    ext = got
+            is_async = ext > 0
+            computed = c.num_computed_tokens + new_local + ext
+            n: i64 = 0
+            padded = False
+            if not is_async:
+                n = c.num_tokens - computed
+                if (K > 0 and n == 1 and not prefill_scheduled
+                        and (num_running_scheduled > 0 or computed > 0)
+                        and (mml is None or computed + 1 + K + 1 <= mml)):
+                    if 1 + K > budget:
+                        break
+                    n = 1 + K
+                    padded = True
+                lpt: i64 = 0
+                if len(self.running) + len(self.waiting) + len(self.holding) > 1:
+                    lpt = self.long_prefill_token_threshold
+                if 0 < lpt < n:
+                    n = lpt
+                if budget < n:
+                    n = budget
+                if self.aligned and not padded:
+                    n = self._split(r, n, new_local + ext, lpt)
+                    if n == 0:
+                        break
+            attn_alone = 0
+            if lookup is not None and r.hit_tokens < 0:
+                attn_alone = (lookup.full_alone if lookup.full_alone >= 0
+                              else self._attention_alone(c))
+                if attr is not None:
+                    r.miss = attr.classify(c, lookup)
+            reserved: i64 = 0
+            lookahead = self.num_lookahead
+            if is_async:
+                reserved = self._inflight_reserved() + self.spec_step_blocks
+                lookahead = 0
+            ok = kv.allocate_slots(c, n, new_local, hit_blocks, num_lookahead_tokens=lookahead,
+                                   full_sequence_must_fit=True, num_external=ext,
+                                   delay_cache=is_async, reserved=reserved)
+            if not ok:
+                break
+            conn.update_state_after_alloc(c, ext, looked_up, new_local)
+            first = looked_up and r.hit_tokens < 0
+            if first:
+                r.hit_tokens = new_local
+                r.cpu_hit_tokens = ext
+                reach = conn.attention_reach(c, c.num_computed_tokens + new_local - new_local % sbs)
+                if reach > new_local + ext:
+                    r.cpu_no_state_tokens = reach - new_local - ext
+                r.junction = lookup.junction if lookup is not None else 0
+                r.attention_hit_tokens = attn_alone
+                if attr is not None:
+                    attr.admit(c, computed + n)
+            if is_async:
+                r.loading = True
+                c.num_computed_tokens = computed
+                self.inflight[rid] = r
+                queue.pop_request()
+                if watched:
+                    for qw in self.watchers:
+                        qw.admitted(r, first)
+                held.append(r)
+                continue
+            queue.pop_request()
+            if watched:
+                for qw in self.watchers:
+                    qw.admitted(r, first)
+            self.running.append(r)
+            if r.first_scheduled_ns < 0:
+                r.first_scheduled_ns = now
+            c.num_computed_tokens = computed
+            if computed + n < c.num_tokens:
+                self.inflight[rid] = r
+            kp: i64 = 0
+            if padded:
+                kp = K
+            self._emit(out, r, n, computed, not padded, kp, new_local, padded)
+            fresh.append(rid)
+            budget -= n
+        for k in range(len(held) - 1, -1, -1):
+            self.holding.prepend_request(held[k])
+        for k in range(len(passed) - 1, -1, -1):
+            if self.watchers:
+                for qw in self.watchers:
+                    qw.put_back(passed[k])
+            self.waiting.prepend_request(passed[k])
+        return budget
+
+    def _inflight_reserved(self) -> i64:
+        """Blocks the admitted prefills still need to hold their whole sequence (vLLM's
+        ``_inflight_prefill_reserved_blocks``)."""
+        kv = self.kv
+        K = self.num_speculative_tokens
+        mml = self.max_model_len
+        extra: i64 = 0
+        if K:
+            extra = 1 + K + self.num_lookahead
+        total: i64 = 0
+        for r in self.inflight.values():
+            c = r.cache
+            full = c.num_tokens
+            if mml is not None and full > mml:
+                full = mml
+            end = c.num_tokens - 1
+            if end < c.num_prompt_tokens:
+                end = c.num_prompt_tokens
+            total += kv.remaining_blocks(c, full + extra, full, end)
+        return total
+
+    def _connector_step(self, out: list[ScheduledItem]) -> None:
+        """After the step is scheduled: the connector's part of it (stores, flushes, the
+        finished requests' recency), then the requests done prefilling leave the set of
+        in-flight prefills."""
+        conn = self.connector
+        assert conn is not None
+        fresh = self.fresh
+        sched = [(it.req.cache.request_id, it.num_tokens, it.req.cache.request_id in fresh)
+                 for it in out]
+        conn.build(sched)
+        fresh.clear()
+        if self.inflight:
+            for it in out:
+                if not it.req.is_prefill_chunk:
+                    rid = it.req.cache.request_id
+                    if rid in self.inflight:
+                        del self.inflight[rid]
+
