@@ -39,8 +39,6 @@ class TieredScheduler(Scheduler):
         assert conn is not None
         kv = self.kv
         attr = self.attribution
-        K = self.num_speculative_tokens
-        mml = self.max_model_len
         sbs: i64 = kv.scheduler_block_size
         held: list[SimRequest] = []
         passed: list[SimRequest] = []
@@ -64,12 +62,7 @@ class TieredScheduler(Scheduler):
                     queue.pop_request()
                     held.append(r)
                     continue
-                # the load is done: its blocks enter the GPU prefix cache
-                kv.cache_blocks(c, c.num_computed_tokens)
-                if c.num_computed_tokens == c.num_tokens:
-                    c.num_computed_tokens = c.num_tokens - 1
-                conn.promoted(rid)
-                r.loading = False
+                self._promote(r)
             looked_up = c.num_computed_tokens == 0
             lookup = None
             new_local: i64 = 0
@@ -99,25 +92,10 @@ class TieredScheduler(Scheduler):
             n: i64 = 0
             padded = False
             if not is_async:
-                n = c.num_tokens - computed
-                if (K > 0 and n == 1 and not prefill_scheduled
-                        and (num_running_scheduled > 0 or computed > 0)
-                        and (mml is None or computed + 1 + K + 1 <= mml)):
-                    if 1 + K > budget:
-                        break
-                    n = 1 + K
-                    padded = True
-                lpt: i64 = 0
-                if len(self.running) + len(self.waiting) + len(self.holding) > 1:
-                    lpt = self.long_prefill_token_threshold
-                if 0 < lpt < n:
-                    n = lpt
-                if budget < n:
-                    n = budget
-                if self.aligned and not padded:
-                    n = self._split(r, n, new_local + ext, lpt)
-                    if n == 0:
-                        break
+                n, padded = self._tier_tokens(r, budget, computed, new_local + ext,
+                                              num_running_scheduled, prefill_scheduled)
+                if n < 0:
+                    break
             attn_alone = 0
             if lookup is not None and r.hit_tokens < 0:
                 attn_alone = (lookup.full_alone if lookup.full_alone >= 0
@@ -137,29 +115,19 @@ class TieredScheduler(Scheduler):
             conn.update_state_after_alloc(c, ext, looked_up, new_local)
             first = looked_up and r.hit_tokens < 0
             if first:
-                r.hit_tokens = new_local
-                r.cpu_hit_tokens = ext
-                reach = conn.attention_reach(c, c.num_computed_tokens + new_local - new_local % sbs)
-                if reach > new_local + ext:
-                    r.cpu_no_state_tokens = reach - new_local - ext
-                r.junction = lookup.junction if lookup is not None else 0
-                r.attention_hit_tokens = attn_alone
-                if attr is not None:
-                    attr.admit(c, computed + n)
+                self._first_admission(r, lookup, new_local, ext, attn_alone, computed + n)
             if is_async:
                 r.loading = True
                 c.num_computed_tokens = computed
                 self.inflight[rid] = r
                 queue.pop_request()
                 if watched:
-                    for qw in self.watchers:
-                        qw.admitted(r, first)
+                    self._tell_admitted(r, first)
                 held.append(r)
                 continue
             queue.pop_request()
             if watched:
-                for qw in self.watchers:
-                    qw.admitted(r, first)
+                self._tell_admitted(r, first)
             self.running.append(r)
             if r.first_scheduled_ns < 0:
                 r.first_scheduled_ns = now
@@ -168,7 +136,7 @@ class TieredScheduler(Scheduler):
                 self.inflight[rid] = r
             kp: i64 = 0
             if padded:
-                kp = K
+                kp = self.num_speculative_tokens
             self._emit(out, r, n, computed, not padded, kp, new_local, padded)
             fresh.append(rid)
             budget -= n
@@ -180,6 +148,71 @@ class TieredScheduler(Scheduler):
                     qw.put_back(passed[k])
             self.waiting.prepend_request(passed[k])
         return budget
+
+    def _first_admission(self, r: SimRequest, lookup, new_local: i64, ext: i64,
+                         attn_alone: int, end: i64) -> None:
+        """A request's figures at its first admission: its GPU and host hits, the tokens
+        the host held in every attention group past them but could not serve, its junction,
+        attention's hit alone, and (attribution on) its admitted keys up to ``end``."""
+        conn = self.connector
+        assert conn is not None
+        c = r.cache
+        sbs: i64 = self.kv.scheduler_block_size
+        r.hit_tokens = new_local
+        r.cpu_hit_tokens = ext
+        reach = conn.attention_reach(c, c.num_computed_tokens + new_local - new_local % sbs)
+        if reach > new_local + ext:
+            r.cpu_no_state_tokens = reach - new_local - ext
+        r.junction = lookup.junction if lookup is not None else 0
+        r.attention_hit_tokens = attn_alone
+        if self.attribution is not None:
+            self.attribution.admit(c, end)
+
+    def _promote(self, r: SimRequest) -> None:
+        """A request whose load is done: its blocks enter the GPU prefix cache, and it is
+        scheduled with no new lookup."""
+        conn = self.connector
+        assert conn is not None
+        c = r.cache
+        self.kv.cache_blocks(c, c.num_computed_tokens)
+        if c.num_computed_tokens == c.num_tokens:
+            c.num_computed_tokens = c.num_tokens - 1
+        conn.promoted(c.request_id)
+        r.loading = False
+
+    def _tell_admitted(self, r: SimRequest, first: bool) -> None:
+        for qw in self.watchers:
+            qw.admitted(r, first)
+
+    def _tier_tokens(self, r: SimRequest, budget: i64, computed: i64, hit: i64,
+                     num_running_scheduled: i64, prefill_scheduled: bool) -> tuple[i64, bool]:
+        """The tokens a request admitted without a load gets this step, and whether they
+        are padded to 1 + K (as ``schedule``'s waiting loop gives them); -1: it does not
+        fit, and admission stops for this step."""
+        c = r.cache
+        K = self.num_speculative_tokens
+        mml = self.max_model_len
+        n: i64 = c.num_tokens - computed
+        padded = False
+        if (K > 0 and n == 1 and not prefill_scheduled
+                and (num_running_scheduled > 0 or computed > 0)
+                and (mml is None or computed + 1 + K + 1 <= mml)):
+            if 1 + K > budget:
+                return -1, False
+            n = 1 + K
+            padded = True
+        lpt: i64 = 0
+        if len(self.running) + len(self.waiting) + len(self.holding) > 1:
+            lpt = self.long_prefill_token_threshold
+        if 0 < lpt < n:
+            n = lpt
+        if budget < n:
+            n = budget
+        if self.aligned and not padded:
+            n = self._split(r, n, hit, lpt)
+            if n == 0:
+                return -1, False
+        return n, padded
 
     def _inflight_reserved(self) -> i64:
         """Blocks the admitted prefills still need to hold their whole sequence (vLLM's
