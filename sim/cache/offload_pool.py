@@ -42,7 +42,7 @@ from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
-from sim.cache.key_map import KeyMap
+from sim.cache.key_map import MIX, KeyMap
 
 GROUP_MASK: Final = (1 << GROUP_BITS) - 1
 
@@ -51,14 +51,76 @@ HIT: Final = 1
 HIT_PENDING: Final = 2
 
 
+class IntMap:
+    """A small map of non-negative machine integers to machine integers (open addressing,
+    linear probing, no deletion): a request's observed keys and its keys' positions."""
+
+    def __init__(self) -> None:
+        self.mask: i64 = 15
+        self.keys = vec[i64]([-1] * 16)
+        self.vals = vec[i64]([0] * 16)
+        self.size: i64 = 0
+
+    def get(self, key: i64) -> i64:
+        """The value of ``key``; -1 if absent."""
+        mask = self.mask
+        keys = self.keys
+        i = ((key >> 5) ^ ((key & 31) * MIX)) & mask
+        while True:
+            k = keys[i]
+            if k == key:
+                return self.vals[i]
+            if k < 0:
+                return -1
+            i = (i + 1) & mask
+
+    def put(self, key: i64, val: i64) -> bool:
+        """Map ``key`` to ``val``; whether ``key`` is new."""
+        mask = self.mask
+        keys = self.keys
+        i = ((key >> 5) ^ ((key & 31) * MIX)) & mask
+        while True:
+            k = keys[i]
+            if k == key:
+                self.vals[i] = val
+                return False
+            if k < 0:
+                break
+            i = (i + 1) & mask
+        keys[i] = key
+        self.vals[i] = val
+        self.size += 1
+        if 2 * self.size > mask:
+            self._grow()
+        return True
+
+    def _grow(self) -> None:
+        old_keys = self.keys
+        old_vals = self.vals
+        cap = 2 * (self.mask + 1)
+        mask = cap - 1
+        keys = vec[i64]([-1] * cap)
+        vals = vec[i64]([0] * cap)
+        for j in range(len(old_keys)):
+            k = old_keys[j]
+            if k < 0:
+                continue
+            i = ((k >> 5) ^ ((k & 31) * MIX)) & mask
+            while keys[i] >= 0:
+                i = (i + 1) & mask
+            keys[i] = k
+            vals[i] = old_vals[j]
+        self.mask = mask
+        self.keys = keys
+        self.vals = vals
+
+
 class AccessState:
     """What one request did to the tier (vLLM's per-request cache-access record)."""
 
-    __slots__ = ("seen", "inserted", "reused", "store_misses", "finished",
-                 "lru_rank", "positions")
-
     def __init__(self) -> None:
-        self.seen: set[int] = set()
+        self.seen = IntMap()              # keys observed (-> 1)
+        self.seen_keys = vec[i64]()       # ... in the order first observed
         # (``arc`` only: the keys the request inserted, reused, and stored as a miss)
         self.inserted: set[int] = set()
         self.reused: set[int] = set()
@@ -66,24 +128,39 @@ class AccessState:
         self.finished = False
         self.lru_rank: i64 = 0            # 0: the policy has not ranked this request yet
         # prefix key (a chunk key without its group bits) -> end token: the request's order
-        self.positions: dict[int, int] = {}
+        self.pos = IntMap()
+
+    def set_pos(self, pk: i64, tokens: i64) -> None:
+        self.pos.put(pk, tokens)
+
+    def pos_of(self, pk: i64) -> i64:
+        """The end token of prefix key ``pk``; -1 if unknown."""
+        return self.pos.get(pk)
 
 
-def _head_to_tail(seen: set[int], positions: dict[int, int]) -> list[int]:
-    """Every observed key, head to tail: by position, the lower group first at one
-    position (vLLM: each group's keys by position, the groups in order, then one stable
-    sort by position; a key's group is its low bits, and keys at one position share their
-    prefix key).  Sorted as one integer a key: (position, group, index in ``keys``)."""
-    keys = list(seen)
-    codes: list[int] = []
-    i: i64 = 0
-    for k in keys:
-        pos: i64 = positions[k >> GROUP_BITS]
-        assert 0 <= pos < (1 << 26)
-        codes.append((((pos << GROUP_BITS) | (k & GROUP_MASK)) << 32) | i)
-        i += 1
-    codes.sort()
-    return [keys[c & 0xFFFFFFFF] for c in codes]
+def _head_to_tail(st: AccessState) -> vec[i64]:
+    """Every observed key, head to tail: by position, then by key (vLLM: each group's
+    keys by position, the groups in order, then one stable sort by position; a key's group
+    is its low bits, and keys at one position share their prefix key).  An insertion sort
+    (the keys come mostly in order already)."""
+    keys = st.seen_keys
+    pos = st.pos
+    out = vec[i64]()
+    at = vec[i64]()
+    for j in range(len(keys)):
+        k = keys[j]
+        p = pos.get(k >> GROUP_BITS)
+        assert p >= 0, "an observed key without a position"
+        out = append(out, k)
+        at = append(at, p)
+        i: i64 = j
+        while i > 0 and (at[i - 1] > p or (at[i - 1] == p and out[i - 1] > k)):
+            at[i] = at[i - 1]
+            out[i] = out[i - 1]
+            i -= 1
+        at[i] = p
+        out[i] = k
+    return out
 
 
 class Policy:
@@ -100,13 +177,12 @@ class Policy:
     def on_store_miss(self, keys: list[int], st: AccessState) -> None:
         return None
 
-    def on_request_access(self, keys: list[int], st: AccessState, pool: HostPool) -> None:
-        return None
-
-    def on_request_finished(self, order: list[int], st: AccessState, pool: HostPool) -> None:
+    def on_request_finished(self, order: vec[i64], st: AccessState, pool: HostPool) -> None:
         raise NotImplementedError
 
-    def evict(self, n: i64, protected: set[int], pool: HostPool) -> list[int] | None:
+    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> list[int] | None:
+        """``n`` keys to evict, none offered in this call (``protected``, or with ``lru``
+        the slots ``pool.prot`` stamps with ``pool.stamp``); None if there are too few."""
         raise NotImplementedError
 
     def mark_evictable(self, key: int, slot: i64) -> None:
@@ -271,36 +347,31 @@ class LRUPolicy(Policy):
         while len(self.rank) <= slot:
             self.rank = append(self.rank, -1)
             self.ev = append(self.ev, 0)
-        pos = st.positions.get(key >> GROUP_BITS)
-        if pos is None:
+        p = st.pos.get(key >> GROUP_BITS)
+        if p < 0:
             self.rank[slot] = self._fresh(key)
         else:
-            p: i64 = pos
             self.rank[slot] = ((((self._rank_of(st) << POS_BITS) | (TOP - p)) << GROUP_BITS)
                                | (key & GROUP_MASK))
 
-    def on_request_access(self, keys: list[int], st: AccessState, pool: HostPool) -> None:
-        r = self._rank_of(st) << POS_BITS
-        positions = st.positions
-        index = pool.index
-        rank = self.rank
-        for key in keys:
-            pos = positions.get(key >> GROUP_BITS)
-            if pos is None:
-                continue
-            s = index.only(key)
-            if s < 0:
-                continue
-            p: i64 = pos
-            k: i64 = key
-            new = ((r | (TOP - p)) << GROUP_BITS) | (k & GROUP_MASK)
-            if rank[s] >= new:
-                continue
-            rank[s] = new
-            if self.ev[s]:
-                self._push(s)
+    def access(self, key: i64, st: AccessState, pool: HostPool) -> None:
+        """The request observes ``key`` for the first time: a resident key's rank is
+        raised to the request's (vLLM's ``touch`` of the keys a request looks up)."""
+        r = self._rank_of(st)
+        p = st.pos.get(key >> GROUP_BITS)
+        if p < 0:
+            return
+        s = pool.index.only(key)
+        if s < 0:
+            return
+        new = ((((r << POS_BITS) | (TOP - p)) << GROUP_BITS) | (key & GROUP_MASK))
+        if self.rank[s] >= new:
+            return
+        self.rank[s] = new
+        if self.ev[s]:
+            self._push(s)
 
-    def on_request_finished(self, order: list[int], st: AccessState, pool: HostPool) -> None:
+    def on_request_finished(self, order: vec[i64], st: AccessState, pool: HostPool) -> None:
         index = pool.index
         for j in range(len(order) - 1, -1, -1):
             key = order[j]
@@ -311,9 +382,11 @@ class LRUPolicy(Policy):
             if self.ev[s]:
                 self._push(s)
 
-    def evict(self, n: i64, protected: set[int], pool: HostPool) -> list[int] | None:
+    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> list[int] | None:
         if n == 0:
             return []
+        prot = pool.prot
+        stamp = pool.stamp
         rank = self.rank
         ev = self.ev
         skey = pool.skey
@@ -327,7 +400,7 @@ class LRUPolicy(Policy):
                 break
             if not ev[s] or rank[s] != r or r in sel_r:
                 continue
-            if skey[s] in protected:
+            if prot[s] == stamp:
                 def_r.append(r)
                 def_s.append(s)
                 continue
@@ -391,12 +464,13 @@ class ARCPolicy(Policy):
                 del self.b2[key]
                 self.b2[key] = None
 
-    def on_request_finished(self, order: list[int], st: AccessState, pool: HostPool) -> None:
+    def on_request_finished(self, order: vec[i64], st: AccessState, pool: HostPool) -> None:
         inserted_only = st.inserted - st.reused
         reused = st.reused
         t1 = self.t1
         t2 = self.t2
-        for key in reversed(order):
+        for j in range(len(order) - 1, -1, -1):
+            key = order[j]
             if key in inserted_only:
                 if key in t1:
                     del t1[key]
@@ -427,9 +501,10 @@ class ARCPolicy(Policy):
         at[0] = i
         return -1
 
-    def evict(self, n: i64, protected: set[int], pool: HostPool) -> list[int] | None:
+    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> list[int] | None:
         if n == 0:
             return []
+        assert protected is not None
         t1 = list(self.t1)
         t2 = list(self.t2)
         at1 = [0]
@@ -487,11 +562,15 @@ class HostPool:
         self.num_chunks: i64 = num_chunks
         self.policy = make_policy(policy, num_chunks)
         self.arc = self.policy.arc
+        pol = self.policy
+        self.lru: LRUPolicy | None = pol if isinstance(pol, LRUPolicy) else None
         self.index = KeyMap(num_chunks if num_chunks < 4096 else 4096)
         self.skey = vec[i64]()                  # slot -> key (-1: free)
         self.sref = vec[i64]()                  # slot -> reference count
         self.free_slots = vec[i64]()
         self.nfree: i64 = 0
+        self.prot = vec[i64]()                  # slot -> the stamp of the last call offering it
+        self.stamp: i64 = 0
         self.num_evictable: i64 = 0
         self.num_pending: i64 = 0
         self.evicted: i64 = 0                   # chunks evicted so far
@@ -519,21 +598,17 @@ class HostPool:
         return self.index.size
 
     # ------------------------------------------------------------- bookkeeping --
-    def _record(self, keys: list[int], st: AccessState, reused: list[int] | None = None) -> None:
-        new: list[int] = []
-        seen = st.seen
-        for key in keys:
-            if key in seen:
-                continue
-            seen.add(key)
-            new.append(key)
-        if new:
-            self.policy.on_request_access(new, st, self)
-        if reused and self.arc:
-            ins = st.inserted
-            for key in reused:
-                if key not in ins:
-                    st.reused.add(key)
+    def _observe(self, key: i64, st: AccessState) -> None:
+        """The request observes ``key`` (first time: the policy's ``touch``)."""
+        if st.seen.put(key, 1):
+            st.seen_keys = append(st.seen_keys, key)
+            lru = self.lru
+            if lru is not None:
+                lru.access(key, st, self)
+
+    def _reused(self, key: int, st: AccessState) -> None:
+        if key not in st.inserted:
+            st.reused.add(key)
 
     def _take_slot(self, key: i64) -> i64:
         if self.nfree > 0:
@@ -545,6 +620,7 @@ class HostPool:
             s = len(self.skey)
             self.skey = append(self.skey, key)
             self.sref = append(self.sref, -1)
+            self.prot = append(self.prot, 0)
         self.index.put(key, s)
         return s
 
@@ -572,7 +648,11 @@ class HostPool:
                 pol.mark_non_evictable(key, s)
                 self.num_evictable -= 1
             sref[s] = r + 1
-        self._record(keys, st, keys)
+        for key in keys:
+            self._observe(key, st)
+        if self.arc:
+            for key in keys:
+                self._reused(key, st)
 
     def complete_load(self, keys: list[int]) -> None:
         index = self.index
@@ -590,22 +670,21 @@ class HostPool:
         index = self.index
         sref = self.sref
         to_store: list[int] = []
-        ready: list[int] = []
-        recorded: list[int] = []
+        arc = self.arc
         for key in keys:
             s = index.only(key)
             if s < 0:
                 to_store.append(key)
-                recorded.append(key)
-            elif sref[s] >= 0:
-                ready.append(key)
-                recorded.append(key)
-        if self.arc:
+            elif sref[s] < 0:
+                continue                 # (being written: neither stored nor observed)
+            elif arc:
+                self._reused(key, st)
+            self._observe(key, st)
+        if arc:
             misses = [k for k in to_store if k not in st.store_misses]
             if misses:
                 self.policy.on_store_miss(misses, st)
                 st.store_misses.update(misses)
-        self._record(recorded, st, ready)
         if not to_store:
             return [], []
         need = len(to_store) - (self.num_chunks - index.size)
@@ -614,7 +693,18 @@ class HostPool:
             if need > self.num_evictable:
                 self.failed += 1
                 return None
-            got = self.policy.evict(need, set(keys), self)
+            protected: set[int] | None = None
+            if arc:
+                protected = set(keys)
+            else:
+                self.stamp += 1
+                stamp = self.stamp
+                prot = self.prot
+                for key in keys:
+                    s = index.only(key)
+                    if s >= 0:
+                        prot[s] = stamp
+            got = self.policy.evict(need, protected, self)
             if got is None:
                 self.failed += 1
                 return None
@@ -632,7 +722,7 @@ class HostPool:
                 self.sref[s] = -1        # (a key offered twice in one call)
             pol.insert(key, s, st)
         self.num_pending += len(to_store)
-        if self.arc:
+        if arc:
             st.inserted.update(to_store)
         if index.size > self.peak:
             self.peak = index.size
@@ -653,5 +743,4 @@ class HostPool:
         if st.finished:
             return
         st.finished = True
-        order = _head_to_tail(st.seen, st.positions)
-        self.policy.on_request_finished(order, st, self)
+        self.policy.on_request_finished(_head_to_tail(st), st, self)
