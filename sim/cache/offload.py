@@ -34,12 +34,11 @@ them, and nothing reads them in between).
 """
 from __future__ import annotations
 
-import heapq
 from typing import TYPE_CHECKING, Any
 
 from sim.cache.block_pool import GROUP_BITS
 from sim.cache.offload_jobs import (GroupOffload, Job, ReqOffload, StepTransfers,
-                                    TimedTransfers, Transfers, _done_order)
+                                    TimedTransfers, Transfers)
 from sim.cache.offload_store import ConnectorStores
 from sim.cache.rules import cdiv
 
@@ -57,7 +56,8 @@ class OffloadConnector(ConnectorStores):
 
     # ---------------------------------------------------------------- requests --
     def add_request(self, req: CacheRequest) -> None:
-        self.reqs[req.request_id] = ReqOffload(req, len(self.groups), len(self.hpcs))
+        self.reqs[req.request_id] = ReqOffload(req, len(self.groups), len(self.hpcs),
+                                               self.pool.arc)
         if self.req_log is not None:
             self.req_log[req.request_id] = {"admissions": [], "lookups": [],
                                             "load_done_step": None}
@@ -157,18 +157,25 @@ class OffloadConnector(ConnectorStores):
             self._watch(started)
         self.kv.pool.popped = []
         heap = self.due
-        if not heap or heap[0][0] > now:
+        if not heap.n or heap.first() > now:
             return
         done: list[Job] = []
-        while heap and heap[0][0] <= now:
-            seen, jid = heapq.heappop(heap)
+        while heap.n and heap.first() <= now:
+            seen, jid = heap.pop()
             job = self.jobs.get(jid)
             if job is not None and job.seen == seen:
                 job.seen = -3            # (taken: a second entry of the job is stale)
+                # (in (store, job id) order: loads first; an insertion, the list is short)
+                k = len(done)
                 done.append(job)
+                while k > 0 and (done[k - 1].store > job.store
+                                 or (done[k - 1].store == job.store
+                                     and done[k - 1].jid > job.jid)):
+                    done[k] = done[k - 1]
+                    k -= 1
+                done[k] = job
         if not done:
             return
-        done.sort(key=_done_order)
         for job in done:
             rs = self.reqs[job.rid]
             if job.store:
@@ -223,14 +230,19 @@ class OffloadConnector(ConnectorStores):
         kv = self.kv
         now = self.now
         allocated: set[int] | None = None
-        # the scheduled requests' keys and (attention) block tables
-        for rid, _, fresh in scheduled:
+        # the scheduled requests' keys and (attention) block tables; those whose sweeps
+        # are not over
+        sweep_rs: list[ReqOffload] = []
+        sweep_n: list[int] = []
+        for rid, n, fresh in scheduled:
             srs = self.reqs[rid]
             if fresh:
                 for gi in self.full:
                     srs.tables[gi] = kv.group_table(rid, gi)
             if not srs.swept:
                 self._update_keys(srs)
+                sweep_rs.append(srs)
+                sweep_n.append(n)
         # flushes: preempted requests' jobs, jobs whose source blocks come back
         for rid in self.preempted_ids:
             rs = self.reqs.get(rid)
@@ -248,10 +260,11 @@ class OffloadConnector(ConnectorStores):
             self._boundary_stores(handoffs)
             if self.partial:
                 self._tail_stores(handoffs, {rid: n for rid, n, _ in scheduled})
-        for rid, n, _ in scheduled:
-            rs = self.reqs.get(rid)
-            if rs is not None and not rs.swept:
-                allocated = self._sweep(rs, rs.req.num_computed_tokens + n, allocated, scheduled)
+        for k in range(len(sweep_rs)):
+            rs = sweep_rs[k]
+            if not rs.swept:
+                allocated = self._sweep(rs, rs.req.num_computed_tokens + sweep_n[k], allocated,
+                                        scheduled)
         finished = self.finished_ids
         if len(finished) > 1:
             # vLLM walks the finished ids as a Python set (hash order, which varies from

@@ -7,11 +7,11 @@ connector.
 """
 from __future__ import annotations
 
-import heapq
 from typing import TYPE_CHECKING, Any
 
 from sim.cache.block_pool import GROUP_BITS
-from sim.cache.offload_jobs import GroupOffload, Job, ReqOffload, StepTransfers, Transfers
+from sim.cache.offload_jobs import (DueHeap, GroupOffload, Job, ReqOffload, StepTransfers,
+                                    Transfers)
 from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, HostPool, IntMap
 from sim.cache.rules import cdiv, eagle_proof_margin
 
@@ -76,7 +76,7 @@ class ConnectorLookup:
             gc.margin = self.margins.get(gc.gid, 0)
         self.reqs: dict[str, ReqOffload] = {}
         self.jobs: dict[int, Job] = {}
-        self.due: list[tuple[int, int]] = []     # (seen, job): completions, as a heap
+        self.due = DueHeap()                     # (seen, job): completions, as a heap
         self.next_job = 0
         self.loading_keys: set[int] = set()      # keys of async loads in flight
         # the partial-tail keys the pool holds (the only keys off their group's chunk
@@ -234,7 +234,7 @@ class ConnectorLookup:
     def _watch(self, job: Job) -> None:
         """Watch for ``job``'s completion (its ``seen`` known)."""
         if job.seen >= 0:
-            heapq.heappush(self.due, (job.seen, job.jid))
+            self.due.push(job.seen, job.jid)
 
 
     def _rec(self) -> dict:
@@ -252,7 +252,8 @@ class ConnectorLookup:
         rid = req.request_id
         rs = self.reqs[rid]
         for gi in range(len(self.groups)):
-            rs.tables[gi] = []
+            if rs.tables[gi]:
+                rs.tables[gi] = []
             rs.next_stored[gi] = 0
         rs.swept = False
         if rs.jobs:

@@ -115,16 +115,21 @@ class IntMap:
         self.vals = vals
 
 
-class AccessState:
-    """What one request did to the tier (vLLM's per-request cache-access record)."""
+# (the sets of a request's state an ``lru`` pool never reads nor writes: shared, empty)
+_UNUSED: set[int] = set()
 
-    def __init__(self) -> None:
+
+class AccessState:
+    """What one request did to the tier (vLLM's per-request cache-access record);
+    ``arc``: whether its pool's policy reads the keys it inserted and reused."""
+
+    def __init__(self, arc: bool = True) -> None:
         self.seen = IntMap()              # keys observed (-> 1)
         self.seen_keys = vec[i64]()       # ... in the order first observed
         # (``arc`` only: the keys the request inserted, reused, and stored as a miss)
-        self.inserted: set[int] = set()
-        self.reused: set[int] = set()
-        self.store_misses: set[int] = set()
+        self.inserted: set[int] = set() if arc else _UNUSED
+        self.reused: set[int] = set() if arc else _UNUSED
+        self.store_misses: set[int] = set() if arc else _UNUSED
         self.finished = False
         self.lru_rank: i64 = 0            # 0: the policy has not ranked this request yet
         # prefix key (a chunk key without its group bits) -> end token: the request's order
@@ -161,6 +166,13 @@ def _head_to_tail(st: AccessState) -> vec[i64]:
         at[i] = p
         out[i] = k
     return out
+
+
+def _has(v: vec[i64], x: i64) -> bool:
+    for i in range(len(v)):
+        if v[i] == x:
+            return True
+    return False
 
 
 class Policy:
@@ -390,22 +402,22 @@ class LRUPolicy(Policy):
         rank = self.rank
         ev = self.ev
         skey = pool.skey
-        sel_r: list[int] = []
-        sel_s: list[int] = []
-        def_r: list[int] = []
-        def_s: list[int] = []
+        sel_r = vec[i64]()
+        sel_s = vec[i64]()
+        def_r = vec[i64]()
+        def_s = vec[i64]()
         while len(sel_r) < n:
             r, s = self._pop()
             if r < 0:
                 break
-            if not ev[s] or rank[s] != r or r in sel_r:
+            if not ev[s] or rank[s] != r or _has(sel_r, r):
                 continue
             if prot[s] == stamp:
-                def_r.append(r)
-                def_s.append(s)
+                def_r = append(def_r, r)
+                def_s = append(def_s, s)
                 continue
-            sel_r.append(r)
-            sel_s.append(s)
+            sel_r = append(sel_r, r)
+            sel_s = append(sel_s, s)
         if len(sel_r) < n:
             for j in range(len(sel_r)):
                 self._heap_push(sel_r[j], sel_s[j])
