@@ -405,8 +405,8 @@ class KVCacheManager:
             if not m.has_handoffs:
                 continue
             empty = True
-            for lst in m.handoffs:
-                if lst:
+            for pending in m.handoffs:
+                if pending:
                     empty = False
                     break
             if empty:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sim.cache.block_pool import GROUP_BITS
+from sim.cache.key_map import IntMap
 from sim.cache.offload_jobs import (DueHeap, GroupOffload, Job, ReqOffload, StepTransfers,
                                     Transfers)
-from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, HostPool, IntMap
+from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, HostPool
 from sim.cache.rules import cdiv, eagle_proof_margin
 
 if TYPE_CHECKING:

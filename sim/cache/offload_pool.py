@@ -42,77 +42,13 @@ from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
-from sim.cache.key_map import MIX, KeyMap
+from sim.cache.key_map import IntMap, KeyMap
 
 GROUP_MASK: Final = (1 << GROUP_BITS) - 1
 
 MISS: Final = 0
 HIT: Final = 1
 HIT_PENDING: Final = 2
-
-
-class IntMap:
-    """A small map of non-negative machine integers to machine integers (open addressing,
-    linear probing, no deletion): a request's observed keys and its keys' positions."""
-
-    def __init__(self) -> None:
-        self.mask: i64 = 15
-        self.keys = vec[i64]([-1] * 16)
-        self.vals = vec[i64]([0] * 16)
-        self.size: i64 = 0
-
-    def get(self, key: i64) -> i64:
-        """The value of ``key``; -1 if absent."""
-        mask = self.mask
-        keys = self.keys
-        i = ((key >> 5) ^ ((key & 31) * MIX)) & mask
-        while True:
-            k = keys[i]
-            if k == key:
-                return self.vals[i]
-            if k < 0:
-                return -1
-            i = (i + 1) & mask
-
-    def put(self, key: i64, val: i64) -> bool:
-        """Map ``key`` to ``val``; whether ``key`` is new."""
-        mask = self.mask
-        keys = self.keys
-        i = ((key >> 5) ^ ((key & 31) * MIX)) & mask
-        while True:
-            k = keys[i]
-            if k == key:
-                self.vals[i] = val
-                return False
-            if k < 0:
-                break
-            i = (i + 1) & mask
-        keys[i] = key
-        self.vals[i] = val
-        self.size += 1
-        if 2 * self.size > mask:
-            self._grow()
-        return True
-
-    def _grow(self) -> None:
-        old_keys = self.keys
-        old_vals = self.vals
-        cap = 2 * (self.mask + 1)
-        mask = cap - 1
-        keys = vec[i64]([-1] * cap)
-        vals = vec[i64]([0] * cap)
-        for j in range(len(old_keys)):
-            k = old_keys[j]
-            if k < 0:
-                continue
-            i = ((k >> 5) ^ ((k & 31) * MIX)) & mask
-            while keys[i] >= 0:
-                i = (i + 1) & mask
-            keys[i] = k
-            vals[i] = old_vals[j]
-        self.mask = mask
-        self.keys = keys
-        self.vals = vals
 
 
 # (the sets of a request's state an ``lru`` pool never reads nor writes: shared, empty)
