@@ -250,16 +250,12 @@ class OffloadConnector(ConnectorStores):
                 continue
             self.flush_jobs.update(j for j in rs.jobs if not self._is_batch_load(j))
         if self.block_jobs:
-            allocated = self._allocated_ids(scheduled)
-            for bid in allocated:
-                js = self.block_jobs.get(bid)
-                if js:
-                    self.flush_jobs.update(js)
+            self._flush_allocated(scheduled)
         handoffs = kv.take_offload_handoffs()
         if handoffs:
             self._boundary_stores(handoffs)
             if self.partial:
-                self._tail_stores(handoffs, {rid: n for rid, n, _ in scheduled})
+                self._tail_stores(handoffs, scheduled)
         for k in range(len(sweep_rs)):
             rs = sweep_rs[k]
             if not rs.swept:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mypy_extensions import i64
+
 from sim.cache.block_pool import GROUP_BITS
 from sim.cache.key_map import IntMap
 from sim.cache.offload_jobs import (DueHeap, GroupOffload, Job, ReqOffload, StepTransfers,
@@ -417,21 +419,26 @@ class ConnectorLookup:
                 pending = pending or r != HIT
         bridge_pending = pending
         first = self.groups[0]
-        m0 = first.margin
-        tpc0 = first.tpc
+        m0: i64 = first.margin
+        tpc0: i64 = first.tpc
         tp0 = self.tail_pos[0]
-        for b in range(maxb, cb, -u):
+        b: i64 = maxb
+        stop: i64 = cb
+        step: i64 = u
+        while b > stop:          # (b = maxb, maxb - u, ... above cb)
             t0 = b + m0
             if t0 % tpc0 and tp0.get(t0) <= 0:
                 # (_lookup_tail's first test, inline: a miss at b)
                 if b >= bridge_end and bridge_pending:
                     pending = True
+                b -= step
                 continue
             hit, bpend = self._lookup_tail(rs, b, b >= bridge_end and bridge_pending)
             if hit:
                 rs.tail = b
                 return b - local
             pending = pending or bpend
+            b -= step
         if pending and complete == 0:
             return None
         return complete

@@ -6,13 +6,16 @@ flushes a job; see ``sim/cache/offload.py`` for the whole connector.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.cache.block_pool import GROUP_BITS
 from sim.cache.offload_jobs import Job, ReqOffload
 from sim.cache.offload_lookup import ConnectorLookup
 from sim.cache.offload_pool import GROUP_MASK
 from sim.cache.offload_stop import ConnectorAssertion
+
+if TYPE_CHECKING:
+    from sim.cache.block_pool import Block
 
 
 class ConnectorStores(ConnectorLookup):
@@ -38,6 +41,34 @@ class ConnectorStores(ConnectorLookup):
         out.discard(0)
         return out
 
+    def _flush_allocated(self, scheduled: list[tuple[str, int, bool]]) -> None:
+        """Flush the jobs fenced on a block allocated in this step (``_allocated_ids``'s
+        blocks, visited without building their set)."""
+        kv = self.kv
+        bj = self.block_jobs
+        flush = self.flush_jobs
+        popped = kv.pool.popped
+        if popped:
+            for bid in popped:
+                if bid != 0:
+                    js = bj.get(bid)
+                    if js:
+                        flush.update(js)
+        for rid in self.admitted:
+            self._flush_tables(kv.group_tables(rid))
+        for rid, _, fresh in scheduled:
+            if fresh:
+                self._flush_tables(kv.group_tables(rid))
+
+    def _flush_tables(self, tables: list[list[Block]]) -> None:
+        bj = self.block_jobs
+        for t in tables:
+            for b in t:
+                if not b.is_null and b.block_id != 0:
+                    js = bj.get(b.block_id)
+                    if js:
+                        self.flush_jobs.update(js)
+
     def _store_job(self, rs: ReqOffload, keys: list[int], blocks: int,
                    groups: dict[str, Any] | None) -> Job:
         job = self._new_job(rs.req.request_id, keys, True)
@@ -54,10 +85,12 @@ class ConnectorStores(ConnectorLookup):
 
     def _prepare_store(self, keys: list[int], rs: ReqOffload) -> tuple[list[int], list[int]] | None:
         out = self.pool.prepare_store(keys, rs.st)
-        if out is not None and self.tail_keys:
+        tk = self.tail_keys
+        if out is not None and tk:
             for key in out[1]:
-                t = self.tail_keys.pop(key, -1)
+                t = tk.get(key, -1)
                 if t >= 0:
+                    del tk[key]
                     tp = self.tail_pos[key & GROUP_MASK]
                     tp.put(t, tp.get(t) - 1)
         if self.log is not None:
@@ -91,7 +124,7 @@ class ConnectorStores(ConnectorLookup):
                 self.block_jobs.setdefault(block.block_id, set()).add(job.jid)
 
     def _tail_stores(self, handoffs: dict[str, list[tuple[int, Any, int]]],
-                     scheduled: dict[str, int]) -> None:
+                     scheduled: list[tuple[str, int, bool]]) -> None:
         B = self.pblock
         for rid, entries in handoffs.items():
             entries = [e for e in entries if e[2] % B]
@@ -114,7 +147,11 @@ class ConnectorStores(ConnectorLookup):
                     f"to the Mamba block"))
             req = rs.req
             if self.max_margin:
-                after = req.num_computed_tokens + scheduled.get(rid, 0)
+                after = req.num_computed_tokens
+                for srid, sn, _ in scheduled:
+                    if srid == rid:
+                        after += sn
+                        break
                 if after > req.num_prompt_tokens:
                     after = req.num_prompt_tokens
                 if boundary + self.max_margin > after:
