@@ -231,9 +231,9 @@ class IntMap:
     per-request observed keys and positions (``sim/cache/offload_pool.py``)."""
 
     def __init__(self) -> None:
-        self.mask: i64 = 15
-        self.keys = vec[i64]([-1] * 16)
-        self.vals = vec[i64]([0] * 16)
+        self.mask: i64 = 31       # (a request observes ~14 keys: one table, no growth)
+        self.keys = vec[i64]([-1] * 32)
+        self.vals = vec[i64]([0] * 32)
         self.size: i64 = 0
 
     def get(self, key: i64) -> i64:

@@ -155,7 +155,10 @@ class OffloadConnector(ConnectorStores):
         self.now = now
         for started in self.worker.start_step(now):
             self._watch(started)
-        self.kv.pool.popped = []
+        popped = self.popped_ids         # (one list, emptied each step)
+        if popped:
+            popped.clear()
+        self.kv.pool.popped = popped
         heap = self.due
         if not heap.n or heap.first() > now:
             return
@@ -284,7 +287,8 @@ class OffloadConnector(ConnectorStores):
             self.pool.request_finished(rs.st)
             if not rs.jobs:
                 del self.reqs[rid]
-        self.finished_ids = []
+        if self.finished_ids:
+            self.finished_ids.clear()
         if self.flush_jobs:
             rec = self._rec() if self.log is not None else None
             for jid in sorted(self.flush_jobs):
@@ -301,10 +305,15 @@ class OffloadConnector(ConnectorStores):
             if len(rec) > 1:
                 self.log.append(rec)
             self._step_rec = None
-        self.load_jobs = []
-        self.flush_jobs = set()
-        self.admitted = []
-        self.preempted_ids = []
+        # (the step's lists and set, emptied in place: no new objects every step)
+        if self.load_jobs:
+            self.load_jobs.clear()
+        if self.flush_jobs:
+            self.flush_jobs.clear()
+        if self.admitted:
+            self.admitted.clear()
+        if self.preempted_ids:
+            self.preempted_ids.clear()
         kv.pool.popped = None
 
     def _is_batch_load(self, jid: int) -> bool:
