@@ -223,3 +223,68 @@ class KeyMap:
                 i = (i + 1) & mask
             keys[i] = k
             vals[i] = old_vals[j]
+
+
+class IntMap:
+    """A small map of non-negative machine integers to machine integers (open addressing,
+    linear probing, no deletion; a table doubling once half full): the CPU tier's
+    per-request observed keys and positions (``sim/cache/offload_pool.py``)."""
+
+    def __init__(self) -> None:
+        self.mask: i64 = 31       # (a request observes ~14 keys: one table, no growth)
+        self.keys = vec[i64]([-1] * 32)
+        self.vals = vec[i64]([0] * 32)
+        self.size: i64 = 0
+
+    def get(self, key: i64) -> i64:
+        """The value of ``key``; -1 if absent."""
+        mask = self.mask
+        keys = self.keys
+        i = ((key >> 5) ^ ((key & 31) * MIX)) & mask
+        while True:
+            k = keys[i]
+            if k == key:
+                return self.vals[i]
+            if k < 0:
+                return -1
+            i = (i + 1) & mask
+
+    def put(self, key: i64, val: i64) -> bool:
+        """Map ``key`` to ``val``; whether ``key`` is new."""
+        mask = self.mask
+        keys = self.keys
+        i = ((key >> 5) ^ ((key & 31) * MIX)) & mask
+        while True:
+            k = keys[i]
+            if k == key:
+                self.vals[i] = val
+                return False
+            if k < 0:
+                break
+            i = (i + 1) & mask
+        keys[i] = key
+        self.vals[i] = val
+        self.size += 1
+        if 2 * self.size > mask:
+            self._grow()
+        return True
+
+    def _grow(self) -> None:
+        old_keys = self.keys
+        old_vals = self.vals
+        cap = 2 * (self.mask + 1)
+        mask = cap - 1
+        keys = vec[i64]([-1] * cap)
+        vals = vec[i64]([0] * cap)
+        for j in range(len(old_keys)):
+            k = old_keys[j]
+            if k < 0:
+                continue
+            i = ((k >> 5) ^ ((k & 31) * MIX)) & mask
+            while keys[i] >= 0:
+                i = (i + 1) & mask
+            keys[i] = k
+            vals[i] = old_vals[j]
+        self.mask = mask
+        self.keys = keys
+        self.vals = vals

@@ -404,6 +404,13 @@ class KVCacheManager:
         for m in self.coordinator.mamba_managers:
             if not m.has_handoffs:
                 continue
+            empty = True
+            for pending in m.handoffs:
+                if pending:
+                    empty = False
+                    break
+            if empty:
+                continue         # (most steps: nothing to take, no lists to build)
             for mi, entries in enumerate(m.take_handoffs()):
                 g = m.group_ids[mi]
                 for rid, block, boundary in entries:

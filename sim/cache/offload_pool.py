@@ -28,74 +28,119 @@ fresh ranks from the tail to the head (the head most recent).  Eviction takes th
 to the recent end tail to head, the ones it reused (not inserted) from T1 to T2; eviction
 follows the adaptive T1 target, evicted keys become ghosts (B1 / B2, each trimmed to the
 capacity), and a store of a ghost key moves the target.
+
+A resident key holds a *slot* (``KeyMap``: key -> slot, machine integers in ``librt`` vecs);
+its reference count and (``lru``) its rank and evictability live in vecs indexed by the slot,
+and the LRU order is a lazy heap of (rank, slot) pairs over two vecs: no boxed integer, dict
+or set per chunk on the hot path.
 """
 from __future__ import annotations
 
-import heapq
 from typing import Final
 
+from librt.vecs import append, vec
+from mypy_extensions import i64
+
 from sim.cache.block_pool import GROUP_BITS
+from sim.cache.key_map import IntMap, KeyMap
 
-GROUP_MASK = (1 << GROUP_BITS) - 1
+GROUP_MASK: Final = (1 << GROUP_BITS) - 1
 
-MISS = 0
-HIT = 1
-HIT_PENDING = 2
+MISS: Final = 0
+HIT: Final = 1
+HIT_PENDING: Final = 2
+
+
+# (the sets of a request's state an ``lru`` pool never reads nor writes: shared, empty)
+_UNUSED: set[int] = set()
 
 
 class AccessState:
-    """What one request did to the tier (vLLM's per-request cache-access record)."""
+    """What one request did to the tier (vLLM's per-request cache-access record);
+    ``arc``: whether its pool's policy reads the keys it inserted and reused."""
 
-    __slots__ = ("seen", "inserted", "reused", "store_misses", "finished",
-                 "lru_rank", "positions")
-
-    def __init__(self) -> None:
-        self.seen: set[int] = set()
-        self.inserted: set[int] = set()
-        self.reused: set[int] = set()
-        self.store_misses: set[int] = set()
+    def __init__(self, arc: bool = True) -> None:
+        self.seen = IntMap()              # keys observed (-> 1)
+        self.seen_keys = vec[i64]()       # ... in the order first observed
+        # (``arc`` only: the keys the request inserted, reused, and stored as a miss)
+        self.inserted: set[int] = set() if arc else _UNUSED
+        self.reused: set[int] = set() if arc else _UNUSED
+        self.store_misses: set[int] = set() if arc else _UNUSED
         self.finished = False
-        self.lru_rank = 0                 # 0: the policy has not ranked this request yet
+        self.lru_rank: i64 = 0            # 0: the policy has not ranked this request yet
         # prefix key (a chunk key without its group bits) -> end token: the request's order
-        self.positions: dict[int, int] = {}
+        self.pos = IntMap()
+
+    def set_pos(self, pk: i64, tokens: i64) -> None:
+        self.pos.put(pk, tokens)
+
+    def pos_of(self, pk: i64) -> i64:
+        """The end token of prefix key ``pk``; -1 if unknown."""
+        return self.pos.get(pk)
 
 
-def _head_to_tail(seen: set[int], positions: dict[int, int]) -> list[int]:
-    """Every observed key, head to tail: by position, the lower group first at one
-    position (vLLM: each group's keys by position, the groups in order, then one stable
-    sort by position; a key's group is its low bits, and keys at one position share their
-    prefix key)."""
-    order = sorted([(positions[k >> GROUP_BITS], k) for k in seen])
-    return [k for _, k in order]
+def _head_to_tail(st: AccessState) -> vec[i64]:
+    """Every observed key, head to tail: by position, then by key (vLLM: each group's
+    keys by position, the groups in order, then one stable sort by position; a key's group
+    is its low bits, and keys at one position share their prefix key).  An insertion sort
+    (the keys come mostly in order already)."""
+    keys = st.seen_keys
+    pos = st.pos
+    out = vec[i64]()
+    at = vec[i64]()
+    for j in range(len(keys)):
+        k = keys[j]
+        p = pos.get(k >> GROUP_BITS)
+        assert p >= 0, "an observed key without a position"
+        out = append(out, k)
+        at = append(at, p)
+        i: i64 = j
+        while i > 0 and (at[i - 1] > p or (at[i - 1] == p and out[i - 1] > k)):
+            at[i] = at[i - 1]
+            out[i] = out[i - 1]
+            i -= 1
+        at[i] = p
+        out[i] = k
+    return out
+
+
+def _has(v: vec[i64], x: i64) -> bool:
+    for i in range(len(v)):
+        if v[i] == x:
+            return True
+    return False
 
 
 class Policy:
-    """What the host pool asks of an eviction policy (vLLM's ``CachePolicy``)."""
+    """What the host pool asks of an eviction policy (vLLM's ``CachePolicy``).  A key
+    comes with its slot in the pool (-1: not resident)."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
+        self.arc = False          # (whether it reads the requests' inserted/reused keys)
 
-    def insert(self, key: int, st: AccessState) -> None:
+    def insert(self, key: int, slot: i64, st: AccessState) -> None:
         raise NotImplementedError
 
     def on_store_miss(self, keys: list[int], st: AccessState) -> None:
         return None
 
-    def on_request_access(self, keys: list[int], st: AccessState,
-                          resident: dict[int, int]) -> None:
-        return None
-
-    def on_request_finished(self, order: list[int], inserted_only: set[int],
-                            reused: set[int], resident: dict[int, int]) -> None:
+    def on_request_finished(self, order: vec[i64], st: AccessState, pool: HostPool) -> None:
         raise NotImplementedError
 
-    def evict(self, n: int, protected: set[int], resident: dict[int, int]) -> list[int] | None:
+    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> list[int] | None:
+        """``n`` keys to evict, none offered in this call (``protected``, or with ``lru``
+        the slots ``pool.prot`` stamps with ``pool.stamp``); None if there are too few."""
         raise NotImplementedError
 
-    def mark_evictable(self, key: int) -> None:
+    def mark_evictable(self, key: int, slot: i64) -> None:
         return None
 
-    def mark_non_evictable(self, key: int) -> None:
+    def mark_non_evictable(self, key: int, slot: i64) -> None:
+        return None
+
+    def freed(self, slot: i64) -> None:
+        """The slot's key left the pool (evicted)."""
         return None
 
 
@@ -110,159 +155,246 @@ SHIFT: Final = POS_BITS + GROUP_BITS
 
 
 class LRUPolicy(Policy):
-    """vLLM's LRU policy: the evictable keys by rank, least first.  Ranks a request's
-    finish hands out only grow, so they go to the end of a sorted list (``fifo``, read from
-    ``head``); any other goes to a heap.  ``owner`` maps a rank to its key; a rank a key no
-    longer has (or no longer evictable) is skipped, as vLLM's lazy heap skips it."""
+    """vLLM's LRU policy: the evictable keys by rank, least first.  A slot's rank and
+    whether it is evictable live in vecs (``rank``, ``ev``).  Ranks a request's finish
+    hands out only grow, so they go to the end of a sorted list (``fifo_r``/``fifo_s``,
+    read from ``head``); any other goes to a binary heap (``heap_r``/``heap_s``, ``hn``
+    entries).  An entry (rank, slot) whose slot no longer has that rank, or is not
+    evictable, is stale and skipped, as vLLM's lazy heap skips it."""
 
     def __init__(self, capacity: int):
         super().__init__(capacity)
-        self.ranks: dict[int, int] = {}       # key -> rank
-        self.owner: dict[int, int] = {}       # rank -> key
-        self.evictable: set[int] = set()
-        self.heap: list[int] = []
-        self.fifo: list[int] = []
-        self.head = 0
-        self.next_rank = 0
+        self.rank = vec[i64]()        # slot -> rank (-1: free)
+        self.ev = vec[i64]()          # slot -> 1 if evictable
+        self.nev: i64 = 0             # evictable slots
+        self.heap_r = vec[i64]()
+        self.heap_s = vec[i64]()
+        self.hn: i64 = 0
+        self.fifo_r = vec[i64]()
+        self.fifo_s = vec[i64]()
+        self.head: i64 = 0
+        self.next_rank: i64 = 0
 
-    def _rank_of(self, st: AccessState) -> int:
+    def _rank_of(self, st: AccessState) -> i64:
         if st.lru_rank == 0:
             self.next_rank += 1
             st.lru_rank = self.next_rank
         return st.lru_rank
 
-    def _set(self, key: int, rank: int) -> None:
-        old = self.ranks.get(key, -1)
-        if old >= 0:
-            del self.owner[old]
-        self.ranks[key] = rank
-        self.owner[rank] = key
-
-    def _fresh(self, key: int) -> int:
+    def _fresh(self, key: i64) -> i64:
         self.next_rank += 1
         return (((self.next_rank << POS_BITS) | TOP) << GROUP_BITS) | (key & GROUP_MASK)
 
-    def _push(self, key: int) -> None:
-        rank = self.ranks[key]
-        fifo = self.fifo
-        if len(fifo) == self.head or rank >= fifo[len(fifo) - 1]:
-            fifo.append(rank)
+    # -- the lazy heap ----------------------------------------------------------------
+    def _heap_push(self, r: i64, s: i64) -> None:
+        n = self.hn
+        if n == len(self.heap_r):
+            self.heap_r = append(self.heap_r, r)
+            self.heap_s = append(self.heap_s, s)
+        hr = self.heap_r
+        hs = self.heap_s
+        i = n
+        while i > 0:
+            p = (i - 1) >> 1
+            pr = hr[p]
+            if pr <= r:
+                break
+            hr[i] = pr
+            hs[i] = hs[p]
+            i = p
+        hr[i] = r
+        hs[i] = s
+        self.hn = n + 1
+
+    def _heap_pop(self) -> tuple[i64, i64]:
+        """The heap's least entry (the caller checked ``hn > 0``)."""
+        hr = self.heap_r
+        hs = self.heap_s
+        top_r = hr[0]
+        top_s = hs[0]
+        n = self.hn - 1
+        self.hn = n
+        if n > 0:
+            lr = hr[n]
+            ls = hs[n]
+            i: i64 = 0
+            while True:
+                c = 2 * i + 1
+                if c >= n:
+                    break
+                if c + 1 < n and hr[c + 1] < hr[c]:
+                    c += 1
+                if hr[c] >= lr:
+                    break
+                hr[i] = hr[c]
+                hs[i] = hs[c]
+                i = c
+            hr[i] = lr
+            hs[i] = ls
+        return top_r, top_s
+
+    def _push(self, s: i64) -> None:
+        r = self.rank[s]
+        fn = len(self.fifo_r)
+        if fn == self.head or r >= self.fifo_r[fn - 1]:
+            self.fifo_r = append(self.fifo_r, r)
+            self.fifo_s = append(self.fifo_s, s)
         else:
-            heapq.heappush(self.heap, rank)
-        if len(self.heap) + len(fifo) - self.head >= max(256, 4 * len(self.evictable)):
+            self._heap_push(r, s)
+        self._maybe_rebuild()
+
+    def _maybe_rebuild(self) -> None:
+        lim = 4 * self.nev
+        if lim < 256:
+            lim = 256
+        if self.hn + len(self.fifo_r) - self.head >= lim:
             self._rebuild()
 
     def _rebuild(self) -> None:
-        """Drop the stale entries: every evictable key's rank, in order, in the list."""
-        ranks = self.ranks
-        self.fifo = sorted([ranks[k] for k in self.evictable])
+        """Drop the stale entries: every evictable slot's rank, once, in the heap."""
+        rank = self.rank
+        ev = self.ev
+        self.fifo_r = vec[i64]()
+        self.fifo_s = vec[i64]()
         self.head = 0
-        self.heap = []
+        self.hn = 0
+        for s in range(len(ev)):
+            if ev[s]:
+                self._heap_push(rank[s], s)
 
-    def _pop(self) -> int:
-        """The least rank of the two (-1: none)."""
-        heap = self.heap
-        fifo = self.fifo
+    def _pop(self) -> tuple[i64, i64]:
+        """The least (rank, slot) of the two ((-1, -1): none)."""
         h = self.head
-        if h < len(fifo) and (not heap or fifo[h] < heap[0]):
-            self.head = h + 1
-            if self.head > 4096 and 2 * self.head > len(fifo):
-                self.fifo = fifo[self.head:]
-                self.head = 0
-            return fifo[h]
-        if heap:
-            return heapq.heappop(heap)
-        return -1
+        fr = self.fifo_r
+        if h < len(fr) and (self.hn == 0 or fr[h] < self.heap_r[0]):
+            s = self.fifo_s[h]
+            r = fr[h]
+            h += 1
+            self.head = h
+            if h > 4096 and 2 * h > len(fr):
+                self._compact_fifo()
+            return r, s
+        if self.hn > 0:
+            return self._heap_pop()
+        return -1, -1
 
-    def insert(self, key: int, st: AccessState) -> None:
-        pos = st.positions.get(key >> GROUP_BITS)
-        if pos is None:
-            self._set(key, self._fresh(key))
+    def _compact_fifo(self) -> None:
+        fr = self.fifo_r
+        fs = self.fifo_s
+        nr = vec[i64]()
+        ns = vec[i64]()
+        for i in range(self.head, len(fr)):
+            nr = append(nr, fr[i])
+            ns = append(ns, fs[i])
+        self.fifo_r = nr
+        self.fifo_s = ns
+        self.head = 0
+
+    # -- the policy -------------------------------------------------------------------
+    def insert(self, key: int, slot: i64, st: AccessState) -> None:
+        while len(self.rank) <= slot:
+            self.rank = append(self.rank, -1)
+            self.ev = append(self.ev, 0)
+        p = st.pos.get(key >> GROUP_BITS)
+        if p < 0:
+            self.rank[slot] = self._fresh(key)
         else:
-            self._set(key, (((self._rank_of(st) << POS_BITS) | (TOP - pos)) << GROUP_BITS)
-                      | (key & GROUP_MASK))
+            self.rank[slot] = ((((self._rank_of(st) << POS_BITS) | (TOP - p)) << GROUP_BITS)
+                               | (key & GROUP_MASK))
 
-    def on_request_access(self, keys: list[int], st: AccessState,
-                          resident: dict[int, int]) -> None:
-        r = self._rank_of(st) << POS_BITS
-        ranks = self.ranks
-        for key in keys:
-            pos = st.positions.get(key >> GROUP_BITS)
-            if pos is None or key not in resident:
-                continue
-            rank = ((r | (TOP - pos)) << GROUP_BITS) | (key & GROUP_MASK)
-            if ranks[key] >= rank:
-                continue
-            self._set(key, rank)
-            if key in self.evictable:
-                self._push(key)
+    def access(self, key: i64, st: AccessState, pool: HostPool) -> None:
+        """The request observes ``key`` for the first time: a resident key's rank is
+        raised to the request's (vLLM's ``touch`` of the keys a request looks up)."""
+        r = self._rank_of(st)
+        p = st.pos.get(key >> GROUP_BITS)
+        if p < 0:
+            return
+        s = pool.index.only(key)
+        if s < 0:
+            return
+        new = ((((r << POS_BITS) | (TOP - p)) << GROUP_BITS) | (key & GROUP_MASK))
+        if self.rank[s] >= new:
+            return
+        self.rank[s] = new
+        if self.ev[s]:
+            self._push(s)
 
-    def on_request_finished(self, order: list[int], inserted_only: set[int],
-                            reused: set[int], resident: dict[int, int]) -> None:
-        for k in range(len(order) - 1, -1, -1):
-            key = order[k]
-            if key not in resident:
+    def on_request_finished(self, order: vec[i64], st: AccessState, pool: HostPool) -> None:
+        index = pool.index
+        for j in range(len(order) - 1, -1, -1):
+            key = order[j]
+            s = index.only(key)
+            if s < 0:
                 continue
-            self._set(key, self._fresh(key))
-            if key in self.evictable:
-                self._push(key)
+            self.rank[s] = self._fresh(key)
+            if self.ev[s]:
+                self._push(s)
 
-    def evict(self, n: int, protected: set[int], resident: dict[int, int]) -> list[int] | None:
+    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> list[int] | None:
         if n == 0:
             return []
-        owner = self.owner
-        evictable = self.evictable
-        selected: list[int] = []
-        deferred: list[int] = []
-        while len(selected) < n:
-            rank = self._pop()
-            if rank < 0:
+        prot = pool.prot
+        stamp = pool.stamp
+        rank = self.rank
+        ev = self.ev
+        skey = pool.skey
+        sel_r = vec[i64]()
+        sel_s = vec[i64]()
+        def_r = vec[i64]()
+        def_s = vec[i64]()
+        while len(sel_r) < n:
+            r, s = self._pop()
+            if r < 0:
                 break
-            key = owner.get(rank, -1)
-            if key < 0 or key not in evictable or rank in selected:
+            if not ev[s] or rank[s] != r or _has(sel_r, r):
                 continue
-            if key in protected:
-                deferred.append(rank)
+            if prot[s] == stamp:
+                def_r = append(def_r, r)
+                def_s = append(def_s, s)
                 continue
-            selected.append(rank)
-        heap = self.heap
-        if len(selected) < n:
-            for e in selected:
-                heapq.heappush(heap, e)
-            for e in deferred:
-                heapq.heappush(heap, e)
+            sel_r = append(sel_r, r)
+            sel_s = append(sel_s, s)
+        if len(sel_r) < n:
+            for j in range(len(sel_r)):
+                self._heap_push(sel_r[j], sel_s[j])
+            for j in range(len(def_r)):
+                self._heap_push(def_r[j], def_s[j])
             return None
-        for e in deferred:
-            heapq.heappush(heap, e)
+        for j in range(len(def_r)):
+            self._heap_push(def_r[j], def_s[j])
         out: list[int] = []
-        ranks = self.ranks
-        for rank in selected:
-            key = owner.pop(rank)
-            evictable.discard(key)
-            del ranks[key]
-            out.append(key)
-        if len(heap) + len(self.fifo) - self.head >= max(256, 4 * len(evictable)):
-            self._rebuild()
+        for j in range(len(sel_s)):
+            s = sel_s[j]
+            ev[s] = 0
+            rank[s] = -1
+            self.nev -= 1
+            out.append(skey[s])
+        self._maybe_rebuild()
         return out
 
-    def mark_evictable(self, key: int) -> None:
-        self.evictable.add(key)
-        self._push(key)
+    def mark_evictable(self, key: int, slot: i64) -> None:
+        if not self.ev[slot]:
+            self.nev += 1
+        self.ev[slot] = 1
+        self._push(slot)
 
-    def mark_non_evictable(self, key: int) -> None:
-        self.evictable.discard(key)
+    def mark_non_evictable(self, key: int, slot: i64) -> None:
+        if self.ev[slot]:
+            self.nev -= 1
+        self.ev[slot] = 0
 
 
 class ARCPolicy(Policy):
     def __init__(self, capacity: int):
         super().__init__(capacity)
+        self.arc = True
         self.target = 0.0
         self.t1: dict[int, None] = {}
         self.t2: dict[int, None] = {}
         self.b1: dict[int, None] = {}
         self.b2: dict[int, None] = {}
 
-    def insert(self, key: int, st: AccessState) -> None:
+    def insert(self, key: int, slot: i64, st: AccessState) -> None:
         self.t1[key] = None
         self.b1.pop(key, None)
         self.b2.pop(key, None)
@@ -280,11 +412,13 @@ class ARCPolicy(Policy):
                 del self.b2[key]
                 self.b2[key] = None
 
-    def on_request_finished(self, order: list[int], inserted_only: set[int],
-                            reused: set[int], resident: dict[int, int]) -> None:
+    def on_request_finished(self, order: vec[i64], st: AccessState, pool: HostPool) -> None:
+        inserted_only = st.inserted - st.reused
+        reused = st.reused
         t1 = self.t1
         t2 = self.t2
-        for key in reversed(order):
+        for j in range(len(order) - 1, -1, -1):
+            key = order[j]
             if key in inserted_only:
                 if key in t1:
                     del t1[key]
@@ -302,23 +436,23 @@ class ARCPolicy(Policy):
                     t2[key] = None
 
     @staticmethod
-    def _next(keys: list[int], at: list[int], resident: dict[int, int],
-              protected: set[int]) -> int:
+    def _next(keys: list[int], at: list[int], pool: HostPool, protected: set[int]) -> int:
         """The next key of ``keys`` from ``at[0]`` (advanced past it) that is ready and
         unpinned and not protected; -1 if none (the scans only move forward)."""
         i = at[0]
         while i < len(keys):
             key = keys[i]
             i += 1
-            if resident[key] == 0 and key not in protected:
+            if pool.ref_of(key) == 0 and key not in protected:
                 at[0] = i
                 return key
         at[0] = i
         return -1
 
-    def evict(self, n: int, protected: set[int], resident: dict[int, int]) -> list[int] | None:
+    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> list[int] | None:
         if n == 0:
             return []
+        assert protected is not None
         t1 = list(self.t1)
         t2 = list(self.t2)
         at1 = [0]
@@ -329,14 +463,14 @@ class ARCPolicy(Policy):
             key = -1
             from_t1 = False
             if virtual_t1 >= int(self.target):
-                key = self._next(t1, at1, resident, protected)
+                key = self._next(t1, at1, pool, protected)
                 if key >= 0:
                     from_t1 = True
                     virtual_t1 -= 1
             if key < 0:
-                key = self._next(t2, at2, resident, protected)
+                key = self._next(t2, at2, pool, protected)
             if key < 0:
-                key = self._next(t1, at1, resident, protected)
+                key = self._next(t1, at1, pool, protected)
                 if key < 0:
                     return None
                 from_t1 = True
@@ -359,7 +493,6 @@ class ARCPolicy(Policy):
         return out
 
 
-
 def make_policy(name: str, capacity: int) -> Policy:
     if name == "arc":
         return ARCPolicy(capacity)
@@ -370,129 +503,192 @@ def make_policy(name: str, capacity: int) -> Policy:
 
 class HostPool:
     """The CPU chunk pool (vLLM's ``CPUOffloadingManager``): ``num_chunks`` chunks, a
-    reference count per resident key (-1 being written, 0 ready, > 0 pinned by loads)."""
+    reference count per resident key (-1 being written, 0 ready, > 0 pinned by loads),
+    kept by slot (``index``: key -> slot; ``skey``, ``sref``: per slot)."""
 
     def __init__(self, num_chunks: int, policy: str = "lru"):
-        self.num_chunks = num_chunks
+        self.num_chunks: i64 = num_chunks
         self.policy = make_policy(policy, num_chunks)
-        self.ref: dict[int, int] = {}           # resident key -> reference count
-        self.num_evictable = 0
-        self.num_pending = 0
-        self.evicted = 0                        # chunks evicted so far
-        self.failed = 0                         # prepare_store calls that could not allocate
-        self.peak = 0                           # most chunks held at once
+        self.arc = self.policy.arc
+        pol = self.policy
+        self.lru: LRUPolicy | None = pol if isinstance(pol, LRUPolicy) else None
+        self.index = KeyMap(num_chunks if num_chunks < 4096 else 4096)
+        self.skey = vec[i64]()                  # slot -> key (-1: free)
+        self.sref = vec[i64]()                  # slot -> reference count
+        self.free_slots = vec[i64]()
+        self.nfree: i64 = 0
+        self.prot = vec[i64]()                  # slot -> the stamp of the last call offering it
+        self.stamp: i64 = 0
+        self.num_evictable: i64 = 0
+        self.num_pending: i64 = 0
+        self.evicted: i64 = 0                   # chunks evicted so far
+        self.failed: i64 = 0                    # prepare_store calls that could not allocate
+        self.peak: i64 = 0                      # most chunks held at once
 
     # ------------------------------------------------------------------ queries --
-    def lookup(self, key: int) -> int:
-        r = self.ref.get(key)
-        if r is None:
+    def lookup(self, key: i64) -> int:
+        s = self.index.only(key)
+        if s < 0:
             return MISS
-        return HIT_PENDING if r < 0 else HIT
+        return HIT_PENDING if self.sref[s] < 0 else HIT
 
-    def is_ready(self, key: int) -> bool:
-        r = self.ref.get(key)
-        return r is not None and r >= 0
+    def is_ready(self, key: i64) -> bool:
+        s = self.index.only(key)
+        return s >= 0 and self.sref[s] >= 0
+
+    def ref_of(self, key: i64) -> i64:
+        """The key's reference count; -2 if it is not resident."""
+        s = self.index.only(key)
+        return self.sref[s] if s >= 0 else -2
 
     @property
     def used(self) -> int:
-        return len(self.ref)
+        return self.index.size
 
     # ------------------------------------------------------------- bookkeeping --
-    def _record(self, keys: list[int], st: AccessState, reused: list[int] | None = None) -> None:
-        new = []
-        for key in keys:
-            if key in st.seen:
-                continue
-            st.seen.add(key)
-            new.append(key)
-        if new:
-            self.policy.on_request_access(new, st, self.ref)
-        if reused:
-            ins = st.inserted
-            for key in reused:
-                if key not in ins:
-                    st.reused.add(key)
+    def _observe(self, key: i64, st: AccessState) -> None:
+        """The request observes ``key`` (first time: the policy's ``touch``)."""
+        if st.seen.put(key, 1):
+            st.seen_keys = append(st.seen_keys, key)
+            lru = self.lru
+            if lru is not None:
+                lru.access(key, st, self)
+
+    def _reused(self, key: int, st: AccessState) -> None:
+        if key not in st.inserted:
+            st.reused.add(key)
+
+    def _take_slot(self, key: i64) -> i64:
+        if self.nfree > 0:
+            self.nfree -= 1
+            s = self.free_slots[self.nfree]
+            self.skey[s] = key
+            self.sref[s] = -1
+        else:
+            s = len(self.skey)
+            self.skey = append(self.skey, key)
+            self.sref = append(self.sref, -1)
+            self.prot = append(self.prot, 0)
+        self.index.put(key, s)
+        return s
+
+    def _drop(self, key: i64) -> None:
+        s = self.index.only(key)
+        self.index.remove(key, s)
+        self.skey[s] = -1
+        if self.nfree == len(self.free_slots):
+            self.free_slots = append(self.free_slots, s)
+        else:
+            self.free_slots[self.nfree] = s
+        self.nfree += 1
+        self.policy.freed(s)
 
     # -------------------------------------------------------------- operations --
     def prepare_load(self, keys: list[int], st: AccessState) -> None:
-        ref = self.ref
+        index = self.index
+        sref = self.sref
         pol = self.policy
         for key in keys:
-            r = ref[key]
-            assert r >= 0, "loading a chunk not written yet"
+            s = index.only(key)
+            r = sref[s]
+            assert s >= 0 and r >= 0, "loading a chunk not written yet"
             if r == 0:
-                pol.mark_non_evictable(key)
+                pol.mark_non_evictable(key, s)
                 self.num_evictable -= 1
-            ref[key] = r + 1
-        self._record(keys, st, keys)
-
-    def complete_load(self, keys) -> None:
-        ref = self.ref
+            sref[s] = r + 1
         for key in keys:
-            r = ref[key] - 1
-            ref[key] = r
+            self._observe(key, st)
+        if self.arc:
+            for key in keys:
+                self._reused(key, st)
+
+    def complete_load(self, keys: list[int]) -> None:
+        index = self.index
+        sref = self.sref
+        for key in keys:
+            s = index.only(key)
+            r = sref[s] - 1
+            sref[s] = r
             if r == 0:
                 self.num_evictable += 1
-                self.policy.mark_evictable(key)
+                self.policy.mark_evictable(key, s)
 
     def prepare_store(self, keys: list[int], st: AccessState) -> tuple[list[int], list[int]] | None:
         """(keys to store, keys evicted), or None when the pool cannot take them."""
-        ref = self.ref
-        to_store = []
-        ready = []
+        index = self.index
+        sref = self.sref
+        to_store: list[int] = []
+        arc = self.arc
         for key in keys:
-            r = ref.get(key)
-            if r is None:
+            s = index.only(key)
+            if s < 0:
                 to_store.append(key)
-            elif r >= 0:
-                ready.append(key)
-        misses = [k for k in to_store if k not in st.store_misses]
-        if misses:
-            self.policy.on_store_miss(misses, st)
-            st.store_misses.update(misses)
-        recorded = set(to_store)
-        recorded.update(ready)
-        self._record([k for k in keys if k in recorded], st, ready)
+            elif sref[s] < 0:
+                continue                 # (being written: neither stored nor observed)
+            elif arc:
+                self._reused(key, st)
+            self._observe(key, st)
+        if arc:
+            misses = [k for k in to_store if k not in st.store_misses]
+            if misses:
+                self.policy.on_store_miss(misses, st)
+                st.store_misses.update(misses)
         if not to_store:
             return [], []
-        need = len(to_store) - (self.num_chunks - len(ref))
+        need = len(to_store) - (self.num_chunks - index.size)
         evicted: list[int] = []
         if need > 0:
             if need > self.num_evictable:
                 self.failed += 1
                 return None
-            got = self.policy.evict(need, set(keys), ref)
+            protected: set[int] | None = None
+            if arc:
+                protected = set(keys)
+            else:
+                self.stamp += 1
+                stamp = self.stamp
+                prot = self.prot
+                for key in keys:
+                    s = index.only(key)
+                    if s >= 0:
+                        prot[s] = stamp
+            got = self.policy.evict(need, protected, self)
             if got is None:
                 self.failed += 1
                 return None
             self.num_evictable -= len(got)
             for key in got:
-                del ref[key]
+                self._drop(key)
             evicted = got
             self.evicted += len(got)
         pol = self.policy
         for key in to_store:
-            ref[key] = -1
-            pol.insert(key, st)
+            s = index.only(key)
+            if s < 0:
+                s = self._take_slot(key)
+            else:
+                self.sref[s] = -1        # (a key offered twice in one call)
+            pol.insert(key, s, st)
         self.num_pending += len(to_store)
-        st.inserted.update(to_store)
-        if len(ref) > self.peak:
-            self.peak = len(ref)
+        if arc:
+            st.inserted.update(to_store)
+        if index.size > self.peak:
+            self.peak = index.size
         return to_store, evicted
 
-    def complete_store(self, keys) -> None:
-        ref = self.ref
+    def complete_store(self, keys: list[int]) -> None:
+        index = self.index
+        sref = self.sref
         for key in keys:
-            r = ref.get(key)
-            if r is not None and r < 0:
-                ref[key] = 0
+            s = index.only(key)
+            if s >= 0 and sref[s] < 0:
+                sref[s] = 0
                 self.num_pending -= 1
                 self.num_evictable += 1
-                self.policy.mark_evictable(key)
+                self.policy.mark_evictable(key, s)
 
     def request_finished(self, st: AccessState) -> None:
         if st.finished:
             return
         st.finished = True
-        order = _head_to_tail(st.seen, st.positions)
-        self.policy.on_request_finished(order, st.inserted - st.reused, st.reused, self.ref)
+        self.policy.on_request_finished(_head_to_tail(st), st, self)

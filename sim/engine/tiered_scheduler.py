@@ -242,8 +242,14 @@ class TieredScheduler(Scheduler):
         conn = self.connector
         assert conn is not None
         fresh = self.fresh
-        sched = [(it.req.cache.request_id, it.num_tokens, it.req.cache.request_id in fresh)
-                 for it in out]
+        sched: list[tuple[str, int, bool]] = []
+        if fresh:
+            for it in out:
+                rid = it.req.cache.request_id
+                sched.append((rid, it.num_tokens, rid in fresh))
+        else:             # (most steps admit nothing)
+            for it in out:
+                sched.append((it.req.cache.request_id, it.num_tokens, False))
         conn.build(sched)
         fresh.clear()
         if self.inflight:

@@ -31,7 +31,7 @@ def replay(policy: str) -> list[tuple[str, list[str] | None, list[str] | None]]:
 
     def K(r, owner, pos, g):
         k = key(owner, pos, g)
-        ctx[r].positions[k >> GROUP_BITS] = pos
+        ctx[r].set_pos(k >> GROUP_BITS, pos)
         return k
 
     def store(r, keys, label):
@@ -88,7 +88,7 @@ def test_lookup_and_pins():
     st = AccessState()
     a, b, c = key("x", 16, 0), key("x", 32, 0), key("x", 48, 0)
     for k, p in ((a, 16), (b, 32), (c, 48)):
-        st.positions[k >> GROUP_BITS] = p
+        st.set_pos(k >> GROUP_BITS, p)
     assert pool.lookup(a) == MISS
     assert pool.prepare_store([a, b], st) == ([a, b], [])
     assert pool.lookup(a) == HIT_PENDING            # written, not yet readable

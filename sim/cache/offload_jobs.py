@@ -1,0 +1,247 @@
+"""The CPU tier's per-request state, its transfer jobs and how long they take: the
+records vLLM 0.33.0's ``OffloadingConnector`` scheduler side keeps
+(``offloading/scheduler.py``: ``RequestOffloadState``, one transfer job per load or store
+with its keys) and the completion timing of its worker (``offloading/worker.py``, or the
+analytical backend's host links).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from librt.vecs import append, vec
+from mypy_extensions import i64
+
+from sim.cache.offload_pool import AccessState
+
+if TYPE_CHECKING:
+    from sim.cache.block_pool import Block
+    from sim.cache.request import CacheRequest
+
+
+class GroupOffload:
+    """One KV-cache group as the connector offloads it."""
+
+    __slots__ = ("gid", "tpb", "tpc", "hpc", "window", "eagle", "cow", "pki", "margin")
+
+    def __init__(self, gid: int, tpb: int, bpc: int, unit: int, mamba: bool, eagle: bool):
+        self.gid = gid
+        self.tpb = tpb                   # tokens per GPU block
+        self.tpc = tpb * bpc             # tokens per chunk
+        self.hpc = self.tpc // unit      # hash units per chunk
+        self.window: int | None = 1 if mamba else None   # chunks a hit needs at its end
+        self.eagle = eagle               # is_eagle_group: one trailing chunk is volatile
+        self.cow = mamba                 # Mamba align: states come from the GPU hand-off
+        self.pki = 0                     # which of the request's prefix-key lists (by hpc)
+        self.margin = 0                  # tokens its partial-tail key lies past the tail
+
+
+class Job:
+    __slots__ = ("jid", "rid", "keys", "store", "fenced", "deferred", "chunks", "blocks",
+                 "due", "seen", "nbytes", "groups")
+
+    def __init__(self, jid: int, rid: str, keys: list[int], store: bool):
+        self.jid = jid
+        self.rid = rid
+        self.keys = keys
+        self.store = store
+        self.fenced: list[int] = []      # source blocks watched from the job's creation
+        self.deferred: list[int] = []    # ... watched once the request has finished
+        self.chunks = len(keys)
+        self.blocks = 0                  # GPU blocks moved
+        self.due = -1                    # when it completes (the worker's unit)
+        self.seen = -1                   # the engine time its completion is seen from
+        self.nbytes = 0                  # bytes over one GPU's host link
+        self.groups: dict[str, Any] | None = None   # per group, for step logs
+
+
+class DueHeap:
+    """The jobs' completions to watch for: a binary heap of (seen, job id) over two vecs,
+    least ``seen`` first (a job's stale entries are told apart by the caller)."""
+
+    def __init__(self) -> None:
+        self.seen = vec[i64]()
+        self.jid = vec[i64]()
+        self.n: i64 = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def first(self) -> i64:
+        """The least ``seen`` (the caller checked the heap is not empty)."""
+        return self.seen[0]
+
+    def push(self, seen: i64, jid: i64) -> None:
+        n = self.n
+        if n == len(self.seen):
+            self.seen = append(self.seen, seen)
+            self.jid = append(self.jid, jid)
+        hs = self.seen
+        hj = self.jid
+        i = n
+        while i > 0:
+            p = (i - 1) >> 1
+            if hs[p] <= seen:
+                break
+            hs[i] = hs[p]
+            hj[i] = hj[p]
+            i = p
+        hs[i] = seen
+        hj[i] = jid
+        self.n = n + 1
+
+    def pop(self) -> tuple[i64, i64]:
+        """The least entry (the caller checked the heap is not empty)."""
+        hs = self.seen
+        hj = self.jid
+        top_s = hs[0]
+        top_j = hj[0]
+        n = self.n - 1
+        self.n = n
+        if n > 0:
+            ls = hs[n]
+            lj = hj[n]
+            i: i64 = 0
+            while True:
+                c = 2 * i + 1
+                if c >= n:
+                    break
+                if c + 1 < n and hs[c + 1] < hs[c]:
+                    c += 1
+                if hs[c] >= ls:
+                    break
+                hs[i] = hs[c]
+                hj[i] = hj[c]
+                i = c
+            hs[i] = ls
+            hj[i] = lj
+        return top_s, top_j
+
+
+class ReqOffload:
+    """One request's offload state (vLLM's ``RequestOffloadState``)."""
+
+    __slots__ = ("req", "st", "pk", "tables", "next_stored", "hit_end", "num_local",
+                 "jobs", "tail", "loaded", "finished", "signaled", "loading", "swept")
+
+    def __init__(self, req: CacheRequest, ngroups: int, nlists: int, arc: bool = True):
+        self.req = req
+        self.st = AccessState(arc)
+        # the prefix keys of its chunks, one list per chunk size (a group's chunk key is
+        # its prefix key with the group in the low bits: groups of one chunk size share one)
+        self.pk: list[list[int]] = [[] for _ in range(nlists)]
+        # its block table in each attention group as vLLM's connector holds it (from the
+        # step it is scheduled after a lookup; the table itself: it only grows while the
+        # request runs, and stays as it was once the request has finished)
+        self.tables: list[list[Block]] = [[] for _ in range(ngroups)]
+        self.next_stored = [0] * ngroups
+        self.hit_end = [0] * ngroups
+        self.num_local = 0
+        self.jobs: set[int] = set()
+        self.tail: int | None = None     # partial-tail boundary of the pending load
+        self.loaded = False              # loaded from the tier at some admission
+        self.finished = False
+        self.signaled = False            # the manager saw its finish
+        self.loading = False             # admitted, waiting for its load (scheduler side)
+        self.swept = False               # every prompt chunk the sweep may store is behind it
+
+
+class Transfers:
+    """How long transfers take.  A job's ``seen`` is the earliest engine time at which the
+    next ``schedule()`` sees it done (-1: not known yet)."""
+
+    def __init__(self) -> None:
+        self.steps = False       # (times in steps, the oracle's; else in engine ns)
+
+    def load(self, job: Job, nbytes: int, now: int) -> None:
+        raise NotImplementedError
+
+    def store(self, job: Job, nbytes: int, now: int) -> None:
+        raise NotImplementedError
+
+    def flush(self, job: Job, now: int) -> None:
+        raise NotImplementedError
+
+    def start_step(self, now: int) -> list[Job]:
+        """At a step's start: the jobs whose completion time became known."""
+        return []
+
+    def stall_ns(self) -> int:
+        return 0
+
+    def waiting_to_start(self) -> bool:
+        """Whether jobs wait for the next step to be submitted."""
+        return False
+
+
+class StepTransfers(Transfers):
+    """The oracle's stand-in worker: a job issued by the step at ``now`` completes at the
+    end of step ``now + steps`` (0: its own step), seen by the next ``schedule()``; a
+    flushed job completes in the flushing step.  One step is ``unit`` engine ns."""
+
+    def __init__(self, load_steps: int = 1, store_steps: int = 1, unit: int = 1):
+        super().__init__()
+        self.steps = True
+        self.load_steps = load_steps
+        self.store_steps = store_steps
+        self.unit = unit
+
+    def _due(self, job: Job, step: int) -> None:
+        job.due = step
+        job.seen = (step + 1) * self.unit
+
+    def load(self, job: Job, nbytes: int, now: int) -> None:
+        self._due(job, now // self.unit + self.load_steps)
+
+    def store(self, job: Job, nbytes: int, now: int) -> None:
+        self._due(job, now // self.unit + self.store_steps)
+
+    def flush(self, job: Job, now: int) -> None:
+        self._due(job, now // self.unit)
+
+
+class TimedTransfers(Transfers):
+    """Jobs cross the host links at their bandwidth (``backends.analytical.HostLinks``), as
+    vLLM's offloading worker submits them: a load when its step starts, a store after the
+    step's forward -- at the start of the next step (a flushed store at once, and the
+    step's forward waits for it).  Times in engine ns; a job's completion is seen by the
+    first ``schedule()`` at or after it (vLLM polls at each step's end)."""
+
+    def __init__(self, load_bytes_per_s: float, store_bytes_per_s: float):
+        from backends.analytical import HostLinks
+
+        super().__init__()
+        self.links = HostLinks(load_bytes_per_s, store_bytes_per_s)
+        self.queued: list[Job] = []      # stores waiting for the next step
+        self.stall = 0                   # ns the step waits for flushed jobs
+
+    def load(self, job: Job, nbytes: int, now: int) -> None:
+        job.nbytes = nbytes
+        job.due = job.seen = self.links.load(nbytes, now)
+
+    def store(self, job: Job, nbytes: int, now: int) -> None:
+        job.nbytes = nbytes
+        self.queued.append(job)          # (submitted with the next step: seen unknown)
+
+    def start_step(self, now: int) -> list[Job]:
+        self.stall = 0
+        q = self.queued
+        if not q:
+            return q
+        self.queued = []
+        for job in q:
+            job.due = job.seen = self.links.store(job.nbytes, now)
+        return q
+
+    def flush(self, job: Job, now: int) -> None:
+        if job.seen < 0:
+            self.queued.remove(job)
+            job.due = job.seen = self.links.store(job.nbytes, now)
+        wait = job.due - now
+        if wait > self.stall:
+            self.stall = wait
+
+    def stall_ns(self) -> int:
+        return self.stall
+
+    def waiting_to_start(self) -> bool:
+        return bool(self.queued)

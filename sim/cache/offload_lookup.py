@@ -1,0 +1,472 @@
+"""The CPU tier's connector, its state and its lookup: vLLM 0.33.0's
+``OffloadingConnector`` scheduler side (``offloading/scheduler.py``) building its chunk keys
+and answering ``get_num_new_matched_tokens`` (attention groups need every chunk from the GPU
+hit on, a Mamba group a state at the hit's end, EAGLE groups one trailing chunk less, and
+the partial-tail hits inside a block); see ``sim/cache/offload.py`` for the whole
+connector.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from mypy_extensions import i64
+
+from sim.cache.block_pool import GROUP_BITS
+from sim.cache.key_map import IntMap
+from sim.cache.offload_jobs import (DueHeap, GroupOffload, Job, ReqOffload, StepTransfers,
+                                    Transfers)
+from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, HostPool
+from sim.cache.rules import cdiv, eagle_proof_margin
+
+if TYPE_CHECKING:
+    from sim.cache.kv_manager import KVCacheManager
+    from sim.cache.request import CacheRequest
+
+
+class ConnectorLookup:
+    """The connector's state, its keys and its lookup (``OffloadConnector``'s base)."""
+
+    def __init__(self, kv: KVCacheManager, num_chunks: int, policy: str = "lru",
+                 blocks_per_chunk: int = 1, eagle_groups: tuple[int, ...] = (),
+                 worker: Transfers | None = None, offload_prompt_only: bool = True,
+                 block_bytes: int = 0, num_gpus: int = 1):
+        self.kv = kv
+        self.pool = HostPool(num_chunks, policy)
+        self.worker: Transfers = worker if worker is not None else StepTransfers()
+        self.bpc = blocks_per_chunk
+        self.prompt_only = offload_prompt_only
+        # bytes of one GPU block of one group on one GPU (what a GPU's host link moves per
+        # block; each GPU moves its own shard at once), and the GPUs
+        self.block_bytes = block_bytes
+        self.num_gpus = num_gpus
+        self.unit = kv.hash_block_size
+        specs = kv.coordinator.specs
+        for s in specs:
+            if s.kind == "swa":
+                raise ValueError("kv_offloading: sliding-window groups are not simulated "
+                                 "with the CPU tier")
+        self.groups = [GroupOffload(g, s.block_size, blocks_per_chunk, self.unit,
+                                    s.kind == "mamba", g in eagle_groups)
+                       for g, s in enumerate(specs)]
+        for gc in self.groups:
+            if gc.tpc % self.unit:
+                raise ValueError("kv_offloading: a chunk must hold whole hash units")
+        hpcs: list[int] = []
+        for gc in self.groups:
+            if gc.hpc not in hpcs:
+                hpcs.append(gc.hpc)
+            gc.pki = hpcs.index(gc.hpc)
+        self.hpcs = hpcs
+        self.full = tuple(i for i, gc in enumerate(self.groups) if gc.window is None)
+        self.sliding = tuple(i for i, gc in enumerate(self.groups) if gc.window is not None)
+        self.lookup_groups = self.full + self.sliding
+        aligns = {gc.tpc for gc in self.groups if gc.cow}
+        assert len(aligns) <= 1
+        self.mamba_align = aligns.pop() if aligns else None
+        sizes = {gc.tpb for gc in self.groups}
+        self.partial = (blocks_per_chunk == 1 and len(sizes) == 1
+                        and any(gc.cow and gc.tpb > self.unit for gc in self.groups))
+        self.pblock = self.groups[0].tpb if self.partial else 0
+        partial_hash_hits = kv.partial_hits and self.unit < self.pblock
+        self.margins: dict[int, int] = {}
+        if self.partial:
+            for gc in self.groups:
+                if gc.eagle and not gc.cow:
+                    self.margins[gc.gid] = eagle_proof_margin(self.pblock, self.unit,
+                                                              partial_hash_hits)
+        self.max_margin = max(self.margins.values(), default=0)
+        for gc in self.groups:
+            gc.margin = self.margins.get(gc.gid, 0)
+        self.reqs: dict[str, ReqOffload] = {}
+        self.jobs: dict[int, Job] = {}
+        self.due = DueHeap()                     # (seen, job): completions, as a heap
+        self.next_job = 0
+        self.loading_keys: set[int] = set()      # keys of async loads in flight
+        # the partial-tail keys the pool holds (the only keys off their group's chunk
+        # grid): per group, how many at each position; and each one's group and position
+        self.tail_pos: list[IntMap] = [IntMap() for _ in self.groups]   # (count 0: none)
+        self.tail_keys: dict[int, int] = {}
+        self.block_jobs: dict[int, set[int]] = {}   # fenced block id -> pending jobs
+        # this step's
+        self.load_jobs: list[Job] = []
+        self.flush_jobs: set[int] = set()
+        self.admitted: list[str] = []            # requests allocated in the waiting loop
+        self.recving: set[str] = set()           # loads reported done, not yet promoted
+        self.finished_ids: list[str] = []        # finished since the last build
+        self.preempted_ids: list[str] = []       # preempted in this step
+        self.popped_ids: list[int] = []          # the GPU blocks handed out this step
+        # totals
+        self.loaded_chunks = 0
+        self.stored_chunks = 0
+        self.loaded_blocks = 0
+        self.stored_blocks = 0
+        self.log: list[dict] | None = None       # per-step records (sim steps --per-step)
+        # steps whose build saw several finished requests, and (tests) the order to take
+        # them in at given steps
+        self.finish_ties: list[tuple[int, list[str]]] = []
+        self.finish_orders: dict[int, list[str]] | None = None
+        self.req_log: dict[str, dict] | None = None   # per-request records (ditto)
+        self._step_rec: dict | None = None
+        self.now = 0
+        kv.enable_offload_handoffs()
+
+    # ------------------------------------------------------------------ helpers --
+    def _update_keys(self, rs: ReqOffload) -> None:
+        """The request's chunk keys for every complete chunk of its hashes (prompt and
+        outputs), with their end tokens (the prefix order the host pool ranks by)."""
+        req = rs.req
+        bh = req.block_hashes
+        n = bh.count
+        pos = rs.st.pos
+        u = self.unit
+        for li, hpc in enumerate(self.hpcs):
+            pks = rs.pk[li]
+            want = n // hpc
+            k = len(pks)
+            while k < want:
+                k += 1
+                pk = bh.key(k * hpc - 1)
+                pks.append(pk)
+                pos.put(pk, k * hpc * u)
+
+    def _gkeys(self, rs: ReqOffload, gi: int, lo: int, hi: int) -> list[int]:
+        """Group ``gi``'s chunk keys ``lo`` .. ``hi - 1``."""
+        gid = self.groups[gi].gid
+        return [(pk << GROUP_BITS) | gid for pk in rs.pk[self.groups[gi].pki][lo:hi]]
+
+    def _nkeys(self, rs: ReqOffload, gi: int) -> int:
+        return len(rs.pk[self.groups[gi].pki])
+
+    def _boundary_key(self, rs: ReqOffload, gid: int, tokens: int) -> int:
+        pk = rs.req.block_hashes.key(tokens // self.unit - 1)
+        rs.st.pos.put(pk, tokens)
+        return (pk << GROUP_BITS) | gid
+
+    def _offloadable(self, rs: ReqOffload, n: int) -> int:
+        req = rs.req
+        if n > req.num_tokens:
+            n = req.num_tokens
+        if self.prompt_only and n > req.num_prompt_tokens:
+            n = req.num_prompt_tokens
+        return n
+
+    def _new_job(self, rid: str, keys: list[int], store: bool) -> Job:
+        job = Job(self.next_job, rid, keys, store)
+        self.next_job += 1
+        self.jobs[job.jid] = job
+        return job
+
+    def step_stall(self) -> int:
+        """ns this step's forward waits for flushed stores (timed transfers only)."""
+        return self.worker.stall_ns()
+
+    @property
+    def loaded_bytes(self) -> int:
+        """Bytes loaded into the GPUs so far, over every GPU of the replica."""
+        return self.loaded_blocks * self.block_bytes * self.num_gpus
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.stored_blocks * self.block_bytes * self.num_gpus
+
+    def quiet(self, running: list[Any]) -> bool:
+        """Whether the next steps of the running requests (a decode jump) would do nothing
+        here but let transfers complete: no finished request to wrap up, no store waiting
+        for the next step's start, every running request's sweep over."""
+        if self.finished_ids:
+            return False
+        if not self.jobs:
+            return True
+        if self.worker.waiting_to_start():
+            return False
+        reqs = self.reqs
+        for r in running:
+            rs = reqs.get(r.cache.request_id)
+            if rs is None or not rs.swept:
+                return False
+        return True
+
+    def busy(self) -> bool:
+        """Whether the engine must keep stepping (vLLM's ``has_pending_push_work`` and
+        finished requests whose last stores are still to be built)."""
+        return bool(self.jobs or self.finished_ids)
+
+    def cached_positions(self, req: CacheRequest) -> dict[str, list[int]]:
+        """Per group, the hash-grid positions of ``req``'s prompt whose key the host pool
+        holds written (a chunk key, or a boundary key)."""
+        out: dict[str, list[int]] = {}
+        u = self.unit
+        bh = req.block_hashes
+        n = min(req.num_prompt_tokens // u, bh.count)
+        for gc in self.groups:
+            have = []
+            for i in range(n):
+                if self.pool.is_ready((bh.key(i) << GROUP_BITS) | gc.gid):
+                    have.append((i + 1) * u)
+            out[str(gc.gid)] = have
+        return out
+
+    def attention_reach(self, req: CacheRequest, start: int) -> int:
+        """How far past ``start`` every attention group's chunks are written in the host
+        pool, one after the other (an EAGLE group's last one left out), within the lookup's
+        cap: what the tier held for attention whatever the Mamba groups hold."""
+        if not self.full:
+            return start
+        rs = self.reqs[req.request_id]
+        self._update_keys(rs)
+        cap = req.num_tokens - 1 if self.sliding else req.num_tokens
+        lookup = self.pool.lookup
+        reach = cap
+        for gi in self.full:
+            gc = self.groups[gi]
+            pks = rs.pk[gc.pki]
+            gid = gc.gid
+            first = start // gc.tpc
+            i = first
+            while i < len(pks) and lookup((pks[i] << GROUP_BITS) | gid) == HIT:
+                i += 1
+            if gc.eagle and i > first:
+                i -= 1
+            end = i * gc.tpc
+            if end > cap // gc.tpc * gc.tpc:
+                end = cap // gc.tpc * gc.tpc
+            if end < reach:
+                reach = end
+        return reach if reach > start else start
+
+
+    def _watch(self, job: Job) -> None:
+        """Watch for ``job``'s completion (its ``seen`` known)."""
+        if job.seen >= 0:
+            self.due.push(job.seen, job.jid)
+
+
+    def _rec(self) -> dict:
+        # a step's offload record: filled as things happen, kept if non-empty
+        r = self._step_rec
+        if r is None or r["step"] != self.now:
+            r = self._step_rec = {"step": self.now}
+        return r
+
+    def _job_rec(self, job: Job) -> dict:
+        return {"job": job.jid, "req": job.rid, "groups": job.groups or {}}
+
+    # ------------------------------------------------------------------ lookup --
+    def get_num_new_matched_tokens(self, req: CacheRequest, local: int) -> int | None:
+        rid = req.request_id
+        rs = self.reqs[rid]
+        for gi in range(len(self.groups)):
+            if rs.tables[gi]:
+                rs.tables[gi] = []
+            rs.next_stored[gi] = 0
+        rs.swept = False
+        if rs.jobs:
+            hit: int | None = None
+        else:
+            self._update_keys(rs)
+            rs.num_local = local
+            hit = self._lookup(rs)
+        if self.req_log is not None:
+            self.req_log[rid]["lookups"].append([self.now, local, hit, bool(hit)])
+        return hit
+
+    def _prefix_lookup(self, pks: list[int], lo: int, hi: int, gid: int) -> int | None:
+        """Chunks ``lo`` .. ``hi - 1`` of a group: how many, from ``lo``, the pool holds
+        (being written counts, but makes the answer None: deferred)."""
+        n = 0
+        defer = False
+        lookup = self.pool.lookup
+        for i in range(lo, hi):
+            r = lookup((pks[i] << GROUP_BITS) | gid)
+            if r == MISS:
+                break
+            n += 1
+            if r == HIT_PENDING:
+                defer = True
+        return None if defer else n
+
+    def _window_lookup(self, pks: list[int], lo: int, hi: int, gid: int, window: int,
+                       first_window: int) -> int | None:
+        """Chunks ``lo`` .. ``hi - 1`` of a group with a window (Mamba: one chunk), from the
+        end: the end (from ``lo``) of the last run of ``window`` chunks held."""
+        pending = False
+        run = 0
+        need = first_window or window
+        lookup = self.pool.lookup
+        for idx in range(hi - lo - 1, -1, -1):
+            r = lookup((pks[lo + idx] << GROUP_BITS) | gid)
+            if r == HIT:
+                run += 1
+            elif r == HIT_PENDING:
+                pending = True
+                run += 1
+            else:
+                run = 0
+                pending = False
+                need = window
+            if run == need:
+                return None if pending else idx + need
+        return None if pending else run
+
+    def _lookup_complete(self, rs: ReqOffload) -> int | None:
+        req = rs.req
+        c0 = rs.num_local
+        cap = req.num_tokens
+        if self.sliding:
+            cap -= 1
+            if self.mamba_align is not None:
+                cap = cap // self.mamba_align * self.mamba_align
+        num_hit = 0
+        defer = False
+        for gi in range(len(self.groups)):
+            rs.hit_end[gi] = 0
+        verified: set[int] = set()
+        groups = self.lookup_groups
+        while groups:
+            looked_sw = False
+            current = groups
+            groups = ()
+            for gi in current:
+                gc = self.groups[gi]
+                tpc = gc.tpc
+                pks = rs.pk[gc.pki]
+                nk = len(pks)
+                unverified = gc.eagle and gi not in verified
+                if cap > nk * tpc:
+                    cap = nk * tpc
+                if cap - c0 < tpc:
+                    return 0
+                query_max = cap
+                if unverified:
+                    query_max = min(cap + tpc, nk * tpc)
+                nchunks = min(cdiv(query_max, tpc), nk)
+                start = c0 // tpc
+                if gc.window is None:
+                    nh = self._prefix_lookup(pks, start, nchunks, gc.gid)
+                    rs.hit_end[gi] = start + (nh or 0)
+                else:
+                    w = gc.window + (1 if unverified else 0)
+                    nh = self._window_lookup(pks, start, nchunks, gc.gid, w, w)
+                if nh == 0:
+                    return 0
+                if nh is None:
+                    defer = True
+                else:
+                    if unverified:
+                        nh -= 1
+                        verified.add(gi)
+                    if cap > tpc * (start + nh):
+                        cap = tpc * (start + nh)
+                new = cap - c0
+                if new < tpc:
+                    return 0
+                if new < num_hit:
+                    if not gc.eagle:
+                        verified.clear()
+                    if defer:
+                        defer = False
+                        groups = self.lookup_groups
+                    elif looked_sw and not groups:
+                        groups = self.sliding
+                looked_sw = looked_sw or gc.window is not None
+                num_hit = new
+        if defer:
+            return None
+        if self.loading_keys:
+            end = c0 + num_hit
+            for gi, gc in enumerate(self.groups):
+                sub = self._gkeys(rs, gi, c0 // gc.tpc, cdiv(end, gc.tpc))
+                if gc.window is not None:
+                    sub = sub[-gc.window:]
+                for key in sub:
+                    if key in self.loading_keys:
+                        return None
+        return num_hit
+
+    def _lookup(self, rs: ReqOffload) -> int | None:
+        complete = self._lookup_complete(rs)
+        rs.tail = None
+        if complete is None or not self.partial:
+            return complete
+        req = rs.req
+        u = self.unit
+        local = rs.num_local
+        cb = local + complete
+        nblocks = 2 if self.max_margin else 1
+        maxb = min(req.num_prompt_tokens - 1, cb + nblocks * self.pblock - 1)
+        if self.max_margin:
+            maxb = min(maxb, req.block_hashes.count * u - self.max_margin)
+        maxb = maxb // u * u
+        if maxb <= cb:
+            return complete
+        B = self.pblock
+        bridge = cb // B
+        bridge_end = (bridge + 1) * B
+        unconfirmed: list[int] = []
+        pending = False
+        if maxb >= bridge_end:
+            for gi, gc in enumerate(self.groups):
+                if gc.cow:
+                    continue
+                key = (rs.pk[gc.pki][bridge] << GROUP_BITS) | gc.gid
+                pending = pending or key in self.loading_keys
+                if rs.hit_end[gi] <= bridge:
+                    unconfirmed.append(key)
+            for key in unconfirmed:
+                r = self.pool.lookup(key)
+                if r == MISS:
+                    maxb = bridge_end - u
+                    break
+                pending = pending or r != HIT
+        bridge_pending = pending
+        first = self.groups[0]
+        m0: i64 = first.margin
+        tpc0: i64 = first.tpc
+        tp0 = self.tail_pos[0]
+        b: i64 = maxb
+        stop: i64 = cb
+        step: i64 = u
+        while b > stop:          # (b = maxb, maxb - u, ... above cb)
+            t0 = b + m0
+            if t0 % tpc0 and tp0.get(t0) <= 0:
+                # (_lookup_tail's first test, inline: a miss at b)
+                if b >= bridge_end and bridge_pending:
+                    pending = True
+                b -= step
+                continue
+            hit, bpend = self._lookup_tail(rs, b, b >= bridge_end and bridge_pending)
+            if hit:
+                rs.tail = b
+                return b - local
+            pending = pending or bpend
+            b -= step
+        if pending and complete == 0:
+            return None
+        return complete
+
+    def _lookup_tail(self, rs: ReqOffload, b: int, pending: bool) -> tuple[bool, bool]:
+        first = self.groups[0]
+        t0 = b + first.margin
+        if t0 % first.tpc and self.tail_pos[0].get(t0) <= 0:
+            # (the first group's key there would be a partial-tail key, and the pool holds
+            # none at that position: a miss, known without computing the key)
+            return False, pending
+        bh = rs.req.block_hashes
+        u = self.unit
+        lookup = self.pool.lookup
+        at_b = -1             # (the prefix key at b, shared by the groups without a margin)
+        for gc in self.groups:
+            t = b + gc.margin
+            if t != b:
+                pk = bh.key(t // u - 1)
+            else:
+                if at_b < 0:
+                    at_b = bh.key(b // u - 1)
+                pk = at_b
+            r = lookup((pk << GROUP_BITS) | gc.gid)
+            if r == MISS:
+                return False, pending
+            pending = pending or r != HIT
+        if pending:
+            return False, True
+        return True, False

@@ -1,0 +1,311 @@
+"""The CPU tier's stores: vLLM 0.33.0's ``OffloadingConnector`` scheduler side
+(``offloading/scheduler.py``) building its store jobs (``_build_store_jobs``: every complete
+prompt chunk a scheduled or finished request has not stored yet), the Mamba states the GPU
+cache hands off on a chunk boundary and the partial-tail copies, and the blocks whose reuse
+flushes a job; see ``sim/cache/offload.py`` for the whole connector.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sim.cache.block_pool import GROUP_BITS
+from sim.cache.offload_jobs import Job, ReqOffload
+from sim.cache.offload_lookup import ConnectorLookup
+from sim.cache.offload_pool import GROUP_MASK
+from sim.cache.offload_stop import ConnectorAssertion
+
+if TYPE_CHECKING:
+    from sim.cache.block_pool import Block
+
+
+class ConnectorStores(ConnectorLookup):
+    """The connector's store side (``OffloadConnector``'s base)."""
+
+    def _allocated_ids(self, scheduled: list[tuple[str, int, bool]]) -> set[int]:
+        """Block ids allocated in this step as vLLM's connector counts them: the tables of
+        the requests allocated in the waiting loop, the blocks handed out this step
+        (running requests' new blocks, copy-on-write copies)."""
+        kv = self.kv
+        out: set[int] = set(kv.pool.popped or ())
+        for rid in self.admitted:
+            for t in kv.group_tables(rid):
+                for b in t:
+                    if not b.is_null:
+                        out.add(b.block_id)
+        for rid, _, fresh in scheduled:
+            if fresh:
+                for t in kv.group_tables(rid):
+                    for b in t:
+                        if not b.is_null:
+                            out.add(b.block_id)
+        out.discard(0)
+        return out
+
+    def _flush_allocated(self, scheduled: list[tuple[str, int, bool]]) -> None:
+        """Flush the jobs fenced on a block allocated in this step (``_allocated_ids``'s
+        blocks, visited without building their set)."""
+        kv = self.kv
+        bj = self.block_jobs
+        flush = self.flush_jobs
+        popped = kv.pool.popped
+        if popped:
+            for bid in popped:
+                if bid != 0:
+                    js = bj.get(bid)
+                    if js:
+                        flush.update(js)
+        for rid in self.admitted:
+            self._flush_tables(kv.group_tables(rid))
+        for rid, _, fresh in scheduled:
+            if fresh:
+                self._flush_tables(kv.group_tables(rid))
+
+    def _flush_tables(self, tables: list[list[Block]]) -> None:
+        bj = self.block_jobs
+        for t in tables:
+            for b in t:
+                if not b.is_null and b.block_id != 0:
+                    js = bj.get(b.block_id)
+                    if js:
+                        self.flush_jobs.update(js)
+
+    def _store_job(self, rs: ReqOffload, keys: list[int], blocks: int,
+                   groups: dict[str, Any] | None) -> Job:
+        job = self._new_job(rs.req.request_id, keys, True)
+        job.blocks = blocks
+        job.groups = groups
+        rs.jobs.add(job.jid)
+        self.stored_chunks += len(keys)
+        self.stored_blocks += blocks
+        self.worker.store(job, blocks * self.block_bytes, self.now)
+        self._watch(job)
+        if self.log is not None:
+            self._rec().setdefault("stores", []).append(self._job_rec(job))
+        return job
+
+    def _prepare_store(self, keys: list[int], rs: ReqOffload) -> tuple[list[int], list[int]] | None:
+        out = self.pool.prepare_store(keys, rs.st)
+        tk = self.tail_keys
+        if out is not None and tk:
+            for key in out[1]:
+                t = tk.get(key, -1)
+                if t >= 0:
+                    del tk[key]
+                    tp = self.tail_pos[key & GROUP_MASK]
+                    tp.put(t, tp.get(t) - 1)
+        if self.log is not None:
+            if out is None:
+                r = self._rec()
+                r["alloc_fail"] = r.get("alloc_fail", 0) + 1
+            elif out[1]:
+                r = self._rec()
+                r["evicted"] = r.get("evicted", 0) + len(out[1])
+        return out
+
+    def _boundary_stores(self, handoffs: dict[str, list[tuple[int, Any, int]]]) -> None:
+        for rid, entries in handoffs.items():
+            rs = self.reqs.get(rid)
+            if rs is None:
+                continue
+            top = self._offloadable(rs, rs.req.num_tokens)
+            for gid, block, boundary in entries:
+                gc = self.groups[gid]
+                if block.is_null or boundary > top or boundary % gc.tpc:
+                    continue
+                key = self._boundary_key(rs, gid, boundary)
+                out = self._prepare_store([key], rs)
+                if out is None or not out[0]:
+                    continue
+                groups = ({str(gid): {"chunks": 1, "blocks": 1,
+                                      "start_block": boundary // gc.tpb - 1,
+                                      "ends": [boundary]}} if self.log is not None else None)
+                job = self._store_job(rs, [key], 1, groups)
+                job.fenced = [block.block_id]
+                self.block_jobs.setdefault(block.block_id, set()).add(job.jid)
+
+    def _tail_stores(self, handoffs: dict[str, list[tuple[int, Any, int]]],
+                     scheduled: list[tuple[str, int, bool]]) -> None:
+        B = self.pblock
+        for rid, entries in handoffs.items():
+            entries = [e for e in entries if e[2] % B]
+            if not entries:
+                continue
+            rs = self.reqs[rid]
+            if self.max_margin and not rs.loaded:
+                continue
+            boundary = entries[0][2]
+            if any(e[2] != boundary for e in entries):
+                # (an internal prefill checkpoint's state, keyed inside its block and
+                # committed since, offered beside the copy of the prompt's tail state)
+                raise ConnectorAssertion.at(self.now, self.worker.steps, (
+                    f"its offloading connector fails an assertion (one partial-tail boundary "
+                    f"per request and step): request {rid!r} hands the CPU tier Mamba states "
+                    f"inside blocks at {sorted({e[2] for e in entries})} tokens in one step "
+                    f"(an internal prefill checkpoint's and the prompt tail's); vLLM serves "
+                    f"this only without kv_offloading, without internal prefill checkpoints "
+                    f"(kv_cache.num_prefill_checkpoint_blocks: 0) or with a hash unit equal "
+                    f"to the Mamba block"))
+            req = rs.req
+            if self.max_margin:
+                after = req.num_computed_tokens
+                for srid, sn, _ in scheduled:
+                    if srid == rid:
+                        after += sn
+                        break
+                if after > req.num_prompt_tokens:
+                    after = req.num_prompt_tokens
+                if boundary + self.max_margin > after:
+                    continue
+            cow = {gid: block for gid, block, _ in entries}
+            idx = boundary // B
+            if any(not gc.cow and idx >= len(rs.tables[gi])
+                   for gi, gc in enumerate(self.groups)):
+                continue
+            keys = [self._boundary_key(rs, gc.gid, boundary + self.margins.get(gc.gid, 0))
+                    for gc in self.groups]
+            bids = [cow[gc.gid].block_id if gc.cow else rs.tables[gi][idx].block_id
+                    for gi, gc in enumerate(self.groups)]
+            out = self._prepare_store(keys, rs)
+            if out is None or not out[0]:
+                continue
+            stored = set(out[0])
+            src = [bids[i] for i, k in enumerate(keys) if k in stored]
+            for gi, gc in enumerate(self.groups):
+                k = keys[gi]
+                t = boundary + self.margins.get(gc.gid, 0)
+                if k in stored and t % gc.tpc:
+                    self.tail_keys[k] = t
+                    tp = self.tail_pos[gi]
+                    c = tp.get(t)
+                    tp.put(t, (c if c > 0 else 0) + 1)
+            groups = None
+            if self.log is not None:
+                pos = rs.st.pos
+                groups = {str(gc.gid): {"chunks": 1, "blocks": 1, "start_block": idx,
+                                        "ends": [pos.get(k >> GROUP_BITS)]}
+                          for gc, k in zip(self.groups, keys) if k in stored}
+            job = self._store_job(rs, [k for k in keys if k in stored], len(src), groups)
+            job.fenced = src
+            for bid in src:
+                self.block_jobs.setdefault(bid, set()).add(job.jid)
+
+    def _storable(self, rs: ReqOffload, gi: int, offl: int) -> int:
+        gc = self.groups[gi]
+        n = offl // gc.tpc
+        if gc.eagle and offl > rs.req.num_prompt_tokens and not rs.finished:
+            n = n - 1 if n > 0 else 0
+        a = len(rs.tables[gi]) // self.bpc
+        if a < n:
+            n = a
+        k = len(rs.pk[gc.pki])
+        return k if k < n else n
+
+    def _advance_to(self, rs: ReqOffload, tops: list[int]) -> None:
+        """Every attention group's chunks below ``tops`` (in ``full``'s order) count as
+        stored."""
+        for fi, gi in enumerate(self.full):
+            n = tops[fi]
+            if n > rs.next_stored[gi]:
+                rs.next_stored[gi] = n
+
+    def _check_swept(self, rs: ReqOffload) -> None:
+        """Prompt chunks only (vLLM's default): once every attention group stored its last
+        complete prompt chunk, the request's sweeps store nothing more (until a new lookup
+        starts them again)."""
+        if not self.prompt_only:
+            return
+        prompt = rs.req.num_prompt_tokens
+        for gi in self.full:
+            if rs.next_stored[gi] < prompt // self.groups[gi].tpc:
+                return
+        rs.swept = True
+
+    def _sweep(self, rs: ReqOffload, after: int, allocated: set[int] | None,
+               scheduled: list[tuple[str, int, bool]]) -> set[int] | None:
+        """Store the request's complete prompt chunks not stored yet (vLLM's
+        ``_build_store_jobs`` for one request); returns the allocated-ids set (built when
+        first needed)."""
+        if rs.swept:
+            return allocated
+        offl = self._offloadable(rs, after)
+        bpc = self.bpc
+        new_keys: list[int] = []
+        # (the attention groups only: a Mamba group's states are stored as the GPU cache
+        # hands them off, and its count of stored chunks is never read)
+        tops: list[int] = []
+        for gi in self.full:
+            gc = self.groups[gi]
+            n = self._storable(rs, gi, offl)
+            tops.append(n)
+            start = rs.next_stored[gi]
+            if n <= start:
+                continue
+            pks = rs.pk[gc.pki]
+            gid = gc.gid
+            tbl = rs.tables[gi]
+            for c in range(start, n):
+                first = c * bpc
+                ok = True
+                for b in range(bpc):
+                    if tbl[first + b].is_null:
+                        ok = False
+                        break
+                if ok:
+                    new_keys.append((pks[c] << GROUP_BITS) | gid)
+        if not new_keys:
+            self._advance_to(rs, tops)
+            self._check_swept(rs)
+            return allocated
+        out = self._prepare_store(new_keys, rs)
+        if out is None:
+            return allocated
+        stored = out[0]
+        if not stored:
+            self._advance_to(rs, tops)
+            self._check_swept(rs)
+            return allocated
+        src: list[int] = []
+        groups: dict[str, Any] | None = {} if self.log is not None else None
+        pos = rs.st.pos
+        j = 0              # (the stored keys: in the order offered, a subsequence of them)
+        nst = len(stored)
+        for fi, gi in enumerate(self.full):
+            gc = self.groups[gi]
+            n = tops[fi]
+            start = rs.next_stored[gi]
+            pks = rs.pk[gc.pki]
+            gid = gc.gid
+            tbl = rs.tables[gi]
+            nb = 0
+            first_blk = -1
+            ends = []
+            for c in range(start, n):
+                if j >= nst or stored[j] != ((pks[c] << GROUP_BITS) | gid):
+                    continue
+                j += 1
+                ends.append(pos.get(pks[c]))
+                for b in range(bpc):
+                    bid = tbl[c * bpc + b].block_id
+                    if bid == 0:
+                        continue
+                    if first_blk < 0:
+                        first_blk = c * bpc + b
+                    src.append(bid)
+                    nb += 1
+            if groups is not None and ends:
+                groups[str(gc.gid)] = {"chunks": len(ends), "blocks": nb,
+                                       "start_block": first_blk if first_blk >= 0 else 0,
+                                       "ends": sorted(ends)}
+            if n > rs.next_stored[gi]:
+                rs.next_stored[gi] = n
+        job = self._store_job(rs, list(out[0]), len(src), groups)
+        job.deferred = src
+        self._check_swept(rs)
+        if rs.finished:
+            if allocated is None:
+                allocated = self._allocated_ids(scheduled)
+            for bid in src:
+                self.block_jobs.setdefault(bid, set()).add(job.jid)
+                if bid in allocated:
+                    self.flush_jobs.add(job.jid)
+        return allocated
