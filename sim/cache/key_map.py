@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from librt.vecs import vec
+from librt.vecs import append, vec
 from mypy_extensions import i64
 
 EMPTY: Final = -1    # a free slot (pool keys are >= 0)
@@ -288,3 +288,72 @@ class IntMap:
         self.mask = mask
         self.keys = keys
         self.vals = vals
+
+
+class PairHeap:
+    """A binary min-heap of (key, value) machine-integer pairs over two vecs, least key
+    first (equal keys in heap order); no boxing, no tuple per entry.  The CPU tier's job
+    completions (key, job id) and its LRU's lazy heap (rank, slot) are two; stale
+    entries are told apart by their callers."""
+
+    def __init__(self) -> None:
+        self.keys = vec[i64]()
+        self.vals = vec[i64]()
+        self.n: i64 = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def first(self) -> i64:
+        """The least key (the caller checked the heap is not empty)."""
+        return self.keys[0]
+
+    def clear(self) -> None:
+        """Empty (the vecs' storage kept)."""
+        self.n = 0
+
+    def push(self, key: i64, val: i64) -> None:
+        n = self.n
+        if n == len(self.keys):
+            self.keys = append(self.keys, key)
+            self.vals = append(self.vals, val)
+        hs = self.keys
+        hj = self.vals
+        i = n
+        while i > 0:
+            p = (i - 1) >> 1
+            if hs[p] <= key:
+                break
+            hs[i] = hs[p]
+            hj[i] = hj[p]
+            i = p
+        hs[i] = key
+        hj[i] = val
+        self.n = n + 1
+
+    def pop(self) -> tuple[i64, i64]:
+        """The least entry (the caller checked the heap is not empty)."""
+        hs = self.keys
+        hj = self.vals
+        top_s = hs[0]
+        top_j = hj[0]
+        n = self.n - 1
+        self.n = n
+        if n > 0:
+            ls = hs[n]
+            lj = hj[n]
+            i: i64 = 0
+            while True:
+                c = 2 * i + 1
+                if c >= n:
+                    break
+                if c + 1 < n and hs[c + 1] < hs[c]:
+                    c += 1
+                if hs[c] >= ls:
+                    break
+                hs[i] = hs[c]
+                hj[i] = hj[c]
+                i = c
+            hs[i] = ls
+            hj[i] = lj
+        return top_s, top_j

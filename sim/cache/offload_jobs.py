@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from librt.vecs import append, vec
-from mypy_extensions import i64
-
 from sim.cache.offload_pool import AccessState
 
 if TYPE_CHECKING:
@@ -52,69 +49,6 @@ class Job:
         self.seen = -1                   # the engine time its completion is seen from
         self.nbytes = 0                  # bytes over one GPU's host link
         self.groups: dict[str, Any] | None = None   # per group, for step logs
-
-
-class DueHeap:
-    """The jobs' completions to watch for: a binary heap of (seen, job id) over two vecs,
-    least ``seen`` first (a job's stale entries are told apart by the caller)."""
-
-    def __init__(self) -> None:
-        self.seen = vec[i64]()
-        self.jid = vec[i64]()
-        self.n: i64 = 0
-
-    def __len__(self) -> int:
-        return self.n
-
-    def first(self) -> i64:
-        """The least ``seen`` (the caller checked the heap is not empty)."""
-        return self.seen[0]
-
-    def push(self, seen: i64, jid: i64) -> None:
-        n = self.n
-        if n == len(self.seen):
-            self.seen = append(self.seen, seen)
-            self.jid = append(self.jid, jid)
-        hs = self.seen
-        hj = self.jid
-        i = n
-        while i > 0:
-            p = (i - 1) >> 1
-            if hs[p] <= seen:
-                break
-            hs[i] = hs[p]
-            hj[i] = hj[p]
-            i = p
-        hs[i] = seen
-        hj[i] = jid
-        self.n = n + 1
-
-    def pop(self) -> tuple[i64, i64]:
-        """The least entry (the caller checked the heap is not empty)."""
-        hs = self.seen
-        hj = self.jid
-        top_s = hs[0]
-        top_j = hj[0]
-        n = self.n - 1
-        self.n = n
-        if n > 0:
-            ls = hs[n]
-            lj = hj[n]
-            i: i64 = 0
-            while True:
-                c = 2 * i + 1
-                if c >= n:
-                    break
-                if c + 1 < n and hs[c + 1] < hs[c]:
-                    c += 1
-                if hs[c] >= ls:
-                    break
-                hs[i] = hs[c]
-                hj[i] = hj[c]
-                i = c
-            hs[i] = ls
-            hj[i] = lj
-        return top_s, top_j
 
 
 class ReqOffload:

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
-from sim.cache.key_map import IntMap
-from sim.cache.offload_jobs import (DueHeap, GroupOffload, Job, ReqOffload, StepTransfers,
+from sim.cache.key_map import IntMap, PairHeap
+from sim.cache.offload_jobs import (GroupOffload, Job, ReqOffload, StepTransfers,
                                     Transfers)
 from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, HostPool
 from sim.cache.rules import cdiv, eagle_proof_margin
@@ -79,7 +79,7 @@ class ConnectorLookup:
             gc.margin = self.margins.get(gc.gid, 0)
         self.reqs: dict[str, ReqOffload] = {}
         self.jobs: dict[int, Job] = {}
-        self.due = DueHeap()                     # (seen, job): completions, as a heap
+        self.due = PairHeap()                    # (seen, job): completions, as a heap
         self.next_job = 0
         self.loading_keys: set[int] = set()      # keys of async loads in flight
         # the partial-tail keys the pool holds (the only keys off their group's chunk

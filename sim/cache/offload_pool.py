@@ -42,7 +42,7 @@ from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
-from sim.cache.key_map import IntMap, KeyMap
+from sim.cache.key_map import IntMap, KeyMap, PairHeap
 
 GROUP_MASK: Final = (1 << GROUP_BITS) - 1
 
@@ -158,8 +158,7 @@ class LRUPolicy(Policy):
     """vLLM's LRU policy: the evictable keys by rank, least first.  A slot's rank and
     whether it is evictable live in vecs (``rank``, ``ev``).  Ranks a request's finish
     hands out only grow, so they go to the end of a sorted list (``fifo_r``/``fifo_s``,
-    read from ``head``); any other goes to a binary heap (``heap_r``/``heap_s``, ``hn``
-    entries).  An entry (rank, slot) whose slot no longer has that rank, or is not
+    read from ``head``); any other goes to a binary heap (``heap``, a ``PairHeap``).  An entry (rank, slot) whose slot no longer has that rank, or is not
     evictable, is stale and skipped, as vLLM's lazy heap skips it."""
 
     def __init__(self, capacity: int):
@@ -167,9 +166,7 @@ class LRUPolicy(Policy):
         self.rank = vec[i64]()        # slot -> rank (-1: free)
         self.ev = vec[i64]()          # slot -> 1 if evictable
         self.nev: i64 = 0             # evictable slots
-        self.heap_r = vec[i64]()
-        self.heap_s = vec[i64]()
-        self.hn: i64 = 0
+        self.heap = PairHeap()        # (rank, slot): the lazy heap
         self.fifo_r = vec[i64]()
         self.fifo_s = vec[i64]()
         self.head: i64 = 0
@@ -185,54 +182,6 @@ class LRUPolicy(Policy):
         self.next_rank += 1
         return (((self.next_rank << POS_BITS) | TOP) << GROUP_BITS) | (key & GROUP_MASK)
 
-    # -- the lazy heap ----------------------------------------------------------------
-    def _heap_push(self, r: i64, s: i64) -> None:
-        n = self.hn
-        if n == len(self.heap_r):
-            self.heap_r = append(self.heap_r, r)
-            self.heap_s = append(self.heap_s, s)
-        hr = self.heap_r
-        hs = self.heap_s
-        i = n
-        while i > 0:
-            p = (i - 1) >> 1
-            pr = hr[p]
-            if pr <= r:
-                break
-            hr[i] = pr
-            hs[i] = hs[p]
-            i = p
-        hr[i] = r
-        hs[i] = s
-        self.hn = n + 1
-
-    def _heap_pop(self) -> tuple[i64, i64]:
-        """The heap's least entry (the caller checked ``hn > 0``)."""
-        hr = self.heap_r
-        hs = self.heap_s
-        top_r = hr[0]
-        top_s = hs[0]
-        n = self.hn - 1
-        self.hn = n
-        if n > 0:
-            lr = hr[n]
-            ls = hs[n]
-            i: i64 = 0
-            while True:
-                c = 2 * i + 1
-                if c >= n:
-                    break
-                if c + 1 < n and hr[c + 1] < hr[c]:
-                    c += 1
-                if hr[c] >= lr:
-                    break
-                hr[i] = hr[c]
-                hs[i] = hs[c]
-                i = c
-            hr[i] = lr
-            hs[i] = ls
-        return top_r, top_s
-
     def _push(self, s: i64) -> None:
         r = self.rank[s]
         fn = len(self.fifo_r)
@@ -240,14 +189,14 @@ class LRUPolicy(Policy):
             self.fifo_r = append(self.fifo_r, r)
             self.fifo_s = append(self.fifo_s, s)
         else:
-            self._heap_push(r, s)
+            self.heap.push(r, s)
         self._maybe_rebuild()
 
     def _maybe_rebuild(self) -> None:
         lim = 4 * self.nev
         if lim < 256:
             lim = 256
-        if self.hn + len(self.fifo_r) - self.head >= lim:
+        if self.heap.n + len(self.fifo_r) - self.head >= lim:
             self._rebuild()
 
     def _rebuild(self) -> None:
@@ -257,16 +206,16 @@ class LRUPolicy(Policy):
         self.fifo_r = vec[i64]()
         self.fifo_s = vec[i64]()
         self.head = 0
-        self.hn = 0
+        self.heap.clear()
         for s in range(len(ev)):
             if ev[s]:
-                self._heap_push(rank[s], s)
+                self.heap.push(rank[s], s)
 
     def _pop(self) -> tuple[i64, i64]:
         """The least (rank, slot) of the two ((-1, -1): none)."""
         h = self.head
         fr = self.fifo_r
-        if h < len(fr) and (self.hn == 0 or fr[h] < self.heap_r[0]):
+        if h < len(fr) and (self.heap.n == 0 or fr[h] < self.heap.keys[0]):
             s = self.fifo_s[h]
             r = fr[h]
             h += 1
@@ -274,8 +223,8 @@ class LRUPolicy(Policy):
             if h > 4096 and 2 * h > len(fr):
                 self._compact_fifo()
             return r, s
-        if self.hn > 0:
-            return self._heap_pop()
+        if self.heap.n > 0:
+            return self.heap.pop()
         return -1, -1
 
     def _compact_fifo(self) -> None:
@@ -356,12 +305,12 @@ class LRUPolicy(Policy):
             sel_s = append(sel_s, s)
         if len(sel_r) < n:
             for j in range(len(sel_r)):
-                self._heap_push(sel_r[j], sel_s[j])
+                self.heap.push(sel_r[j], sel_s[j])
             for j in range(len(def_r)):
-                self._heap_push(def_r[j], def_s[j])
+                self.heap.push(def_r[j], def_s[j])
             return None
         for j in range(len(def_r)):
-            self._heap_push(def_r[j], def_s[j])
+            self.heap.push(def_r[j], def_s[j])
         out: list[int] = []
         for j in range(len(sel_s)):
             s = sel_s[j]
