@@ -100,3 +100,33 @@ def test_where_vllms_connector_fails_the_run_stops():
                               "kv_offloading.size_gb": 1})
     with pytest.raises(ConnectorAssertion, match="vLLM 0.33.0 stops here.*partial-tail"):
         simulate(sc)
+
+
+def test_a_fleet_gives_each_replica_its_own_tier(tmp_path):
+    """replicas: 1 with a tier is the run alone (every column, then ``replica``); with two
+    replicas each has a tier of size_gb, and the summary's tier fields are the replicas'
+    summed, as its pool_bytes is."""
+    tier = {"kv_offloading.size_gb": 1}
+    alone, _, s_alone = _run(tmp_path, "alone", **tier)
+    one, _, s_one = _run(tmp_path, "one", **tier, **{"cluster.replicas": 1})
+    a = list(csv.reader((alone / "requests.csv").open()))
+    b = list(csv.reader((one / "requests.csv").open()))
+    cols = b[0]
+    assert cols[-len(OFFLOAD_COLUMNS):] == list(OFFLOAD_COLUMNS) and "replica" in cols
+    keep = [cols.index(c) for c in a[0]]
+    assert [[r[i] for i in keep] for r in b] == a
+    mem_a = list(csv.reader((alone / "memory.csv").open()))
+    mem_b = list(csv.reader((one / "memory.csv").open()))
+    assert mem_b[0] == mem_a[0] + ["replica"] and mem_a[0][-1] == OFFLOAD_MEMORY_COLUMNS[-1]
+    assert [r[:-1] for r in mem_b] == mem_a
+    assert s_alone["cpu_hit_tokens"] > 0       # (the tier serves here)
+    for k in OFFLOAD_SUMMARY_FIELDS:
+        assert s_one[k] == s_alone[k], k
+    two, dep, s_two = _run(tmp_path, "two", **tier, **{"cluster.replicas": 2})
+    conns = [r.dep.offload for r in dep.replicas]
+    assert len(conns) == 2 and conns[0] is not conns[1]
+    assert s_two["host_chunks"] == sum(c.pool.num_chunks for c in conns)
+    assert s_two["kv_offloading_size_bytes"] == 2 * s_alone["kv_offloading_size_bytes"]
+    rows = list(csv.DictReader((two / "requests.csv").open()))
+    assert s_two["cpu_hit_tokens"] == sum(int(r["cpu_hit_tokens"]) for r in rows
+                                          if r["cpu_hit_tokens"] != "")
