@@ -275,20 +275,12 @@ def build_replica(i: int, sc, env: simpy.Environment, kept, jump: bool, fast_dec
     from backends.base import build_backend
     from sim.engine.engine import Engine
     from sim.engine.record import Recorder, RequestMaker, StepSampler
-    from sim.engine.scheduler import Scheduler
-    from sim.engine.tiered_scheduler import TieredScheduler
     from sim.rundir.kv_events import attach as attach_kv_events
-    from sim.engine.replica import build_deployment
+    from sim.engine.replica import build_deployment, build_scheduler
 
     dep = build_deployment(sc)
     kv = dep.kv
-    # (a replica with the CPU tier: the scheduler that admits through its connector)
-    sched_cls = Scheduler if dep.offload is None else TieredScheduler
-    sched = sched_cls(sc.scheduler, kv, accepted_per_step=sc.speculative.mean_accepted_tokens
-                      if sc.speculative.method else 0.0, fast_decode=fast_decode,
-                      reject_unservable=True)
-    if dep.offload is not None:      # this replica's CPU tier (``kv_offloading``)
-        sched.attach_connector(dep.offload)
+    sched = build_scheduler(sc, dep, fast_decode)
     maker = RequestMaker(kv, streams)
     sampler = StepSampler(sched)
     if dep.offload is not None:

@@ -22,12 +22,11 @@ from sim.config.scenario import Scenario
 from sim.engine.engine import Engine
 from sim.engine.record import Recorder, RequestMaker, StepSampler
 from sim.engine.scheduler import Scheduler, SimRequest
-from sim.engine.tiered_scheduler import TieredScheduler
 from sim.rundir.records import REQUEST_COLUMNS
 from sim.rundir import requests_csv
 from sim.rundir.request_table import RequestColumns, RequestTable
 from sim.engine.replica import (Deployment, TierRecorder, _quiet_gc, build_deployment,
-                               why_rejected)
+                               build_scheduler, why_rejected)
 from sim.rundir.memory import memory_fields, write_memory_csv
 from sim.rundir.summary import offload_summary, run_header, summarize
 
@@ -83,14 +82,9 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     t_wall = time.perf_counter()
     dep = build_deployment(sc)
     kv = dep.kv
-    # (a replica with the CPU tier: the scheduler that admits through its connector)
-    sched_cls = Scheduler if dep.offload is None else TieredScheduler
-    sched = sched_cls(sc.scheduler, kv, accepted_per_step=sc.speculative.mean_accepted_tokens
-                      if sc.speculative.method else 0.0, fast_decode=fast_decode,
-                      reject_unservable=True)
+    sched = build_scheduler(sc, dep, fast_decode)
     tier = None
     if dep.offload is not None:
-        sched.attach_connector(dep.offload)
         tier = TierRecorder()
     maker = RequestMaker(kv, StreamRegistry())
     sampler = StepSampler(sched)

@@ -117,6 +117,21 @@ def build_deployment(sc: Scenario) -> Deployment:
     return dep
 
 
+
+def build_scheduler(sc: Scenario, dep: Deployment, fast_decode: bool = True) -> Scheduler:
+    """The replica's scheduler, as ``sim run`` and a fleet build it: with the CPU tier, the
+    one that admits through its connector (``TieredScheduler``), the connector attached;
+    a request the pool can never hold is refused on arrival."""
+    from sim.engine.tiered_scheduler import TieredScheduler
+
+    cls = Scheduler if dep.offload is None else TieredScheduler
+    sched = cls(sc.scheduler, dep.kv, accepted_per_step=sc.speculative.mean_accepted_tokens
+                if sc.speculative.method else 0.0, fast_decode=fast_decode,
+                reject_unservable=True)
+    if dep.offload is not None:
+        sched.attach_connector(dep.offload)
+    return sched
+
 def build_offload(sc: Scenario, off, kv: KVCacheManager, layout, block_bytes: int,
                   uses_eagle: bool):
     """The CPU tier's connector for this replica (``kv_offloading``): its chunks as vLLM
