@@ -126,16 +126,10 @@ def hit_delta_figure(folder: Path, flag: str) -> "style.Saved":
         style.empty(ax, "no request's hit changes")
         ax.set_xlabel("hit with the flag on - off (tokens)")
     elif len(distinct) <= MAX_BARS:
-        x = np.arange(len(distinct))
-        ax.bar(x, counts, width=0.6, color=[style.HIT if v > 0 else style.LOSS
-                                            for v in distinct])
-        for xi, c in zip(x, counts):
-            ax.text(xi, c, f"{c:,}", ha="center", va="bottom", fontsize=7.5)
-        ax.set_xticks(x)
-        ax.set_xticklabels([f"{int(v):+,}" for v in distinct])
-        ax.set_xlim(-0.7, len(distinct) - 0.3)
-        ax.set_ylim(0, counts.max() * 1.12)
-        ax.set_xlabel("hit with the flag on - off (tokens; one bar per distinct change)")
+        style.distinct_bars(ax, distinct, counts,
+                            [style.HIT if v > 0 else style.LOSS for v in distinct],
+                            [f"{int(v):+,}" for v in distinct],
+                            "hit with the flag on - off (tokens; one bar per distinct change)")
     else:
         span = float(np.abs(nz).max())
         width = style.nice_step(2 * span / MAX_BINS, (1, 2, 5))

@@ -65,15 +65,8 @@ def _per_request(ax, values: np.ndarray, unit: int, color: str, what: str, xlabe
         ax.set_xlabel(f"{xlabel} (tokens)")
         return
     if len(distinct) <= MAX_BARS:
-        x = np.arange(len(distinct))
-        ax.bar(x, counts, color=color, width=0.6)
-        for xi, c in zip(x, counts):
-            ax.text(xi, c, f"{c:,}", ha="center", va="bottom", fontsize=7.5)
-        ax.set_xticks(x)
-        ax.set_xticklabels([f"{int(v):,}" for v in distinct])
-        ax.set_xlim(-0.7, len(distinct) - 0.3)
-        ax.set_ylim(0, counts.max() * 1.12)
-        ax.set_xlabel(f"{xlabel} (tokens; one bar per distinct value)")
+        style.distinct_bars(ax, distinct, counts, color, [f"{int(v):,}" for v in distinct],
+                            f"{xlabel} (tokens; one bar per distinct value)")
     else:
         unit = max(int(unit), 1)
         # 1, 2, 5, 10, 20, ... hash units: whole units, round widths

@@ -338,6 +338,20 @@ def save(fig, folder: Path, stem: str, caption: str = "", svg: bool = True,
     return Saved(out, caption)
 
 
+def distinct_bars(ax, distinct, counts, color, labels: list[str], xlabel: str) -> None:
+    """One bar per distinct value (few of them: typically whole blocks), its count
+    written on it; ``color`` one colour or one per bar, ``labels`` the values' ticks."""
+    x = np.arange(len(distinct))
+    ax.bar(x, counts, color=color, width=0.6)
+    for xi, c in zip(x, counts):
+        ax.text(xi, c, f"{c:,}", ha="center", va="bottom", fontsize=7.5)
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels)
+    ax.set_xlim(-0.7, len(distinct) - 0.3)
+    ax.set_ylim(0, counts.max() * 1.12)
+    ax.set_xlabel(xlabel)
+
+
 def empty(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color=NOTE)
     ax.set_xticks([])
