@@ -20,6 +20,7 @@ from sim.config.gpus import get_gpu, kv_budget
 from sim.config.scenario import Scenario
 from sim.engine.record import StepSampler
 from sim.engine.scheduler import TOO_LONG_FOR_POOL, Scheduler, SimRequest
+from sim.engine.tiered_scheduler import TieredScheduler
 from sim.models.layout import derive_layout
 from sim.cache.policies import PoolShape, get_policy
 from sim.rundir.records import OFFLOAD_COLUMNS, RequestRecord
@@ -122,8 +123,6 @@ def build_scheduler(sc: Scenario, dep: Deployment, fast_decode: bool = True) -> 
     """The replica's scheduler, as ``sim run`` and a fleet build it: with the CPU tier, the
     one that admits through its connector (``TieredScheduler``), the connector attached;
     a request the pool can never hold is refused on arrival."""
-    from sim.engine.tiered_scheduler import TieredScheduler
-
     cls = Scheduler if dep.offload is None else TieredScheduler
     sched = cls(sc.scheduler, dep.kv, accepted_per_step=sc.speculative.mean_accepted_tokens
                 if sc.speculative.method else 0.0, fast_decode=fast_decode,

@@ -179,15 +179,6 @@ QUEUE_POLICIES: dict[str, Callable[[SchedulerConfig], Any]] = {
 }
 
 
-def check_registry() -> None:
-    """The queues built here are the names the config accepts (a test calls this)."""
-    from sim.config.scheduler import QUEUE_POLICY_NAMES
-
-    if set(QUEUE_POLICIES) != set(QUEUE_POLICY_NAMES):
-        raise AssertionError(f"queue policies {sorted(QUEUE_POLICIES)} != config's "
-                             f"{sorted(QUEUE_POLICY_NAMES)}")
-
-
 def make_queue(cfg: SchedulerConfig) -> RequestQueue:
     """The waiting queue of ``cfg.policy`` (validated when the config was built)."""
     return QUEUE_POLICIES[cfg.policy](cfg)
