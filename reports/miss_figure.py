@@ -20,7 +20,8 @@ from reports import style
 STEPS = (
     ("in_flight", "in flight", "an admitted request had yet to compute it", "#9467bd"),
     ("capacity", "capacity", "cached, then evicted", "#d62728"),
-    ("checkpoint", "checkpoint", "full attention held it, no usable Mamba state", "#ff7f0e"),
+    ("checkpoint", "no state (checkpoint)", "full attention held it, no usable Mamba state",
+     "#ff7f0e"),
     ("speculative", "speculative", "lost to the EAGLE drop", "#bcbd22"),
 )
 COMPULSORY = ("compulsory", "compulsory", "never computed before", "#c8c8c8")

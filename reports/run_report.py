@@ -370,7 +370,7 @@ def write_report(folder: Path, stems=FIGURES, rows: list | None = None,
         "| | |",
         "|---|---|",
         f"| model | {h['model']} (block {h['block_size']} tokens, hash unit {s['hash_block_size']}) |",
-        f"| cache policy | {h['policy']}: retention {h['retention']}, shared-prefix checkpoint "
+        f"| cache policy | {h['policy']}: retention {h['retention']}, junction flag "
         f"{'on' if h['shared_prefix_checkpoint'] else 'off'}, lookahead hashes "
         f"{'on' if h['lookahead_hashes'] else 'off'} |",
         f"| speculative | {h['speculative']} |",
