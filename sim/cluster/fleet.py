@@ -272,30 +272,11 @@ def build_replica(i: int, sc, env: simpy.Environment, kept, jump: bool, fast_dec
     ``streams``: the fleet's one registry of token streams, so that a prompt has the same
     block keys on every replica (as vLLM's block hashes do), which a router matching
     replicas' KV events needs; a replica's hits depend only on which keys are equal."""
-    from backends.base import build_backend
-    from sim.engine.engine import Engine
-    from sim.engine.record import Recorder, RequestMaker, StepSampler
-    from sim.rundir.kv_events import attach as attach_kv_events
-    from sim.engine.replica import build_deployment, build_scheduler
+    from sim.engine.replica import build_deployment, build_engine
 
     dep = build_deployment(sc)
-    kv = dep.kv
-    sched = build_scheduler(sc, dep, fast_decode)
-    maker = RequestMaker(kv, streams)
-    sampler = StepSampler(sched)
-    if dep.offload is not None:
-        sampler.host = dep.offload.pool
-    dep.sampler = sampler
-    rec = Recorder(maker, sampler, kept.add, kept.add_batch)
-    backend = build_backend(sc, dep, plant)
-    dep.kv_events = attach_kv_events(sc, kv, sched)
-    eng = Engine(sched, backend, maker.make, rec.finish,
-                 jump=jump and dep.kv_events is None, env=env)
-    eng.maker, eng.recorder, eng.sampler = maker, rec, sampler
-    if getattr(sc, "attribution", True):
-        from sim.cache.attribution import MissAttribution
-
-        sched.attribution = MissAttribution(kv)
+    sched, maker, sampler, rec, backend, eng = build_engine(
+        sc, dep, streams, kept.add, kept.add_batch, plant, jump, fast_decode, env=env)
     return Replica(i, sc, dep, sched, maker, sampler, rec, backend, eng, ReplicaView(i, sched))
 
 

@@ -14,19 +14,17 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from backends.base import build_backend
 from sim.rundir.atomic import atomic_folder
 from sim.cache.prompt import StreamRegistry
 from sim.errors import CapacityError, ConfigError
 from sim.config.scenario import Scenario
 from sim.engine.engine import Engine
-from sim.engine.record import Recorder, RequestMaker, StepSampler
-from sim.engine.scheduler import Scheduler, SimRequest
+from sim.engine.scheduler import Scheduler
 from sim.rundir.records import REQUEST_COLUMNS
 from sim.rundir import requests_csv
 from sim.rundir.request_table import RequestColumns, RequestTable
 from sim.engine.replica import (Deployment, TierRecorder, _quiet_gc, build_deployment,
-                               build_scheduler, why_rejected)
+                                build_engine, why_rejected)
 from sim.rundir.memory import memory_fields, write_memory_csv
 from sim.rundir.summary import offload_summary, run_header, summarize
 
@@ -81,36 +79,16 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
         return run_fleet(sc, progress, jump, fast_decode, plant, replayed, traces)
     t_wall = time.perf_counter()
     dep = build_deployment(sc)
-    kv = dep.kv
-    sched = build_scheduler(sc, dep, fast_decode)
-    tier = None
-    if dep.offload is not None:
-        tier = TierRecorder()
-    maker = RequestMaker(kv, StreamRegistry())
-    sampler = StepSampler(sched)
-    if dep.offload is not None:
-        sampler.host = dep.offload.pool
-    dep.sampler = sampler
     kept = RequestColumns()          # the finished requests' rows, column by column
-    rec = Recorder(maker, sampler, kept.add, kept.add_batch)
-    on_finish: Callable[[SimRequest], None] = rec.finish
-
-    base_dir = sc.path.parent
     if traces is None:
-        traces = build_workload(sc.workload, sc.seed, base_dir)
-    backend = build_backend(sc, dep, plant)   # by backend.kind (torch imported only for torch)
-    from sim.rundir.kv_events import attach as attach_kv_events   # (vLLM's KV events: opt-in)
-    dep.kv_events = attach_kv_events(sc, kv, sched)   # (no decode jumps: exact event steps)
-    eng = Engine(sched, backend, maker.make, on_finish,
-                 jump=jump and dep.kv_events is None, progress=progress)
-    # (called natively: see Engine.maker)
-    eng.maker, eng.recorder, eng.sampler = maker, rec, sampler
-    if tier is not None:
+        traces = build_workload(sc.workload, sc.seed, sc.path.parent)
+    sched, maker, sampler, rec, backend, eng = build_engine(
+        sc, dep, StreamRegistry(), kept.add, kept.add_batch, plant, jump, fast_decode,
+        progress=progress)
+    tier = None
+    if dep.offload is not None:      # the CPU tier's per-request columns
+        tier = TierRecorder()
         eng.observers.append(tier)
-    if getattr(sc, "attribution", True):   # why each request missed (sim/cache/attribution.py)
-        from sim.cache.attribution import MissAttribution
-
-        sched.attribution = MissAttribution(kv)
     if prepare is not None:
         prepare(dep, sched, eng)
     with _quiet_gc():

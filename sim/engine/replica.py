@@ -131,6 +131,37 @@ def build_scheduler(sc: Scenario, dep: Deployment, fast_decode: bool = True) -> 
         sched.attach_connector(dep.offload)
     return sched
 
+
+def build_engine(sc: Scenario, dep: Deployment, streams, add, add_batch, plant: str | None,
+                 jump: bool, fast_decode: bool, env=None, progress=None) -> tuple:
+    """One replica's scheduler, request maker, step sampler, recorder, backend and engine,
+    built alike for a run alone and for each replica of a fleet (``env``: the fleet's
+    environment; ``streams``: the registry of token streams; ``add``/``add_batch``: where
+    finished requests' rows go): (sched, maker, sampler, recorder, backend, engine)."""
+    from backends.base import build_backend
+    from sim.engine.engine import Engine
+    from sim.engine.record import Recorder, RequestMaker
+    from sim.rundir.kv_events import attach as attach_kv_events   # (vLLM's KV events: opt-in)
+
+    kv = dep.kv
+    sched = build_scheduler(sc, dep, fast_decode)
+    maker = RequestMaker(kv, streams)
+    sampler = StepSampler(sched)
+    if dep.offload is not None:     # the CPU tier's host chunks in memory.csv
+        sampler.host = dep.offload.pool
+    dep.sampler = sampler
+    rec = Recorder(maker, sampler, add, add_batch)
+    backend = build_backend(sc, dep, plant)   # by backend.kind (torch imported only for torch)
+    dep.kv_events = attach_kv_events(sc, kv, sched)   # (no decode jumps: exact event steps)
+    eng = Engine(sched, backend, maker.make, rec.finish, jump=jump and dep.kv_events is None,
+                 progress=progress, env=env)
+    eng.maker, eng.recorder, eng.sampler = maker, rec, sampler   # (called natively)
+    if getattr(sc, "attribution", True):   # why each request missed (sim/cache/attribution.py)
+        from sim.cache.attribution import MissAttribution
+
+        sched.attribution = MissAttribution(kv)
+    return sched, maker, sampler, rec, backend, eng
+
 def build_offload(sc: Scenario, off, kv: KVCacheManager, layout, block_bytes: int,
                   uses_eagle: bool):
     """The CPU tier's connector for this replica (``kv_offloading``): its chunks as vLLM
