@@ -286,7 +286,7 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
     """Replay the scenario's workload through its fleet; returns (fleet deployment,
     served rows, summary), as ``sim.commands.run.simulate`` does for one replica."""
     from sim.rundir.request_table import RequestColumns
-    from sim.engine.replica import _quiet_gc, why_rejected
+    from sim.engine.replica import quiet_gc, why_rejected
     from workloads import build_workload
 
     t_wall = time.perf_counter()
@@ -349,7 +349,7 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
         gate.start()
         for rep in replicas:
             rep.engine.process()
-    with _quiet_gc():
+    with quiet_gc():
         env.run()
     for rep in replicas:
         if rep.dep.kv_events is not None:

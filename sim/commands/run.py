@@ -23,7 +23,7 @@ from sim.engine.scheduler import Scheduler
 from sim.rundir.records import REQUEST_COLUMNS
 from sim.rundir import requests_csv
 from sim.rundir.request_table import RequestColumns, RequestTable
-from sim.engine.replica import (Deployment, TierRecorder, _quiet_gc, build_deployment,
+from sim.engine.replica import (Deployment, TierRecorder, quiet_gc, build_deployment,
                                 build_engine, why_rejected)
 from sim.rundir.memory import memory_fields, write_memory_csv
 from sim.rundir.summary import offload_summary, run_header, summarize
@@ -91,7 +91,7 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
         eng.observers.append(tier)
     if prepare is not None:
         prepare(dep, sched, eng)
-    with _quiet_gc():
+    with quiet_gc():
         eng.run(traces)     # (the engine's progress guard raises a CapacityError)
     if dep.kv_events is not None:
         dep.kv_events.finish()

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from backends.analytical import CostModel
+from backends.base import build_backend
 from sim.cache.kv_manager import KVCacheManager
 from sim.models.capacity import check_max_model_len, check_pool_memory
 from sim.errors import ConfigError
 from sim.config.gpus import get_gpu, kv_budget
 from sim.config.scenario import Scenario
-from sim.engine.record import StepSampler
+from sim.engine.engine import Engine
+from sim.engine.record import Recorder, RequestMaker, StepSampler
 from sim.engine.scheduler import TOO_LONG_FOR_POOL, Scheduler, SimRequest
 from sim.engine.tiered_scheduler import TieredScheduler
 from sim.models.layout import derive_layout
@@ -138,9 +140,6 @@ def build_engine(sc: Scenario, dep: Deployment, streams, add, add_batch, plant: 
     built alike for a run alone and for each replica of a fleet (``env``: the fleet's
     environment; ``streams``: the registry of token streams; ``add``/``add_batch``: where
     finished requests' rows go): (sched, maker, sampler, recorder, backend, engine)."""
-    from backends.base import build_backend
-    from sim.engine.engine import Engine
-    from sim.engine.record import Recorder, RequestMaker
     from sim.rundir.kv_events import attach as attach_kv_events   # (vLLM's KV events: opt-in)
 
     kv = dep.kv
@@ -308,7 +307,7 @@ def load_profile(ppath: Path, defaults: tuple[float, float, float]) -> tuple[dic
 
 
 @contextlib.contextmanager
-def _quiet_gc():
+def quiet_gc():
     """Collect cyclic garbage less often during a replay.
 
     A replay allocates millions of short-lived containers (run tuples, block

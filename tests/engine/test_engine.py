@@ -291,10 +291,11 @@ def test_cost_model_called_natively_gives_the_same_run(monkeypatch):
     cost model, and through the backend protocol otherwise: the runs are identical
     (athena-tiny: chunked prefill, jumps, MTP)."""
     from sim.commands import run as R
+    from sim.engine import replica   # (where a replica's engine and backend are built)
 
     sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "athena-tiny.yaml")
     made = []
-    orig = R.Engine
+    orig = replica.Engine
 
     def spy(sched, backend, *a, **k):
         made.append(orig(sched, backend, *a, **k))
@@ -304,9 +305,9 @@ def test_cost_model_called_natively_gives_the_same_run(monkeypatch):
         made.append(orig(sched, _Protocol(backend), *a, **k))
         return made[-1]
 
-    monkeypatch.setattr(R, "Engine", spy)
+    monkeypatch.setattr(replica, "Engine", spy)
     _, fast, s1 = R.simulate(sc)
-    monkeypatch.setattr(R, "Engine", generic)
+    monkeypatch.setattr(replica, "Engine", generic)
     _, slow, s2 = R.simulate(sc)
     assert made[0].cost is not None and made[1].cost is None and made[1].jump
     assert fast == slow and len(fast) >= 40 and s1["steps"] == s2["steps"]
@@ -315,6 +316,7 @@ def test_cost_model_called_natively_gives_the_same_run(monkeypatch):
 def _planned_run(monkeypatch, sc):
     """``sc`` run with every step handed to a logging backend (no jumps)."""
     from sim.commands import run as R
+    from sim.engine import replica   # (where a replica's engine and backend are built)
 
     log: list = []
     backends = []
@@ -324,7 +326,7 @@ def _planned_run(monkeypatch, sc):
         return backends[-1]
 
     with monkeypatch.context() as m:
-        m.setattr(R, "build_backend", build)
+        m.setattr(replica, "build_backend", build)
         _, rows, summary = R.simulate(sc)
     return sc, rows, summary, log, backends[0]
 
