@@ -56,8 +56,9 @@ class OffloadConnector(ConnectorStores):
 
     # ---------------------------------------------------------------- requests --
     def add_request(self, req: CacheRequest) -> None:
-        self.reqs[req.request_id] = ReqOffload(req, len(self.groups), len(self.hpcs),
-                                               self.pool.arc)
+        rs = ReqOffload(req, len(self.groups), len(self.hpcs), self.pool.arc)
+        self.reqs[req.request_id] = rs
+        req.offload = rs
         if self.req_log is not None:
             self.req_log[req.request_id] = {"admissions": [], "lookups": [],
                                             "load_done_step": None}
@@ -65,7 +66,7 @@ class OffloadConnector(ConnectorStores):
     def request_finished(self, req: CacheRequest) -> None:
         """The request finished (before its blocks are freed): its final keys, and the
         fences of its stores in flight."""
-        rs = self.reqs.get(req.request_id)
+        rs = req.offload
         if rs is None:
             return
         rs.finished = True
@@ -86,13 +87,15 @@ class OffloadConnector(ConnectorStores):
         ``looked_up``: an admission that looked the prefix up, ``local`` GPU tokens."""
         rid = req.request_id
         self.admitted.append(rid)
+        rs = req.offload
+        assert rs is not None
+        rs.fresh = True
         if looked_up and self.req_log is not None:
             adm = self.req_log[rid]["admissions"]
             adm.append({"step": self.now, "local": local, "external": ext,
                         "async": ext > 0, "resume": bool(adm)})
         if ext == 0:
             return
-        rs = self.reqs[rid]
         rs.loaded = True
         local = rs.num_local
         cached = local + ext
@@ -127,7 +130,7 @@ class OffloadConnector(ConnectorStores):
                                            "ends": sorted(pos.get(k >> GROUP_BITS) for k in gk)}
             rs.next_stored[gi] = nchunks
         self.pool.prepare_load(keys_to_load, rs.st)
-        job = self._new_job(rid, keys_to_load, False)
+        job = self._new_job(rs, keys_to_load, False)
         job.blocks = nblocks
         job.groups = groups
         rs.jobs.add(job.jid)
@@ -180,7 +183,7 @@ class OffloadConnector(ConnectorStores):
         if not done:
             return
         for job in done:
-            rs = self.reqs[job.rid]
+            rs = job.rs
             if job.store:
                 self.pool.complete_store(job.keys)
             else:
@@ -193,7 +196,7 @@ class OffloadConnector(ConnectorStores):
             del self.jobs[job.jid]
             rs.jobs.discard(job.jid)
             if rs.signaled and not rs.jobs:
-                del self.reqs[job.rid]
+                self._forget(rs)
             if not job.store:
                 if rs.loading:
                     self.recving.add(job.rid)
@@ -227,25 +230,24 @@ class OffloadConnector(ConnectorStores):
                 del bj[bid]
 
 
-    def build(self, scheduled: list[tuple[str, int, bool]]) -> None:
-        """vLLM's ``build_connector_meta``: ``scheduled`` is this step's (request,
-        tokens, from the waiting queue) in scheduling order."""
+    def build(self, scheduled: list[ReqOffload]) -> None:
+        """vLLM's ``build_connector_meta``: ``scheduled`` is this step's requests in
+        scheduling order, each with its ``step_tokens`` (and ``fresh``: from the waiting
+        queue)."""
         kv = self.kv
         now = self.now
         allocated: set[int] | None = None
         # the scheduled requests' keys and (attention) block tables; those whose sweeps
         # are not over
-        sweep_rs: list[ReqOffload] = []
-        sweep_n: list[int] = []
-        for rid, n, fresh in scheduled:
-            srs = self.reqs[rid]
-            if fresh:
+        sweep_rs = self.sweep_rs
+        for srs in scheduled:
+            if srs.fresh:
+                rid = srs.req.request_id
                 for gi in self.full:
                     srs.tables[gi] = kv.group_table(rid, gi)
             if not srs.swept:
                 self._update_keys(srs)
                 sweep_rs.append(srs)
-                sweep_n.append(n)
         # flushes: preempted requests' jobs, jobs whose source blocks come back
         for rid in self.preempted_ids:
             rs = self.reqs.get(rid)
@@ -259,11 +261,12 @@ class OffloadConnector(ConnectorStores):
             self._boundary_stores(handoffs)
             if self.partial:
                 self._tail_stores(handoffs, scheduled)
-        for k in range(len(sweep_rs)):
-            rs = sweep_rs[k]
+        for rs in sweep_rs:
             if not rs.swept:
-                allocated = self._sweep(rs, rs.req.num_computed_tokens + sweep_n[k], allocated,
-                                        scheduled)
+                allocated = self._sweep(rs, rs.req.num_computed_tokens + rs.step_tokens,
+                                        allocated, scheduled)
+        if sweep_rs:
+            sweep_rs.clear()
         finished = self.finished_ids
         if len(finished) > 1:
             # vLLM walks the finished ids as a Python set (hash order, which varies from
@@ -286,7 +289,7 @@ class OffloadConnector(ConnectorStores):
             rs.signaled = True
             self.pool.request_finished(rs.st)
             if not rs.jobs:
-                del self.reqs[rid]
+                self._forget(rs)
         if self.finished_ids:
             self.finished_ids.clear()
         if self.flush_jobs:
@@ -311,10 +314,20 @@ class OffloadConnector(ConnectorStores):
         if self.flush_jobs:
             self.flush_jobs.clear()
         if self.admitted:
+            for rid in self.admitted:
+                ars = self.reqs.get(rid)
+                if ars is not None:
+                    ars.fresh = False
             self.admitted.clear()
         if self.preempted_ids:
             self.preempted_ids.clear()
         kv.pool.popped = None
+
+    def _forget(self, rs: ReqOffload) -> None:
+        """The request's state is done with (finished, no job left); the request and its
+        state stop pointing at each other (no cycle left for the garbage collector)."""
+        del self.reqs[rs.req.request_id]
+        rs.req.offload = None
 
     def _is_batch_load(self, jid: int) -> bool:
         for j in self.load_jobs:

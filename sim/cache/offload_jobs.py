@@ -33,12 +33,13 @@ class GroupOffload:
 
 
 class Job:
-    __slots__ = ("jid", "rid", "keys", "store", "fenced", "deferred", "chunks", "blocks",
+    __slots__ = ("jid", "rid", "rs", "keys", "store", "fenced", "deferred", "chunks", "blocks",
                  "due", "seen", "nbytes", "groups")
 
-    def __init__(self, jid: int, rid: str, keys: list[int], store: bool):
+    def __init__(self, jid: int, rs: ReqOffload, keys: list[int], store: bool):
         self.jid = jid
-        self.rid = rid
+        self.rs = rs
+        self.rid = rs.req.request_id
         self.keys = keys
         self.store = store
         self.fenced: list[int] = []      # source blocks watched from the job's creation
@@ -55,7 +56,8 @@ class ReqOffload:
     """One request's offload state (vLLM's ``RequestOffloadState``)."""
 
     __slots__ = ("req", "st", "pk", "tables", "next_stored", "hit_end", "num_local",
-                 "jobs", "tail", "loaded", "finished", "signaled", "loading", "swept")
+                 "jobs", "tail", "loaded", "finished", "signaled", "loading", "swept",
+                 "fresh", "step_tokens")
 
     def __init__(self, req: CacheRequest, ngroups: int, nlists: int, arc: bool = True):
         self.req = req
@@ -77,6 +79,8 @@ class ReqOffload:
         self.signaled = False            # the manager saw its finish
         self.loading = False             # admitted, waiting for its load (scheduler side)
         self.swept = False               # every prompt chunk the sweep may store is behind it
+        self.fresh = False               # allocated in this step's waiting loop
+        self.step_tokens = 0             # tokens scheduled in this step (``build``)
 
 
 class Transfers:

@@ -89,6 +89,7 @@ class ConnectorLookup:
         self.block_jobs: dict[int, set[int]] = {}   # fenced block id -> pending jobs
         # this step's
         self.load_jobs: list[Job] = []
+        self.sweep_rs: list[ReqOffload] = []     # the scheduled requests still sweeping
         self.flush_jobs: set[int] = set()
         self.admitted: list[str] = []            # requests allocated in the waiting loop
         self.recving: set[str] = set()           # loads reported done, not yet promoted
@@ -150,8 +151,8 @@ class ConnectorLookup:
             n = req.num_prompt_tokens
         return n
 
-    def _new_job(self, rid: str, keys: list[int], store: bool) -> Job:
-        job = Job(self.next_job, rid, keys, store)
+    def _new_job(self, rs: ReqOffload, keys: list[int], store: bool) -> Job:
+        job = Job(self.next_job, rs, keys, store)
         self.next_job += 1
         self.jobs[job.jid] = job
         return job
@@ -179,9 +180,8 @@ class ConnectorLookup:
             return True
         if self.worker.waiting_to_start():
             return False
-        reqs = self.reqs
         for r in running:
-            rs = reqs.get(r.cache.request_id)
+            rs = r.cache.offload
             if rs is None or not rs.swept:
                 return False
         return True
@@ -212,7 +212,8 @@ class ConnectorLookup:
         cap: what the tier held for attention whatever the Mamba groups hold."""
         if not self.full:
             return start
-        rs = self.reqs[req.request_id]
+        rs = req.offload
+        assert rs is not None
         self._update_keys(rs)
         cap = req.num_tokens - 1 if self.sliding else req.num_tokens
         lookup = self.pool.lookup
@@ -254,7 +255,8 @@ class ConnectorLookup:
     # ------------------------------------------------------------------ lookup --
     def get_num_new_matched_tokens(self, req: CacheRequest, local: int) -> int | None:
         rid = req.request_id
-        rs = self.reqs[rid]
+        rs = req.offload
+        assert rs is not None
         for gi in range(len(self.groups)):
             if rs.tables[gi]:
                 rs.tables[gi] = []

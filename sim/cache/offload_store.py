@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class ConnectorStores(ConnectorLookup):
     """The connector's store side (``OffloadConnector``'s base)."""
 
-    def _allocated_ids(self, scheduled: list[tuple[str, int, bool]]) -> set[int]:
+    def _allocated_ids(self, scheduled: list[ReqOffload]) -> set[int]:
         """Block ids allocated in this step as vLLM's connector counts them: the tables of
         the requests allocated in the waiting loop, the blocks handed out this step
         (running requests' new blocks, copy-on-write copies)."""
@@ -32,16 +32,16 @@ class ConnectorStores(ConnectorLookup):
                 for b in t:
                     if not b.is_null:
                         out.add(b.block_id)
-        for rid, _, fresh in scheduled:
-            if fresh:
-                for t in kv.group_tables(rid):
+        for srs in scheduled:
+            if srs.fresh:
+                for t in kv.group_tables(srs.req.request_id):
                     for b in t:
                         if not b.is_null:
                             out.add(b.block_id)
         out.discard(0)
         return out
 
-    def _flush_allocated(self, scheduled: list[tuple[str, int, bool]]) -> None:
+    def _flush_allocated(self, scheduled: list[ReqOffload]) -> None:
         """Flush the jobs fenced on a block allocated in this step (``_allocated_ids``'s
         blocks, visited without building their set)."""
         kv = self.kv
@@ -56,9 +56,9 @@ class ConnectorStores(ConnectorLookup):
                         flush.update(js)
         for rid in self.admitted:
             self._flush_tables(kv.group_tables(rid))
-        for rid, _, fresh in scheduled:
-            if fresh:
-                self._flush_tables(kv.group_tables(rid))
+        for srs in scheduled:
+            if srs.fresh:
+                self._flush_tables(kv.group_tables(srs.req.request_id))
 
     def _flush_tables(self, tables: list[list[Block]]) -> None:
         bj = self.block_jobs
@@ -71,7 +71,7 @@ class ConnectorStores(ConnectorLookup):
 
     def _store_job(self, rs: ReqOffload, keys: list[int], blocks: int,
                    groups: dict[str, Any] | None) -> Job:
-        job = self._new_job(rs.req.request_id, keys, True)
+        job = self._new_job(rs, keys, True)
         job.blocks = blocks
         job.groups = groups
         rs.jobs.add(job.jid)
@@ -124,7 +124,7 @@ class ConnectorStores(ConnectorLookup):
                 self.block_jobs.setdefault(block.block_id, set()).add(job.jid)
 
     def _tail_stores(self, handoffs: dict[str, list[tuple[int, Any, int]]],
-                     scheduled: list[tuple[str, int, bool]]) -> None:
+                     scheduled: list[ReqOffload]) -> None:
         B = self.pblock
         for rid, entries in handoffs.items():
             entries = [e for e in entries if e[2] % B]
@@ -148,9 +148,9 @@ class ConnectorStores(ConnectorLookup):
             req = rs.req
             if self.max_margin:
                 after = req.num_computed_tokens
-                for srid, sn, _ in scheduled:
-                    if srid == rid:
-                        after += sn
+                for srs in scheduled:
+                    if srs is rs:
+                        after += srs.step_tokens
                         break
                 if after > req.num_prompt_tokens:
                     after = req.num_prompt_tokens
@@ -221,7 +221,7 @@ class ConnectorStores(ConnectorLookup):
         rs.swept = True
 
     def _sweep(self, rs: ReqOffload, after: int, allocated: set[int] | None,
-               scheduled: list[tuple[str, int, bool]]) -> set[int] | None:
+               scheduled: list[ReqOffload]) -> set[int] | None:
         """Store the request's complete prompt chunks not stored yet (vLLM's
         ``_build_store_jobs`` for one request); returns the allocated-ids set (built when
         first needed)."""

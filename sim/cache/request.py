@@ -1,9 +1,14 @@
 """The cache model's view of a request: tokens as runs, prefix keys, progress."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mypy_extensions import i64
 
 from sim.cache.hashing import PrefixHasher, PrefixKeys, Run
+
+if TYPE_CHECKING:
+    from sim.cache.offload_jobs import ReqOffload
 
 
 class CacheRequest:
@@ -18,7 +23,7 @@ class CacheRequest:
 
     __slots__ = ("request_id", "num_prompt_tokens", "num_tokens", "block_hashes",
                  "num_computed_tokens", "shared_prefix_boundary", "hasher", "report_mode",
-                 "waiting", "replay", "replay_by")
+                 "waiting", "replay", "replay_by", "offload")
 
     def __init__(self, request_id: str, runs: list[Run] | PrefixKeys, hasher: PrefixHasher,
                  report_mode: str | None = None):
@@ -39,6 +44,9 @@ class CacheRequest:
         # (``Coordinator.replay``: asked at every caching call of a sparse-retention run)
         self.replay: tuple[int, ...] = ()
         self.replay_by: object = None
+        # the CPU tier's state of the request while its connector tracks it (read every
+        # step the request is scheduled: no lookup by id)
+        self.offload: ReqOffload | None = None
 
     @property
     def runs(self) -> list[Run]:

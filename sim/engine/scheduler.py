@@ -23,7 +23,7 @@ from mypy_extensions import i64
 
 from sim.cache.attribution import MissAttribution
 from sim.cache.kv_manager import KVCacheManager
-from sim.cache.offload import OffloadConnector
+from sim.cache.offload import OffloadConnector, ReqOffload
 from sim.cache.request import CacheRequest
 from sim.config.scheduler import SchedulerConfig
 from sim.engine.request import ScheduledItem, SimRequest
@@ -120,7 +120,7 @@ class Scheduler:
         self.holding: RequestQueue = make_queue(cfg)
         self.inflight: dict[str, SimRequest] = {}
         self.spec_step_blocks: i64 = 0
-        self.fresh: list[str] = []
+        self.step_states: list[ReqOffload] = []   # (the connector's step: its scheduled requests)
         # what schedule() and update_from_output() return: one list each, refilled every
         # step (a new list a step was an allocation, its growth and its free; every
         # caller reads them before the next step).  schedule() overwrites ``out`` in

@@ -42,8 +42,6 @@ class TieredScheduler(Scheduler):
         sbs: i64 = kv.scheduler_block_size
         held: list[SimRequest] = []
         passed: list[SimRequest] = []
-        fresh = self.fresh
-        fresh.clear()
         while budget > 0:
             queue = self.holding if self.holding else self.waiting
             if not queue:
@@ -138,7 +136,6 @@ class TieredScheduler(Scheduler):
             if padded:
                 kp = self.num_speculative_tokens
             self._emit(out, r, n, computed, not padded, kp, new_local, padded)
-            fresh.append(rid)
             budget -= n
         for k in range(len(held) - 1, -1, -1):
             self.holding.prepend_request(held[k])
@@ -241,17 +238,14 @@ class TieredScheduler(Scheduler):
         in-flight prefills."""
         conn = self.connector
         assert conn is not None
-        fresh = self.fresh
-        sched: list[tuple[str, int, bool]] = []
-        if fresh:
-            for it in out:
-                rid = it.req.cache.request_id
-                sched.append((rid, it.num_tokens, rid in fresh))
-        else:             # (most steps admit nothing)
-            for it in out:
-                sched.append((it.req.cache.request_id, it.num_tokens, False))
+        sched = self.step_states           # (one list, refilled each step)
+        for it in out:
+            rs = it.req.cache.offload
+            assert rs is not None
+            rs.step_tokens = it.num_tokens
+            sched.append(rs)
         conn.build(sched)
-        fresh.clear()
+        sched.clear()
         if self.inflight:
             for it in out:
                 if not it.req.is_prefill_chunk:
