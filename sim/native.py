@@ -38,6 +38,7 @@ from pathlib import Path
 # modules compiled by setup.py (the simulation hot path)
 NATIVE_MODULES = (
     "sim.cache.rules",
+    "sim.cache.observers",
     "sim.cache.events",
     "sim.cache.specs",
     "sim.cache.key_map",

@@ -208,9 +208,6 @@ class Scheduler:
         refilled by the next call."""
         self.sched_time = now
         attr = self.attribution
-        evl = self.kv.eviction_log
-        if evl is not None:
-            evl.now_ns = now   # (the time of the evictions this step's allocations make)
         # the step's draft acceptance, decided once: update_from_output applies it and the
         # engine hands it to the backend in the step plan
         al = self.accept_list
@@ -220,7 +217,7 @@ class Scheduler:
         conn = self.connector
         if conn is not None:
             conn.start_step(now)
-        kv.new_step_starts()
+        kv.new_step_starts(now)   # (the time of the evictions this step's allocations make)
         budget = self.max_num_batched_tokens
         K = self.num_speculative_tokens
         # (machine integers throughout: a conditional expression of an i64 and a literal
@@ -668,11 +665,13 @@ class Scheduler:
                     if c.request_id in self.inflight:
                         del self.inflight[c.request_id]
                 kv.free(r.cache)
-        if kv.pool.events is not None:
+        obs = kv.pool.observers
+        if obs:
             # vLLM publishes a step's KV events once its outputs are processed (the
             # engine core's take_events after update_from_output): a router indexing them
             # sees this step's from now on (the batch and its step are those published
             # at the next step's start otherwise: the same stream)
             self.publish_time = now
-            kv.pool.events.flush()
+            for o in obs:
+                o.flush()
         return finished

@@ -43,12 +43,14 @@ def test_pool_records_who_evicted_what():
     pool.cache_full_blocks([11, 12, 13], blocks, [0, 1, 2], 16, 0)
     pool.free_blocks(blocks)         # eviction order: 11, 12, 13 (the free queue's back)
     log = EvictionLog()
-    pool.evictions = log
-    log.now_ns, log.request_id = 5_000, "r9"
+    pool.observers.append(log)       # (as KVCacheManager.enable_eviction_log attaches it)
+    log.new_step(5_000)              # (the hooks the scheduler and the cache manager call)
+    log.allocating("r9")
     pool.get_new_blocks(2)           # the one uncached free block, then the block of 11
     assert log.get(make_key(11, 0)) == (5_000, "r9")
     assert make_key(12, 0) not in log and len(log) == 1
-    log.now_ns, log.request_id = 6_000, "r10"
+    log.new_step(6_000)
+    log.allocating("r10")
     pool.get_new_blocks(2)
     assert log.get(make_key(12, 0)) == (6_000, "r10") and log.get(make_key(13, 0)) == (6_000, "r10")
     assert pool.evicted_keys == 3
