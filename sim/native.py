@@ -61,6 +61,7 @@ NATIVE_MODULES = (
     "sim.cache.offload_store",
     "sim.cache.offload",
     "sim.engine.request",
+    "sim.engine.observers",
     "sim.engine.scheduler",
     "sim.engine.tiered_scheduler",
     "sim.engine.arrivals",

@@ -20,6 +20,7 @@ from sim.cache.kv_manager import KVCacheManager
 from sim.config.scenario import load_scenario
 from sim.rundir.records import MISS_FIELDS, REQUEST_COLUMNS
 from sim.commands.run import simulate
+from sim.engine.observers import miss_attribution
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"
@@ -110,7 +111,7 @@ def run(over: dict, n: int):
     seen: dict = {}
 
     def prepare(dep, sched, eng):
-        attr = sched.attribution
+        attr = miss_attribution(sched.observers)
         attr.admissions = []
         seen["attr"], seen["kv"] = attr, dep.kv
 
@@ -200,8 +201,8 @@ def test_multi_turn_identities():
         sc = load_scenario(ROOT / "scenarios" / "multi-turn.yaml",
                            {"workload.num_requests": 400, **over})
         seen = {}
-        dep, rows, summary = simulate(sc, prepare=lambda d, s, e: seen.setdefault("a",
-                                                                                  s.attribution))
+        dep, rows, summary = simulate(sc, prepare=lambda d, s, e: seen.setdefault(
+            "a", miss_attribution(s.observers)))
         check_identities(rows, seen["a"])
         assert summary["hit_tokens"] + sum(summary[f"miss_{c.removesuffix('_tokens')}_tokens"]
                                            for c in CLASSES) == summary["prompt_tokens"]
