@@ -16,8 +16,12 @@ from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig, ConfigError
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry, parse_prompt
 from sim.config.dialects import DIALECT_DEFAULTS
+from sim.config.scheduler import build_scheduler
 
-CASE_KEYS = {"schedule", "long_prefill_token_threshold", "max_num_batched_tokens"}
+# the scheduler limits a case file takes (built as a scenario's ``scheduler:`` section is,
+# with the case file's defaults), and the schedule of its chunks
+LIMIT_KEYS = ("long_prefill_token_threshold", "max_num_batched_tokens")
+CASE_KEYS = {"schedule", *LIMIT_KEYS}
 TOP_KEYS = {"config", "requests", "source", "expect", "description"}
 
 
@@ -54,11 +58,11 @@ def parse_case(data) -> tuple[CacheConfig, CaseSchedule, list[tuple[str, list, o
     elif sched not in ("scheduler", "blocks", "whole", "seed"):
         raise CaseError(f"config.schedule: must be scheduler | blocks | whole | seed | "
                         f"[chunk ends], got {sched!r}")
-    lpt = cfg_in.get("long_prefill_token_threshold", CaseSchedule.long_prefill_token_threshold)
-    budget = cfg_in.get("max_num_batched_tokens", CaseSchedule.max_num_batched_tokens)
-    for name, v, lo in (("long_prefill_token_threshold", lpt, 0), ("max_num_batched_tokens", budget, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise CaseError(f"config.{name}: must be an integer >= {lo}, got {v!r}")
+    try:
+        limits = build_scheduler({k: cfg_in[k] for k in LIMIT_KEYS if k in cfg_in}, "config.",
+                                 "case file")
+    except ConfigError as e:
+        raise CaseError(str(e)) from None
     reqs_in = data.get("requests")
     if not isinstance(reqs_in, list) or not reqs_in:
         raise CaseError("requests: expected a non-empty list")
@@ -84,7 +88,8 @@ def parse_case(data) -> tuple[CacheConfig, CaseSchedule, list[tuple[str, list, o
             raise CaseError(f"{where}.report_mode: must be full, incremental or null, "
                             f"got {report_mode!r}")
         reqs.append((rid, runs, report_mode))
-    return cfg, CaseSchedule(sched, lpt, budget), reqs
+    return cfg, CaseSchedule(sched, limits.long_prefill_token_threshold,
+                             limits.max_num_batched_tokens), reqs
 
 
 def parse_runs(prompt, streams: StreamRegistry, where: str) -> list:

@@ -18,6 +18,7 @@ from librt.vecs import vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import Block, BlockPool
+from sim.cache.config import CacheConfig
 from sim.cache.hashing import PrefixKeys
 from sim.cache.key_map import KeyMap
 from sim.cache.mamba_manager import MambaManager
@@ -101,13 +102,42 @@ class Coordinator:
     picks ``UnitaryCoordinator`` (one group) or ``HybridCoordinator`` (several), as
     vLLM's ``get_kv_cache_coordinator`` does."""
 
-    def __init__(self, specs: list[GroupSpec], num_blocks: int, scheduler_block_size: int,
-                 hash_block_size: int, use_eagle: bool, retention: int | None,
-                 lookahead: int = 0, prefill_lookahead: int = 0,
-                 num_speculative_blocks: int = 0, checkpoint_rule: str = "v0.33",
-                 eagle_groups: str | tuple[int, ...] = "all", eagle_method: bool = False,
+    def __init__(self, cfg: CacheConfig,
                  pool_factory: Callable[[int, int, int], BlockPool] | None = None,
-                 admission: Admission | None = None):
+                 admission: Admission | None = None, caching: bool = True, unit: int = 0):
+        """Reads the layout and vLLM's switches from ``cfg`` once: what the hot paths read
+        is copied to typed attributes here (a ``CacheConfig`` is an interpreted class,
+        whose fields the compiled build reads by a generic lookup).  ``caching`` False:
+        prefix caching off, so the switches that only concern cached prefixes (EAGLE,
+        retention, the EAGLE groups, admission) are off with it.  ``unit`` > 0: the
+        ideal cache's hash unit, in place of the config's, without vLLM's hashing
+        switches (no lookahead, no prefill runway, the default checkpoint rule)."""
+        specs = cfg.group_specs()
+        num_blocks: int = cfg.num_blocks
+        scheduler_block_size: int = cfg.scheduler_block_size
+        hash_block_size: int = unit
+        lookahead: int = 0
+        prefill_lookahead: int = 0
+        checkpoint_rule: str = "v0.33"
+        if unit <= 0:
+            h = cfg.hash_block_size
+            assert h is not None   # resolved when the config was validated
+            hash_block_size = h
+            lookahead = cfg.num_hash_lookahead_tokens
+            prefill_lookahead = cfg.prefill_lookahead
+            checkpoint_rule = cfg.prompt_checkpoint
+        use_eagle: bool = False
+        retention: int | None = None
+        eagle_groups: str | tuple[int, ...] = "all"
+        eagle_method: bool = False
+        if caching:
+            use_eagle = cfg.eagle_drop
+            retention = cfg.prefix_cache_retention_interval
+            eagle_groups = cfg.eagle_groups
+            eagle_method = cfg.eagle
+        else:
+            admission = None
+        num_speculative_blocks: int = cfg.mamba_num_speculative_blocks
         self.specs = specs
         self.scheduler_block_size: i64 = scheduler_block_size
         self.hash_block_size = hash_block_size
@@ -430,6 +460,11 @@ class NoPrefixCacheCoordinator(Coordinator):
     the managers only keep the running requests' block tables (a Mamba group in mode
     ``none``: the running state and K speculative blocks per request)."""
 
+    def __init__(self, cfg: CacheConfig,
+                 pool_factory: Callable[[int, int, int], BlockPool] | None = None,
+                 unit: int = 0):
+        super().__init__(cfg, pool_factory, None, False, unit)
+
     def _arrange(self, specs: list[GroupSpec], hash_block_size: int,
                  scheduler_block_size: int) -> None:
         self._cacheable = []
@@ -471,14 +506,13 @@ class IdealCoordinator(NoPrefixCacheCoordinator):
     before it: the indexed prefixes are closed under truncation and the longest hit
     is found by bisection."""
 
-    def __init__(self, specs: list[GroupSpec], num_blocks: int, scheduler_block_size: int,
-                 unit: int, num_speculative_blocks: int = 0):
-        super().__init__(specs, num_blocks, scheduler_block_size, unit, False, None,
-                         num_speculative_blocks=num_speculative_blocks,
-                         pool_factory=UnlimitedBlockPool)
+    def __init__(self, cfg: CacheConfig, unit: int):
+        """Of ``cfg`` only the layout, the pool size and the speculative blocks are used
+        (``unit`` is the hash unit; every vLLM switch is off)."""
+        super().__init__(cfg, UnlimitedBlockPool, unit)
         self.unit = unit
         self.index = KeyMap(1024)
-        self.deferred = any(s.kind == "mamba" for s in specs)
+        self.deferred = any(s.kind == "mamba" for s in self.specs)
         self.pending: list[int] = []          # units indexed this step (deferred)
         self.indexed: dict[str, int] = {}     # request -> its units indexed so far
 
@@ -538,15 +572,10 @@ class IdealCoordinator(NoPrefixCacheCoordinator):
         super().new_step_starts()
 
 
-def get_coordinator(specs: list[GroupSpec], num_blocks: int, scheduler_block_size: int,
-                    hash_block_size: int, use_eagle: bool, retention: int | None,
-                    lookahead: int = 0, prefill_lookahead: int = 0,
-                    num_speculative_blocks: int = 0, checkpoint_rule: str = "v0.33",
-                    eagle_groups: str | tuple[int, ...] = "all", eagle_method: bool = False,
-                    enable_caching: bool = True,
+def get_coordinator(cfg: CacheConfig, enable_caching: bool = True,
                     pool_factory: Callable[[int, int, int], BlockPool] | None = None,
                     admission: Admission | None = None) -> Coordinator:
-    """The coordinator for a layout (vLLM's ``get_kv_cache_coordinator``).
+    """The coordinator for ``cfg``'s layout (vLLM's ``get_kv_cache_coordinator``).
 
     ``enable_caching`` False: prefix caching off (EAGLE's rules, which only concern
     cached prefixes, are off with it); ``pool_factory`` and ``admission``: the policy
@@ -554,33 +583,24 @@ def get_coordinator(specs: list[GroupSpec], num_blocks: int, scheduler_block_siz
     policy with other hit rules passes its own factory of this signature to
     ``KVCacheManager`` (``ideal_coordinator``)."""
     if not enable_caching:
-        return NoPrefixCacheCoordinator(specs, num_blocks, scheduler_block_size, hash_block_size,
-                                        False, None, lookahead, prefill_lookahead,
-                                        num_speculative_blocks, checkpoint_rule,
-                                        pool_factory=pool_factory)
+        return NoPrefixCacheCoordinator(cfg, pool_factory)
+    specs = cfg.group_specs()
     for s in specs:
         if s.kind == "mamba" and s.mamba_mode != "align":
             raise AssertionError("Mamba prefix caching requires mamba_cache_mode='align'")
-    cls: type[Coordinator] = UnitaryCoordinator if len(specs) == 1 else HybridCoordinator
-    return cls(specs, num_blocks, scheduler_block_size, hash_block_size, use_eagle, retention,
-               lookahead, prefill_lookahead, num_speculative_blocks, checkpoint_rule,
-               eagle_groups, eagle_method, pool_factory, admission)
+    if len(specs) == 1:
+        return UnitaryCoordinator(cfg, pool_factory, admission)
+    return HybridCoordinator(cfg, pool_factory, admission)
 
 
 def ideal_coordinator(unit: int) -> Callable[..., Coordinator]:
     """A ``get_coordinator``-shaped factory of the ideal cache at ``unit`` tokens
-    (``cache.policy: ideal``): the layout's specs, pool size and speculative blocks are
+    (``cache.policy: ideal``): the config's layout, pool size and speculative blocks are
     used; every vLLM switch (hash unit, lookahead, EAGLE, retention, seams) is not."""
 
-    def build(specs: list[GroupSpec], num_blocks: int, scheduler_block_size: int,
-              hash_block_size: int, use_eagle: bool, retention: int | None,
-              lookahead: int = 0, prefill_lookahead: int = 0,
-              num_speculative_blocks: int = 0, checkpoint_rule: str = "v0.33",
-              eagle_groups: str | tuple[int, ...] = "all", eagle_method: bool = False,
-              enable_caching: bool = True,
+    def build(cfg: CacheConfig, enable_caching: bool = True,
               pool_factory: Callable[[int, int, int], BlockPool] | None = None,
               admission: Admission | None = None) -> Coordinator:
-        return IdealCoordinator(specs, num_blocks, scheduler_block_size, unit,
-                                num_speculative_blocks)
+        return IdealCoordinator(cfg, unit)
 
     return build

@@ -71,9 +71,10 @@ class KVCacheManager:
         and so decides the eviction order (None: vLLM's LRU ``BlockPool``;
         ``UnlimitedBlockPool``: never runs out nor evicts); ``admission``: which computed
         Mamba states are kept (None: vLLM's rules).  ``coordinator_factory`` builds the
-        coordinator from ``get_coordinator``'s arguments (None: ``get_coordinator``, vLLM's
-        choice by layout); a policy whose hits follow other rules builds its own (``ideal``:
-        a state at every hash unit, ``sim/cache/policies/ideal.py``).  The hash unit and
+        coordinator from ``(cfg, enable_caching, pool_factory, admission)``, as
+        ``get_coordinator`` does (None: ``get_coordinator``, vLLM's choice by layout); a
+        policy whose hits follow other rules builds its own (``ideal``: a state at every
+        hash unit, ``sim/cache/policies/ideal.py``).  The hash unit and
         lookahead the requests' keys are made with are the coordinator's and its pool's."""
         self.cfg = cfg
         # (read on every allocation: the config is an interpreted class, whose fields
@@ -81,19 +82,9 @@ class KVCacheManager:
         self.max_model_len: int = cfg.max_model_len
         self.report_mode: str | None = cfg.report_mode
         self.use_eagle = cfg.eagle_drop
-        hash_block_size = cfg.hash_block_size
-        assert hash_block_size is not None   # resolved when the config was validated
         self.enable_caching = enable_caching
         build = get_coordinator if coordinator_factory is None else coordinator_factory
-        self.coordinator = build(
-            cfg.group_specs(), cfg.num_blocks, cfg.scheduler_block_size, hash_block_size,
-            use_eagle=cfg.eagle_drop, retention=cfg.prefix_cache_retention_interval,
-            lookahead=cfg.num_hash_lookahead_tokens,
-            prefill_lookahead=cfg.prefill_lookahead,
-            num_speculative_blocks=cfg.mamba_num_speculative_blocks,
-            checkpoint_rule=cfg.prompt_checkpoint, eagle_groups=cfg.eagle_groups,
-            eagle_method=cfg.eagle, enable_caching=enable_caching,
-            pool_factory=pool_factory, admission=admission)
+        self.coordinator = build(cfg, enable_caching, pool_factory, admission)
         c = self.coordinator
         self.shared_prefix_checkpoint = (cfg.shared_prefix_checkpoint and bool(c.eagle_group_ids)
                                          and c.partial_hits and c.reprefillable == 0)

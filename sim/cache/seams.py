@@ -14,7 +14,9 @@ A cache policy (``sim/cache/policies/``) builds its ``KVCacheManager`` with
 
 A policy whose hits follow other rules than vLLM's lookup (``ideal``) replaces the
 coordinator instead: ``KVCacheManager(coordinator_factory=...)`` takes any callable with
-``get_coordinator``'s signature (``sim/cache/coordinator.py``: ``ideal_coordinator``).
+``get_coordinator``'s signature, ``(cfg, enable_caching, pool_factory, admission)``: the
+manager's one frozen ``CacheConfig`` and the two seams above (``sim/cache/coordinator.py``:
+``ideal_coordinator``).
 
 Both seam classes are plain (interpreted) base classes rather than protocols so that the compiled
 managers can hold them as typed attributes; a policy subclasses them in its own file.

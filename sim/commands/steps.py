@@ -14,16 +14,17 @@ from sim.cache.case import CASE_KEYS, CaseError, parse_runs
 from sim.cache.config import NO_LENGTH_LIMIT, CacheConfig
 from sim.cache.prompt import StreamRegistry
 from sim.errors import CapacityError, ConfigError
-from sim.config.dialects import DIALECT_DEFAULTS
-from sim.config.scheduler import SchedulerConfig
+from sim.config.scheduler import build_scheduler, with_model_len
 from sim.engine.engine import Engine
 from sim.engine.observers import StepLog
 from sim.engine.scheduler import Scheduler, SimRequest
 from sim.engine.tiered_scheduler import TieredScheduler
 
-STEP_KEYS = {"max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
-             "num_speculative_tokens", "accepted_tokens", "eagle_lookahead_hashes",
-             "policy", "lpm_max_wait_steps", "lpm_max_queue"}
+# the scheduler's keys of a step case (built as a scenario's ``scheduler:`` section is, with
+# the step case's defaults; its max_model_len is its cache's), and the drafter's
+SCHEDULER_KEYS = ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
+                  "num_speculative_tokens", "policy", "lpm_max_wait_steps", "lpm_max_queue")
+STEP_KEYS = {*SCHEDULER_KEYS, "accepted_tokens", "eagle_lookahead_hashes"}
 UNIT_S = 1e-9   # one step = one engine nanosecond
 # vLLM's KV cache events (sim/cache/events.py): the switch (``KVEventsConfig``), the default
 # ``kv_cache_report_mode`` of every request, and the corrected stream instead of vLLM's
@@ -94,15 +95,14 @@ def parse_steps(data):
         cfg_in.setdefault("num_hash_lookahead_tokens", 1)
     if eagle:
         cfg_in.setdefault("num_prefill_lookahead", 1)
-    k_default = 1 if eagle else 0
-    K = _int("num_speculative_tokens", sched_keys.get("num_speculative_tokens", k_default), 0)
-    dflt = DIALECT_DEFAULTS["step case"]
-    budget = _int("max_num_batched_tokens",
-                  sched_keys.get("max_num_batched_tokens", dflt["max_num_batched_tokens"]), 1)
-    seqs = _int("max_num_seqs", sched_keys.get("max_num_seqs", dflt["max_num_seqs"]), 1)
-    if budget < seqs:
-        raise CaseError(f"config.max_num_batched_tokens: {budget} is smaller than max_num_seqs "
-                        f"{seqs} (vLLM rejects this)")
+    limits = {k: sched_keys[k] for k in SCHEDULER_KEYS if k in sched_keys}
+    limits.setdefault("num_speculative_tokens", 1 if eagle else 0)
+    try:
+        sc = build_scheduler(limits, "config.", "step case")
+    except ConfigError as e:
+        raise CaseError(str(e)) from None
+    K = sc.num_speculative_tokens
+    budget = sc.max_num_batched_tokens
     # a served model's Mamba spec holds one state block per speculative token
     cfg_in.setdefault("mamba_num_speculative_blocks", K)
     # vLLM resolves async scheduling: two batches in flight size the SWA admission cap
@@ -118,22 +118,10 @@ def parse_steps(data):
             raise CaseError(f"config.accepted_tokens: a list of integers in [0, {K}]")
     elif isinstance(acc, bool) or not isinstance(acc, (int, float)) or not 0 <= acc <= K:
         raise CaseError(f"config.accepted_tokens: must be in [0, num_speculative_tokens={K}]")
-    lpt = _int("long_prefill_token_threshold",
-               sched_keys.get("long_prefill_token_threshold",
-                              dflt["long_prefill_token_threshold"]), 0)
-    if lpt > cfg.max_model_len:
-        raise CaseError(f"config.long_prefill_token_threshold: {lpt} cannot be greater than "
-                        f"max_model_len {cfg.max_model_len} (vLLM rejects this)")
-    policy = {k: sched_keys[k] for k in ("policy", "lpm_max_wait_steps", "lpm_max_queue")
-              if k in sched_keys}
     try:
-        sc = SchedulerConfig(
-            max_num_batched_tokens=budget,
-            max_num_seqs=seqs,
-            long_prefill_token_threshold=lpt,
-            num_speculative_tokens=K, max_model_len=cfg.max_model_len, **policy)
-    except ConfigError as e:   # (named scheduler.<key>: a step case says config.<key>)
-        raise CaseError(f"config.{e.field_name.removeprefix('scheduler.')}: {e.reason}") from None
+        sc = with_model_len(sc, cfg.max_model_len, "config.")
+    except ConfigError as e:
+        raise CaseError(str(e)) from None
     reqs_in = data.get("requests")
     if not isinstance(reqs_in, list) or not reqs_in:
         raise CaseError("requests: expected a non-empty list")

@@ -19,7 +19,7 @@ from sim.config.gpu import GPUSection
 from sim.config.kv_cache import KVCacheSection
 from sim.config.kv_events import KVEventsSection
 from sim.config.loader import field_lines, loads_yaml, read_text
-from sim.config.scheduler import SchedulerConfig
+from sim.config.scheduler import SchedulerConfig, build_scheduler
 from sim.config.slo import SLOSection
 from sim.config.speculative import SpeculativeSection
 
@@ -211,19 +211,7 @@ def scenario_from_mapping(data, path: Path) -> Scenario:
     if chunked is not True:
         raise ConfigError("scheduler.enable_chunked_prefill",
                           "must be true: mamba_cache_mode align requires chunked prefill")
-    sched = build_section(SchedulerConfig, sched_in, "scheduler.")
-    check_int("scheduler.", "max_num_batched_tokens", sched.max_num_batched_tokens, 1)
-    check_int("scheduler.", "max_num_seqs", sched.max_num_seqs, 1)
-    check_int("scheduler.", "long_prefill_token_threshold", sched.long_prefill_token_threshold, 0)
-    check_int("scheduler.", "max_model_len", sched.max_model_len, 2, allow_none=True)
-    if sched.max_model_len is not None and sched.long_prefill_token_threshold > sched.max_model_len:
-        raise ConfigError("scheduler.long_prefill_token_threshold",
-                          f"{sched.long_prefill_token_threshold} cannot be greater than "
-                          f"max_model_len {sched.max_model_len} (vLLM rejects this)")
-    if sched.max_num_batched_tokens < sched.max_num_seqs:
-        raise ConfigError("scheduler.max_num_batched_tokens",
-                          f"{sched.max_num_batched_tokens} is smaller than max_num_seqs "
-                          f"{sched.max_num_seqs} (vLLM rejects this)")
+    sched = build_scheduler(sched_in, "scheduler.", "scenario")
     if sched.num_speculative_tokens:
         raise ConfigError("scheduler.num_speculative_tokens", "set it under speculative:")
     spec = build_section(SpeculativeSection, data.get("speculative"), "speculative.")

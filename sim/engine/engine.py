@@ -379,6 +379,11 @@ class Engine:
         fin: i64 = NEVER    # max advance A(k) with nobody finishing
         pos: i64 = NEVER    # max advance A(k-1) keeping positions below max_model_len
         C0: i64 = 0
+        # KV events published: no step of the jump may cache at its update either (with
+        # drafts, update_from_output caches once the computed tokens leave the request's
+        # cache mark), so that each event is published at its own step
+        marks = sched.kv.event_log is not None and K > 0
+        cm: i64 = NEVER     # max advance A(k) keeping every computed count below its mark
         t = items[0].num_tokens
         last = items[len(items) - 1]
         if last.is_prefill or last.padded:
@@ -404,6 +409,10 @@ class Engine:
             f = r.max_tokens - r.num_output - 1
             if f < fin:
                 fin = f
+            if marks:
+                m = r.cache_mark_end - 1 - comp
+                if m < cm:
+                    cm = m
             C0 += comp
         n = len(items)
         T = n * t
@@ -427,7 +436,7 @@ class Engine:
             if k > 0 and a_prev > grow:
                 break
             a_next = k + 1 + (s0 + k + 1) * num // den - base
-            if a_next > fin:
+            if a_next > fin or a_next > cm:
                 break
             C = C0 + n * a_prev
             d: i64 = ns(times.at(C) if times is not None

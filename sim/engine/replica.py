@@ -151,8 +151,8 @@ def build_engine(sc: Scenario, dep: Deployment, streams, add, add_batch, plant: 
     dep.sampler = sampler
     rec = Recorder(maker, sampler, add, add_batch)
     backend = build_backend(sc, dep, plant)   # by backend.kind (torch imported only for torch)
-    dep.kv_events = attach_kv_events(sc, kv, sched)   # (no decode jumps: exact event steps)
-    eng = Engine(sched, backend, maker.make, rec.finish, jump=jump and dep.kv_events is None,
+    dep.kv_events = attach_kv_events(sc, kv, sched)
+    eng = Engine(sched, backend, maker.make, rec.finish, jump=jump,
                  progress=progress, env=env)
     eng.maker, eng.recorder, eng.sampler = maker, rec, sampler   # (called natively)
     if getattr(sc, "attribution", True):   # why each request missed (sim/cache/attribution.py)

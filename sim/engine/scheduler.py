@@ -187,8 +187,13 @@ class Scheduler:
         return self.connector is not None and bool(self.connector.jobs)
 
     def quiet(self) -> bool:
-        """Nothing but the running requests (a decode jump may run)."""
+        """Nothing but the running requests (a decode jump may run): nobody waits, and no
+        KV event this step queued waits to be published at its end (a jump's steps queue
+        none: no block is cached, freed or evicted in them)."""
         if self.waiting:
+            return False
+        log = self.kv.event_log   # (the KV event log among the pool's observers)
+        if log is not None and log.pending:
             return False
         if self.connector is not None:
             return not self.holding and self.connector.quiet(self.running)

@@ -173,3 +173,22 @@ def test_msgpack_frames_are_what_vllms_publisher_sends(tmp_path):
     same, n, kinds = got.stdout.split(" ", 2)
     assert same == n and int(n) > 10
     assert kinds.strip() == "['BlockRemoved', 'BlockStored', 'lookahead']"
+
+
+def test_decode_jumps_publish_every_event_at_its_own_step(tmp_path):
+    """A run publishing KV events takes decode jumps (memory.csv samples one row a jump),
+    and its stream is the one stepping one by one gives: no jump covers a step whose
+    allocation or (drafts accepted) update caches, frees or evicts a block.  multi-turn
+    (EAGLE k=3) caches at update time inside what would otherwise be a jump."""
+    sc = load_scenario(ROOT / "scenarios" / "multi-turn.yaml", {"kv_events": True})
+    outs = {}
+    for jump in (True, False):
+        dep, rows, summary = simulate(sc, jump=jump)
+        outs[jump] = out = tmp_path / f"jump{jump}"
+        write_run(out, sc, dep, rows, summary, report=False)
+    a, b = outs[True], outs[False]
+    assert (a / JSONL).read_bytes() == (b / JSONL).read_bytes()
+    assert (a / "requests.csv").read_bytes() == (b / "requests.csv").read_bytes()
+    rows_jump = len((a / "memory.csv").read_text().splitlines())
+    rows_step = len((b / "memory.csv").read_text().splitlines())
+    assert rows_jump < rows_step / 2
