@@ -38,6 +38,7 @@ from pathlib import Path
 # modules compiled by setup.py (the simulation hot path)
 NATIVE_MODULES = (
     "sim.cache.rules",
+    "sim.cache.observers",
     "sim.cache.events",
     "sim.cache.specs",
     "sim.cache.key_map",
@@ -60,6 +61,7 @@ NATIVE_MODULES = (
     "sim.cache.offload_store",
     "sim.cache.offload",
     "sim.engine.request",
+    "sim.engine.observers",
     "sim.engine.scheduler",
     "sim.engine.tiered_scheduler",
     "sim.engine.arrivals",

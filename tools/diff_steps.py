@@ -286,7 +286,7 @@ def describe(out: Outcome, tables: bool, opts: Options) -> str:
         opts.run_ours(spec, scheduler=tracing_scheduler(tr))
         if not tr:
             # the compiled scheduler takes no interpreted subclass (the run above crashed):
-            # what it records itself (Scheduler.step_log: tokens and drafts per step)
+            # what it records itself (its StepLog observer: tokens and drafts per step)
             tr = [dict(st, running="?", waiting="?") for st in ours.get("steps") or []]
         if tr:
             lines.append("--- our steps")

@@ -31,9 +31,8 @@ from typing import Final
 from librt.vecs import append, vec
 from mypy_extensions import i64
 
-from sim.cache.events import KVEventLog, log_evictions
-from sim.cache.evictions import EvictionLog
 from sim.cache.key_map import KeyMap
+from sim.cache.observers import PoolObserver
 
 GROUP_BITS: Final = 5  # up to 32 KV-cache groups
 NO_KEY: Final = -1     # Block.key / key_tokens of a block without a key (keys are >= 0)
@@ -155,10 +154,9 @@ class BlockPool:
         self.kind_of_group: list[int] = []
         self.occupied = vec[i64]([0, 0])   # (machine integers: no boxing per update)
         self.peak = vec[i64]([0, 0])
-        # vLLM's KV cache events (sim/cache/events.py); None: off, one test per call site
-        self.events: KVEventLog | None = None
-        # who evicted which key, when (sim/cache/evictions.py: miss attribution); None: off
-        self.evictions: EvictionLog | None = None
+        # what watches the pool (sim/cache/observers.py: the KV event log, the eviction
+        # log); empty: nobody, one truth test per call site
+        self.observers: list[PoolObserver] = []
         # keys mapped at each hash-unit position u, per group g, at (u << GROUP_BITS) | g
         # (see the module docstring; grown as longer prefixes are keyed)
         self.at_unit = vec[i64]()
@@ -265,15 +263,13 @@ class BlockPool:
         return out
 
     def drop_keys(self, block: Block) -> None:
-        """``remove_keys``, publishing a ``BlockRemoved`` per key (vLLM's
-        ``_remove_cached_block_hashes`` + ``_emit_block_removed_events``); with no
-        event log nobody reads the keys, so none is listed."""
-        if self.events is None:
-            self._unmap_keys(block, None)
-            return
-        removed = self.remove_keys(block)
-        if removed:
-            self.events.removed(removed)
+        """Unmap every key of ``block`` (vLLM's ``_remove_cached_block_hashes``), the
+        observers told first (``dropping``: the KV event log's ``BlockRemoved``s)."""
+        obs = self.observers
+        if obs:
+            for o in obs:
+                o.dropping(self, block)
+        self._unmap_keys(block, None)
 
     def move_keys(self, src: Block, dst: Block) -> None:
         """Re-point every key of ``src`` to ``dst`` (Mamba partial-tail CoW)."""
@@ -379,8 +375,6 @@ class BlockPool:
         q = self.free_queue
         if n > q.num_free_blocks:
             raise ValueError(f"Cannot get {n} free blocks from the pool")
-        if self.events is not None:
-            log_evictions(self.events, self, n)   # (the keys of the blocks about to be reused)
         head = q.head
         out = self.fresh
         while len(out) < n:   # (grown once to the largest allocation; every slot below n written)
@@ -388,7 +382,7 @@ class BlockPool:
         occ = self.occupied
         kind = self.kind_of_group[group_id] if self.kind_of_group else 0
         km = self.key_map
-        ev = self.evictions
+        obs = self.observers
         ix = self.at_unit
         i = 0
         while i < n:
@@ -409,15 +403,19 @@ class BlockPool:
                     b.key_tokens = NO_KEY
                     b.key_unit = NO_KEY
                     self.evicted_keys += 1
-                    # inline of EvictionLog.evicted's watch test (a watched group's key only)
-                    if ev is not None and (ev.watch >> (key & 31)) & 1:
-                        ev.evicted(key)
+                    if obs:
+                        # (each observer told the keys of the groups it watches only)
+                        for ob in obs:
+                            if (ob.watch >> (key & 31)) & 1:
+                                ob.evicted(key)
                 else:
                     gone = self.remove_keys(b)
                     self.evicted_keys += len(gone)
-                    if ev is not None:
+                    if obs:
                         for gk in gone:
-                            ev.evicted(gk)
+                            for ob in obs:
+                                if (ob.watch >> (gk & 31)) & 1:
+                                    ob.evicted(gk)
                 k = b.kind
                 occ[k] = occ[k] - 1
             b.ref_cnt += 1

@@ -3,10 +3,12 @@
 With ``--kv-events-config '{"enable_kv_cache_events": true}'`` vLLM queues a
 ``BlockStored`` each time it caches blocks, a ``BlockRemoved`` for each key it drops,
 and publishes the queue once per engine step.  The cache model queues the same events
-at the same places into a ``KVEventLog`` hung on the block pool (``BlockPool.events``);
-without one (the default) every call site costs a single ``is not None`` test.
+at the same places into a ``KVEventLog``, one of the block pool's observers
+(``sim/cache/observers.py``; ``KVCacheManager.enable_kv_events`` attaches it): with no
+observer (the default) every call site costs a single truth test.
 
-Where vLLM queues, and where we do (the managers and the pool call the helpers here):
+Where vLLM queues, and where we do (the pool, the managers and the cache manager call the
+log's hooks):
 
 * ``cache_full_blocks``: per group, the keys of the new full, non-null, unmasked
   blocks; the token range spans every new block, null ones included; the parent is the
@@ -15,7 +17,8 @@ Where vLLM queues, and where we do (the managers and the pool call the helpers h
 * ``cache_partial_block``: one key at the prompt tail (hash unit < block), unless that
   block already holds it; an older, shorter entry of the block is removed first (the
   internal-checkpoint block is re-keyed whatever it held: ``replace``).
-* ``get_new_blocks``: one ``BlockRemoved`` per key of each cached block it reuses.
+* ``get_new_blocks``: one ``BlockRemoved`` per key of each cached block it reuses (the
+  pool tells its observers each key it evicts: ``evicted``).
 * ``emit_cached_block_events`` (``kv_cache_report_mode: full``): at admission with a
   hit, per group one ``BlockStored`` naming the keys at every position of the group's hit
   list -- null Mamba / sliding-window blocks and a partly hit tail block included, keys
@@ -32,8 +35,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+from mypy_extensions import i64
+
+from sim.cache.observers import PoolObserver
+
 if TYPE_CHECKING:
     from sim.cache.block_pool import Block, BlockPool
+    from sim.cache.kv_manager import KVCacheManager
     from sim.cache.request import CacheRequest
 
 GROUP_BITS = 5   # (as sim.cache.block_pool: a pool key is prefix key << 5 | group)
@@ -97,8 +105,9 @@ class Cleared:
 Event = Stored | Removed | Cleared
 
 
-class KVEventLog:
-    """The event queue of one block pool, published once per step.
+class KVEventLog(PoolObserver):
+    """The event queue of one block pool, published once per step: a pool observer
+    (``sim/cache/observers.py``) whose hooks queue what vLLM queues there.
 
     ``clock()`` names the step that starts (the scheduler's time); ``sink(step, events)``
     receives each step's non-empty batch, as vLLM's publisher does.  ``report_mode`` is
@@ -109,6 +118,8 @@ class KVEventLog:
     def __init__(self, sink: Callable[[int, list[Event]], None],
                  clock: Callable[[], int] | None = None, report_mode: str | None = None,
                  fix_emit: bool = False):
+        super().__init__()
+        self.watch = -1             # (every evicted key is a BlockRemoved)
         self.sink = sink
         self.clock = clock
         self.report_mode = report_mode
@@ -122,13 +133,15 @@ class KVEventLog:
         # (``sim events check``): not part of what vLLM publishes
         self.lookups: list[tuple[CacheRequest, int]] | None = None
         self._looked_up: set[str] = set()
+        self._mark = 0              # (``caching_starts``: the queue's length then)
 
     @property
     def active(self) -> bool:
         return self.error is None
 
     # -- the step boundary (``KVCacheManager.new_step_starts``) --------------------
-    def new_step(self) -> None:
+    def new_step(self, now: int) -> None:
+        """Publish the previous step's events; the step that starts is ``clock()``'s."""
         self.flush()
         if self.clock is not None:
             self.step = self.clock()
@@ -141,15 +154,93 @@ class KVEventLog:
             self.published += len(events)
             self.sink(self.step, events)
 
-    def looked_up(self, req: CacheRequest, hit: int) -> None:
-        """A prefix lookup (``get_computed_blocks``); kept when ``lookups`` is a list."""
+    # -- the pool's hooks ----------------------------------------------------------
+    def looked_up(self, req: CacheRequest, hit: int, blocks: list[list[Block]],
+                  kv: KVCacheManager) -> None:
+        """A prefix lookup (``get_computed_blocks``): kept when ``lookups`` is a list;
+        with the request's report mode (else the log's) ``full``, the hit announced
+        (``emit_cached_block_events``)."""
         if self.lookups is not None and self.error is None:
             rid = req.request_id
             if rid not in self._looked_up:
                 self._looked_up.add(rid)
                 self.lookups.append((req, hit))
+        mode = req.report_mode if req.report_mode is not None else self.report_mode
+        if hit > 0 and mode == "full":
+            announce(self, req, blocks, kv.group_block_sizes, kv.pool)
 
-    # -- queueing (the call-site helpers below) ---------------------------------------
+    def evicted(self, key: i64) -> None:
+        """``get_new_blocks`` reused a block holding ``key``: a ``BlockRemoved``."""
+        if self.error is None:
+            self.pending.append(Removed(key))
+
+    def dropping(self, pool: BlockPool, block: Block) -> None:
+        """The keys of ``block`` are dropped (vLLM's ``_remove_cached_block_hashes`` +
+        ``_emit_block_removed_events``): a ``BlockRemoved`` per key mapped to it, primary
+        first."""
+        if self.error is not None:
+            return
+        bid = block.block_id
+        if block.key >= 0 and pool.contains(block.key, bid):
+            self.pending.append(Removed(block.key))
+        if block.extra is not None:
+            for k in block.extra:
+                if pool.contains(k, bid):
+                    self.pending.append(Removed(k))
+
+    def caching_starts(self) -> None:
+        self._mark = len(self.pending)
+
+    def caching_ends(self) -> None:
+        """Order the events queued by this ``cache_blocks`` by group, stably.  A manager
+        serving several identical groups caches them together (full blocks of every group,
+        then the partial entries); vLLM caches group after group."""
+        tail = self.pending[self._mark:]
+        if len(tail) > 1:
+            tail.sort(key=_group_of)
+            self.pending[self._mark:] = tail
+
+    def stored_full(self, req: CacheRequest, tables: list[list[Block]], group_ids: list[int],
+                    indices: list[int] | None, block_size: int, num_cached: int,
+                    num_full: int, unit: int) -> None:
+        """``cache_full_blocks`` of each member group: blocks ``[num_cached, num_full)``
+        were cached, those at ``indices`` (the unmasked ones; None: all) keyed."""
+        if self.error is not None:
+            return
+        if indices is None:
+            indices = [i for i in range(num_cached, num_full)]
+        scale = block_size // unit
+        block_keys = req.block_hashes.keys_at([(i + 1) * scale - 1 for i in indices])
+        parent_key = -1
+        parent_end = None
+        if num_cached > 0:
+            parent_end = num_cached * block_size
+            parent_key = req.block_hashes.key(num_cached * scale - 1)
+        for blocks, g in zip(tables, group_ids):
+            keys: list[int] = []
+            ends: list[int] = []
+            for j in range(len(indices)):
+                i = indices[j]
+                if not blocks[i].is_null:
+                    keys.append(block_keys[j])
+                    ends.append((i + 1) * block_size)
+            self.add(Stored(g, req, keys, ends, block_size, num_cached * block_size,
+                            num_full * block_size, parent_key, parent_end, FULL))
+
+    def stored_partial(self, req: CacheRequest, unit_hash: int, end: int, unit: int,
+                       group: int) -> None:
+        """``cache_partial_block``: one key, the last hash unit before ``end``."""
+        if self.error is not None:
+            return
+        parent_key = -1
+        parent_end = None
+        if end > unit:
+            parent_end = end - unit
+            parent_key = req.block_hashes.key(end // unit - 2)
+        self.add(Stored(group, req, [unit_hash], [end], unit, end - unit, end, parent_key,
+                        parent_end, PARTIAL))
+
+    # -- queueing ------------------------------------------------------------------------
     def add(self, ev: Event) -> None:
         if self.error is None:
             self.pending.append(ev)
@@ -158,18 +249,6 @@ class KVEventLog:
         if self.error is None:
             for k in pool_keys:
                 self.pending.append(Removed(k))
-
-    def mark(self) -> int:
-        return len(self.pending)
-
-    def by_group(self, mark: int) -> None:
-        """Order the events queued since ``mark`` by group, stably.  A manager serving
-        several identical groups caches them together (full blocks of every group, then
-        the partial entries); vLLM caches group after group."""
-        tail = self.pending[mark:]
-        if len(tail) > 1:
-            tail.sort(key=_group_of)
-            self.pending[mark:] = tail
 
     def fail(self, type_name: str, message: str, request: str, group: int) -> None:
         """vLLM raised here (its engine dies): keep what this step queued as unpublished
@@ -187,69 +266,10 @@ def _group_of(ev: Event) -> int:
 
 
 # ----------------------------------------------------------------- call sites --
-def log_full_stores(log: KVEventLog, req: CacheRequest, tables: list[list[Block]],
-                    group_ids: list[int], indices: list[int], block_size: int,
-                    num_cached: int, num_full: int, unit: int) -> None:
-    """``cache_full_blocks`` of each member group: blocks ``[num_cached, num_full)`` were
-    cached, those at ``indices`` (the unmasked ones) keyed."""
-    if not log.active:
-        return
-    scale = block_size // unit
-    block_keys = req.block_hashes.keys_at([(i + 1) * scale - 1 for i in indices])
-    parent_key = -1
-    parent_end = None
-    if num_cached > 0:
-        parent_end = num_cached * block_size
-        parent_key = req.block_hashes.key(num_cached * scale - 1)
-    for blocks, g in zip(tables, group_ids):
-        keys: list[int] = []
-        ends: list[int] = []
-        for j in range(len(indices)):
-            i = indices[j]
-            if not blocks[i].is_null:
-                keys.append(block_keys[j])
-                ends.append((i + 1) * block_size)
-        log.add(Stored(g, req, keys, ends, block_size, num_cached * block_size,
-                       num_full * block_size, parent_key, parent_end, FULL))
-
-
 def partial_is_new(pool: BlockPool, unit_hash: int, block: Block, group: int) -> bool:
     """Whether ``cache_partial_block`` will publish: the block does not hold the key yet."""
     key = (unit_hash << GROUP_BITS) | group
     return block.key != key and not pool.contains(key, block.block_id)
-
-
-def log_partial_store(log: KVEventLog, req: CacheRequest, unit_hash: int, end: int,
-                      unit: int, group: int) -> None:
-    """``cache_partial_block``: one key, the last hash unit before ``end``."""
-    if not log.active:
-        return
-    parent_key = -1
-    parent_end = None
-    if end > unit:
-        parent_end = end - unit
-        parent_key = req.block_hashes.key(end // unit - 2)
-    log.add(Stored(group, req, [unit_hash], [end], unit, end - unit, end, parent_key,
-                   parent_end, PARTIAL))
-
-
-def log_evictions(log: KVEventLog, pool: BlockPool, n: int) -> None:
-    """``get_new_blocks(n)``: the keys of the ``n`` blocks at the front of the free queue,
-    which it is about to reuse, in the order it drops them."""
-    if not log.active:
-        return
-    km = pool.key_map
-    q = pool.free_queue
-    b = q.head.next_free
-    for _ in range(n):
-        if b is q.tail:
-            break
-        if b.key >= 0 or b.extra is not None:
-            keys = [b.key] if b.key >= 0 else []
-            if b.extra is not None:
-                keys.extend(b.extra)
-            log.removed([k for k in keys if km.maps(k, b.block_id)])
-        b = b.next_free
 
 
 def announce(log: KVEventLog, req: CacheRequest, blocks: list[list[Block]],

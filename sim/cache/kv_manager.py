@@ -15,11 +15,12 @@ from mypy_extensions import i64
 from sim.cache.block_pool import Block, BlockPool
 from sim.cache.config import CacheConfig
 from sim.cache.coordinator import Coordinator, get_coordinator
-from sim.cache.events import KVEventLog, announce
+from sim.cache.events import KVEventLog
 from sim.cache.evictions import EvictionLog
 from sim.cache.hashing import PrefixHasher, PrefixKeys, Run
 from sim.cache.mamba_manager import MambaManager
 from sim.cache.managers import SingleTypeManager
+from sim.cache.observers import PoolObserver
 from sim.cache.request import CacheRequest
 from sim.cache.seams import Admission
 from sim.cache.split import SplitPolicy
@@ -233,32 +234,28 @@ class KVCacheManager:
         c = self.coordinator
         blocks, hit, uncached = c.find_longest_cache_hit(req.block_hashes, limit)
         events = None
-        log = self.pool.events
-        if log is not None:    # KV events on: the request's report mode, else the default
-            log.looked_up(req, hit)
-            mode = req.report_mode if req.report_mode is not None else log.report_mode
-            if hit > 0 and mode == "full":
-                self._emit_cached_block_events(req, blocks, log)
-        elif hit > 0 and self.report_mode == "full" and req.report_mode != "incremental":
+        obs = self.pool.observers
+        if obs:    # (KV events on: the log announces a hit in report mode full)
+            for o in obs:
+                o.looked_up(req, hit, blocks, self)
+        if (hit > 0 and self.report_mode == "full" and req.report_mode != "incremental"
+                and self.event_log is None):
             events = self._emit_cached_block_events(req, blocks)
         junction = hit + uncached if uncached else 0
         return Lookup(blocks, hit, junction, events,
                       c.full_alone if limit == req.num_tokens - 1 else -1)
 
-    def _emit_cached_block_events(self, req: CacheRequest, blocks: list[list[Block]],
-                                  log: KVEventLog | None = None) -> list[dict] | None:
+    def _emit_cached_block_events(self, req: CacheRequest,
+                                  blocks: list[list[Block]]) -> list[dict] | None:
         """vLLM publishes one key per *position* of each group's hit list.
 
         For Mamba the list is ``[null, ..., state]``, so this publishes keys of
         interior blocks that were never stored, and when the hit ends inside a
         Mamba block it indexes past the block-size hash view: ``IndexError``
-        (still present in 0.33.0; the seed PR's defect 2).  With a ``log`` (KV events
-        on) the events are queued there and the ``IndexError`` ends the log instead
-        (``sim/cache/events.py``: ``announce``).
+        (still present in 0.33.0; the seed PR's defect 2).  With KV events on the
+        event log queues them instead and the ``IndexError`` ends the log
+        (``sim/cache/events.py``: ``KVEventLog.looked_up``, ``announce``).
         """
-        if log is not None:
-            return announce(log, req, blocks,
-                            [m.block_size for m in self.coordinator.manager_of], self.pool)
         out = []
         h = self.coordinator.hash_block_size
         for gid, gb in enumerate(blocks):
@@ -309,9 +306,10 @@ class KVCacheManager:
         if mml < need_slot:
             need_slot = mml
         rid = req.request_id
-        evl = c.pool.evictions
-        if evl is not None:
-            evl.request_id = rid   # (whose allocation evicts: miss attribution)
+        obs = c.pool.observers
+        if obs:
+            for o in obs:
+                o.allocating(rid)   # (whose allocation evicts: miss attribution)
         # the scheduler's prefill boundary (resumed requests replay their outputs)
         nt1 = req.num_tokens - 1
         prefill_end = req.num_prompt_tokens if req.num_prompt_tokens > nt1 else nt1
@@ -351,11 +349,10 @@ class KVCacheManager:
         done = total + num_new_tokens
         if req.num_tokens < done:
             done = req.num_tokens
-        log = self.pool.events
-        if log is None:
-            c.cache_blocks(req, done)
+        if obs:
+            self._cache_blocks_watched(obs, req, done)
         else:
-            self._cache_blocks_logged(log, req, done)
+            c.cache_blocks(req, done)
         return True
 
     def group_tables(self, rid: str) -> list[list[Block]]:
@@ -448,18 +445,22 @@ class KVCacheManager:
     def cache_blocks(self, req: CacheRequest, num_tokens: int) -> None:
         """Cache what ``num_tokens`` computed tokens completed (vLLM calls this from
         update_from_output with speculative decoding)."""
-        log = self.pool.events
-        if log is None:
-            self.coordinator.cache_blocks(req, num_tokens)
+        obs = self.pool.observers
+        if obs:
+            self._cache_blocks_watched(obs, req, num_tokens)
         else:
-            self._cache_blocks_logged(log, req, num_tokens)
+            self.coordinator.cache_blocks(req, num_tokens)
 
-    def _cache_blocks_logged(self, log: KVEventLog, req: CacheRequest, num_tokens: int) -> None:
-        """``cache_blocks`` with KV events on: a manager serving several identical groups
-        caches them together, vLLM group after group; its events are put in that order."""
-        mark = log.mark()
+    def _cache_blocks_watched(self, obs: list[PoolObserver], req: CacheRequest,
+                              num_tokens: int) -> None:
+        """``cache_blocks`` with the pool's observers told where it starts and ends (the KV
+        event log puts a manager's events, several identical groups cached together, in
+        vLLM's order: group after group)."""
+        for o in obs:
+            o.caching_starts()
         self.coordinator.cache_blocks(req, num_tokens)
-        log.by_group(mark)
+        for o in obs:
+            o.caching_ends()
 
     def states_written(self, req: CacheRequest) -> int:
         """Mamba states this request registered (one Mamba group's count)."""
@@ -471,35 +472,60 @@ class KVCacheManager:
     def free(self, req: CacheRequest) -> None:
         self.coordinator.free(req.request_id)
 
-    def new_step_starts(self) -> None:
+    def new_step_starts(self, now: int = -1) -> None:
+        """A step starts at ``now`` ns (-1: no clock, as a case file): the pool's observers
+        are told (the KV event log publishes the previous step's events; the eviction
+        log's clock is set)."""
         self.coordinator.new_step_starts()
-        if self.pool.events is not None:
-            self.pool.events.new_step()   # (the previous step's events are published)
+        obs = self.pool.observers
+        if obs:
+            for o in obs:
+                o.new_step(now)
 
     def enable_kv_events(self, log: KVEventLog) -> None:
-        """Queue vLLM's KV cache events into ``log`` from now on (``sim/cache/events.py``)."""
-        self.pool.events = log
+        """Queue vLLM's KV cache events into ``log`` from now on (``sim/cache/events.py``):
+        one more observer of the pool."""
+        self._observe(log)
 
     def enable_eviction_log(self, log: EvictionLog) -> None:
         """Record from now on which request's allocation evicted each cached key, and when
-        (``sim/cache/evictions.py``; the caller sets ``log.now_ns``).  Only the first
-        group of each run of identical groups is recorded (``log.watch``)."""
+        (``sim/cache/evictions.py``; the time is the one ``new_step_starts`` is given):
+        one more observer of the pool.  Only the first group of each run of identical
+        groups is recorded (``log.watch``)."""
         mask = 0
         for g in self.coordinator.spec_groups:
             if g.group_ids:
                 mask |= 1 << g.group_ids[0]
         log.watch = mask if mask else -1
-        self.pool.evictions = log
+        self._observe(log)
+
+    def _observe(self, o: PoolObserver) -> None:
+        """``o`` among the pool's observers (once: attached again, it stays where it is)."""
+        for had in self.pool.observers:
+            if had is o:
+                return
+        self.pool.observers.append(o)
+
+    @property
+    def event_log(self) -> KVEventLog | None:
+        """The KV event log among the pool's observers (None: KV events off)."""
+        for o in self.pool.observers:
+            if isinstance(o, KVEventLog):
+                return o
+        return None
 
     @property
     def eviction_log(self) -> EvictionLog | None:
-        """The eviction log in use (None: off); the scheduler sets its ``now_ns``."""
-        return self.pool.evictions
+        """The eviction log among the pool's observers (None: off)."""
+        for o in self.pool.observers:
+            if isinstance(o, EvictionLog):
+                return o
+        return None
 
     def eviction_of(self, pool_key: int) -> tuple[int, str] | None:
         """The last eviction of ``pool_key`` (``make_key(block_hash, group_id)``): (time in
         ns, evicting request), or None (never evicted, or no eviction log enabled)."""
-        log = self.pool.evictions
+        log = self.eviction_log
         return log.get(pool_key) if log is not None else None
 
     # ------------------------------------------------------------- inspection --

@@ -14,7 +14,7 @@ from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool, make_key
-from sim.cache.events import log_partial_store, partial_is_new
+from sim.cache.events import partial_is_new
 from sim.cache.hashing import PrefixKeys, unit_end
 from sim.cache.managers import ReqState, SingleTypeManager
 from sim.cache.rules import cdiv, mamba_checkpoint_position, prefill_checkpoint_valid
@@ -584,8 +584,9 @@ class MambaManager(SingleTypeManager):
             pool.drop_keys(b)
             key = make_key(unit_hash, g)
             pool.insert_key(key, b, pos)
-            if pool.events is not None:   # (re-keyed whatever it held: always published)
-                log_partial_store(pool.events, req, unit_hash, pos, pool.hash_block_size, g)
+            if pool.observers:   # (re-keyed whatever it held: always published)
+                for o in pool.observers:
+                    o.stored_partial(req, unit_hash, pos, pool.hash_block_size, g)
             self._cached_now(key)
             if mi == 0:
                 written = 1
@@ -622,10 +623,11 @@ class MambaManager(SingleTypeManager):
                 continue
             if unit_hash < 0:
                 unit_hash = req.block_hashes.key(num_tokens // h - 1)
-            log = self.pool.events
-            if log is not None and partial_is_new(self.pool, unit_hash, src, g):
+            obs = self.pool.observers
+            if obs and partial_is_new(self.pool, unit_hash, src, g):
                 key = self.pool.cache_partial_block(unit_hash, src, num_tokens, g)
-                log_partial_store(log, req, unit_hash, num_tokens, h, g)
+                for o in obs:
+                    o.stored_partial(req, unit_hash, num_tokens, h, g)
             else:
                 key = self.pool.cache_partial_block(unit_hash, src, num_tokens, g)
             if key < 0:

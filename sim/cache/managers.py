@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
-from sim.cache.events import log_full_stores, log_partial_store, partial_is_new
+from sim.cache.events import partial_is_new
 from sim.cache.hashing import PrefixKeys, unit_end
 from sim.cache.rules import cdiv
 from sim.cache.specs import GroupSpec
@@ -501,14 +501,14 @@ class SingleTypeManager:
                 for mi in range(self.width):
                     pool.cache_full_blocks(listed, t[mi], indices, self.block_size,
                                            self.group_ids[mi])
-        if pool.events is not None:
-            if indices is None:
-                indices = [i for i in range(num_cached, num_full)]
+        obs = pool.observers
+        if obs:
             t = st.table
             if t is None:
                 raise KeyError(rid)
-            log_full_stores(pool.events, req, t, self.group_ids, indices,
-                            self.block_size, num_cached, num_full, pool.hash_block_size)
+            for o in obs:
+                o.stored_full(req, t, self.group_ids, indices, self.block_size, num_cached,
+                              num_full, pool.hash_block_size)
         st.num_cached = num_full
 
     # freeing -----------------------------------------------------------------
@@ -599,15 +599,16 @@ class FullAttentionManager(SingleTypeManager):
         if idx >= len(t[0]):
             return
         unit_hash = -1
-        log = self.pool.events
+        obs = self.pool.observers
         for blocks, g in zip(t, self.group_ids):
             if blocks[idx].is_null:
                 continue
             if unit_hash < 0:
                 unit_hash = req.block_hashes.key(boundary // h - 1)
-            if log is not None and partial_is_new(self.pool, unit_hash, blocks[idx], g):
+            if obs and partial_is_new(self.pool, unit_hash, blocks[idx], g):
                 self.pool.cache_partial_block(unit_hash, blocks[idx], boundary, g)
-                log_partial_store(log, req, unit_hash, boundary, h, g)
+                for o in obs:
+                    o.stored_partial(req, unit_hash, boundary, h, g)
             else:
                 self.pool.cache_partial_block(unit_hash, blocks[idx], boundary, g)
 

@@ -208,7 +208,7 @@ def attach_events(view: EventsView, replicas: list, sc) -> None:
         def sink(step: int, events: list, i=i, sched=sched, prev=None) -> None:
             view.publish(i, sched.publish_time, events)
 
-        log = kv.pool.events
+        log = kv.event_log
         if log is None:
             log = KVEventLog(sink, clock=lambda s=sched: s.sched_time,
                              report_mode=sec.report_mode, fix_emit=sec.fix_emit)

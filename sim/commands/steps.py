@@ -16,6 +16,7 @@ from sim.cache.prompt import StreamRegistry
 from sim.errors import CapacityError, ConfigError
 from sim.config.scheduler import build_scheduler, with_model_len
 from sim.engine.engine import Engine
+from sim.engine.observers import StepLog
 from sim.engine.scheduler import Scheduler, SimRequest
 from sim.engine.tiered_scheduler import TieredScheduler
 
@@ -240,12 +241,12 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
             return res
         return {"requests": res, **({"steps": []} if per_step else {}),
                 **({"kv_events": [], "kv_events_error": None} if kv_events else {})}
-    step_log: list[dict] = []
+    step_log = StepLog()
     sched_cls = Scheduler if ev_cfg.get("offload") is None else TieredScheduler
     sched = sched_cls(sc, kv, accepted_per_step=acc if not isinstance(acc, list) else 0.0,
                       eagle_family=cfg.eagle)
     if per_step:
-        sched.step_log = step_log     # (the scheduler records each step's decisions)
+        sched.observers.append(step_log)   # (the scheduler records each step's decisions)
     if isinstance(acc, list):
         sched.set_accept_pattern(acc)
     conn = None
@@ -297,7 +298,7 @@ def run_steps_data(data, source: str = "<steps>", kv_events: bool = False,
     if stalled is not None:
         res["stalled"] = stalled
     if per_step:
-        res["steps"] = step_log
+        res["steps"] = step_log.steps
         if conn is not None:
             res["offload_steps"] = conn.log
             res["finish_ties"] = conn.finish_ties

@@ -382,7 +382,7 @@ class Engine:
         # KV events published: no step of the jump may cache at its update either (with
         # drafts, update_from_output caches once the computed tokens leave the request's
         # cache mark), so that each event is published at its own step
-        marks = sched.kv.pool.events is not None and K > 0
+        marks = sched.kv.event_log is not None and K > 0
         cm: i64 = NEVER     # max advance A(k) keeping every computed count below its mark
         t = items[0].num_tokens
         last = items[len(items) - 1]

@@ -157,8 +157,9 @@ def build_engine(sc: Scenario, dep: Deployment, streams, add, add_batch, plant: 
     eng.maker, eng.recorder, eng.sampler = maker, rec, sampler   # (called natively)
     if getattr(sc, "attribution", True):   # why each request missed (sim/cache/attribution.py)
         from sim.cache.attribution import MissAttribution
+        from sim.engine.observers import MissObserver
 
-        sched.attribution = MissAttribution(kv)
+        sched.observers.append(MissObserver(MissAttribution(kv)))
     return sched, maker, sampler, rec, backend, eng
 
 def build_offload(sc: Scenario, off, kv: KVCacheManager, layout, block_bytes: int,

@@ -16,16 +16,16 @@ The scheduler knows nothing about time; the engine calls ``schedule`` and
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 from librt.vecs import append
 from mypy_extensions import i64
 
-from sim.cache.attribution import MissAttribution
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.offload import OffloadConnector, ReqOffload
 from sim.cache.request import CacheRequest
 from sim.config.scheduler import SchedulerConfig
+from sim.engine.observers import SchedulerObserver
 from sim.engine.request import ScheduledItem, SimRequest
 from sim.engine.request_queue import FCFSQueue, RequestQueue, make_queue
 
@@ -78,9 +78,6 @@ class Scheduler:
         self.publish_time: i64 = 0      # when the latest KV events were published (ns)
         self.accept_list: list[int] | None = None   # per-step acceptance (step cases)
         self.step_accepted = 0   # drafts a decode item accepts in the step being scheduled
-        # ``sim steps --per-step`` (and the step tester): each step's decisions as
-        # sched_oracle.py reports them, when a list is set here (None: nothing recorded)
-        self.step_log: list[dict[str, Any]] | None = None
         self.sched_time = 0
         # drafter slots allocated past the scheduled tokens (vLLM's num_lookahead_tokens:
         # K for EAGLE-family and draft-model drafters, 0 for n-gram)
@@ -107,8 +104,9 @@ class Scheduler:
         # engine's progress guard then stops the replay)
         self.reject_unservable = reject_unservable
         self.usable_blocks = kv.usable_blocks   # (block 0 is the null block)
-        # miss attribution (sim/cache/attribution.py): None = off
-        self.attribution: MissAttribution | None = None
+        # what watches the scheduler (sim/engine/observers.py: a request's first lookup
+        # and admission, each step: miss attribution, the step log); empty: nobody
+        self.observers: list[SchedulerObserver] = []
         # what watches the waiting queue (``QueueWatcher``; empty: nobody, one test a call)
         self.watchers: list[QueueWatcher] = []
         # the CPU tier's connector (sim/cache/offload.py; None: no tier; set by
@@ -194,7 +192,7 @@ class Scheduler:
         none: no block is cached, freed or evicted in them)."""
         if self.waiting:
             return False
-        log = self.kv.pool.events
+        log = self.kv.event_log   # (the KV event log among the pool's observers)
         if log is not None and log.pending:
             return False
         if self.connector is not None:
@@ -212,10 +210,7 @@ class Scheduler:
         """This step's items, in scheduling order: the scheduler's own list (``out``),
         refilled by the next call."""
         self.sched_time = now
-        attr = self.attribution
-        evl = self.kv.eviction_log
-        if evl is not None:
-            evl.now_ns = now   # (the time of the evictions this step's allocations make)
+        obs = self.observers
         # the step's draft acceptance, decided once: update_from_output applies it and the
         # engine hands it to the backend in the step plan
         al = self.accept_list
@@ -225,7 +220,7 @@ class Scheduler:
         conn = self.connector
         if conn is not None:
             conn.start_step(now)
-        kv.new_step_starts()
+        kv.new_step_starts(now)   # (the time of the evictions this step's allocations make)
         budget = self.max_num_batched_tokens
         K = self.num_speculative_tokens
         # (machine integers throughout: a conditional expression of an i64 and a literal
@@ -384,8 +379,8 @@ class Scheduler:
                     # the lookup's own first pass answers when it could tell)
                     attn_alone = (lookup.full_alone if lookup.full_alone >= 0
                                   else self._attention_alone(c))
-                    if attr is not None:
-                        r.miss = attr.classify(c, lookup)
+                    for o in obs:   # (miss attribution: r.miss)
+                        o.on_lookup(r, lookup)
                 ok = kv.allocate_slots(c, n, new_local,
                                        lookup.blocks if lookup is not None and lookup.hit else None,
                                        num_lookahead_tokens=self.num_lookahead,
@@ -402,8 +397,8 @@ class Scheduler:
                     r.junction = lookup.junction if lookup else 0
                     r.attention_hit_tokens = attn_alone
                     r.first_scheduled_ns = now
-                    if attr is not None:
-                        attr.admit(c, new_local + n)   # (what this step schedules)
+                    for o in obs:
+                        o.on_admit(r, new_local + n)   # (what this step schedules)
                 c.num_computed_tokens += new_local
                 kp: i64 = 0
                 if padded:
@@ -417,8 +412,8 @@ class Scheduler:
         kv.release_cow_copies()
         if conn is not None:
             self._connector_step(out)
-        if self.step_log is not None and out:
-            self._log_step(now, out)
+        for o in obs:   # (the step log)
+            o.on_step(now, out)
         return out
 
     # -------------------------------------------------------------- the CPU tier --
@@ -430,18 +425,6 @@ class Scheduler:
 
     def _connector_step(self, out: list[ScheduledItem]) -> None:
         raise NotImplementedError("a scheduler with a KV connector is a TieredScheduler")
-
-    def _log_step(self, now: int, out: list[ScheduledItem]) -> None:
-        """Tokens scheduled per request (drafts included), their total, and the drafts
-        scheduled per request (a request without drafts left out, as vLLM leaves it out of
-        ``scheduled_spec_decode_tokens``)."""
-        log = self.step_log
-        assert log is not None
-        log.append({"step": now,
-                    "scheduled": {it.req.rid: it.num_tokens for it in out},
-                    "num_scheduled_tokens": sum(it.num_tokens for it in out),
-                    "spec_tokens": {it.req.rid: it.spec_tokens for it in out
-                                    if it.spec_tokens}})
 
     def _emit(self, out: list, r: SimRequest, n: i64, context: i64, prefill: bool, spec: i64,
               new_hit: i64 = 0, padded: bool = False) -> None:
@@ -673,11 +656,13 @@ class Scheduler:
                     if c.request_id in self.inflight:
                         del self.inflight[c.request_id]
                 kv.free(r.cache)
-        if kv.pool.events is not None:
+        obs = kv.pool.observers
+        if obs:
             # vLLM publishes a step's KV events once its outputs are processed (the
             # engine core's take_events after update_from_output): a router indexing them
             # sees this step's from now on (the batch and its step are those published
             # at the next step's start otherwise: the same stream)
             self.publish_time = now
-            kv.pool.events.flush()
+            for o in obs:
+                o.flush()
         return finished

@@ -38,7 +38,7 @@ class TieredScheduler(Scheduler):
         conn = self.connector
         assert conn is not None
         kv = self.kv
-        attr = self.attribution
+        obs = self.observers
         sbs: i64 = kv.scheduler_block_size
         held: list[SimRequest] = []
         passed: list[SimRequest] = []
@@ -98,8 +98,8 @@ class TieredScheduler(Scheduler):
             if lookup is not None and r.hit_tokens < 0:
                 attn_alone = (lookup.full_alone if lookup.full_alone >= 0
                               else self._attention_alone(c))
-                if attr is not None:
-                    r.miss = attr.classify(c, lookup)
+                for o in obs:   # (miss attribution: r.miss)
+                    o.on_lookup(r, lookup)
             reserved: i64 = 0
             lookahead = self.num_lookahead
             if is_async:
@@ -150,7 +150,8 @@ class TieredScheduler(Scheduler):
                          attn_alone: int, end: i64) -> None:
         """A request's figures at its first admission: its GPU and host hits, the tokens
         the host held in every attention group past them but could not serve, its junction,
-        attention's hit alone, and (attribution on) its admitted keys up to ``end``."""
+        attention's hit alone; the scheduler's observers told (miss attribution: its
+        admitted keys up to ``end``)."""
         conn = self.connector
         assert conn is not None
         c = r.cache
@@ -162,8 +163,8 @@ class TieredScheduler(Scheduler):
             r.cpu_no_state_tokens = reach - new_local - ext
         r.junction = lookup.junction if lookup is not None else 0
         r.attention_hit_tokens = attn_alone
-        if self.attribution is not None:
-            self.attribution.admit(c, end)
+        for o in self.observers:
+            o.on_admit(r, end)
 
     def _promote(self, r: SimRequest) -> None:
         """A request whose load is done: its blocks enter the GPU prefix cache, and it is

@@ -195,7 +195,7 @@ class _Watch:
         on the pool's eviction log)."""
         self.sched, self.engine = sched, engine
         kv = dep.kv
-        if self.facts and kv.pool.evictions is None:
+        if self.facts and kv.eviction_log is None:
             kv.enable_eviction_log(EvictionLog())
         sched.watchers.append(self)
 

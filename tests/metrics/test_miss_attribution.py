@@ -20,6 +20,7 @@ from sim.cache.kv_manager import KVCacheManager
 from sim.config.scenario import load_scenario
 from sim.rundir.records import MISS_FIELDS, REQUEST_COLUMNS
 from sim.commands.run import simulate
+from sim.engine.observers import miss_attribution
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "scenarios" / "athena-tiny.yaml"
@@ -43,12 +44,14 @@ def test_pool_records_who_evicted_what():
     pool.cache_full_blocks([11, 12, 13], blocks, [0, 1, 2], 16, 0)
     pool.free_blocks(blocks)         # eviction order: 11, 12, 13 (the free queue's back)
     log = EvictionLog()
-    pool.evictions = log
-    log.now_ns, log.request_id = 5_000, "r9"
+    pool.observers.append(log)       # (as KVCacheManager.enable_eviction_log attaches it)
+    log.new_step(5_000)              # (the hooks the scheduler and the cache manager call)
+    log.allocating("r9")
     pool.get_new_blocks(2)           # the one uncached free block, then the block of 11
     assert log.get(make_key(11, 0)) == (5_000, "r9")
     assert make_key(12, 0) not in log and len(log) == 1
-    log.now_ns, log.request_id = 6_000, "r10"
+    log.new_step(6_000)
+    log.allocating("r10")
     pool.get_new_blocks(2)
     assert log.get(make_key(12, 0)) == (6_000, "r10") and log.get(make_key(13, 0)) == (6_000, "r10")
     assert pool.evicted_keys == 3
@@ -108,7 +111,7 @@ def run(over: dict, n: int):
     seen: dict = {}
 
     def prepare(dep, sched, eng):
-        attr = sched.attribution
+        attr = miss_attribution(sched.observers)
         attr.admissions = []
         seen["attr"], seen["kv"] = attr, dep.kv
 
@@ -198,8 +201,8 @@ def test_multi_turn_identities():
         sc = load_scenario(ROOT / "scenarios" / "multi-turn.yaml",
                            {"workload.num_requests": 400, **over})
         seen = {}
-        dep, rows, summary = simulate(sc, prepare=lambda d, s, e: seen.setdefault("a",
-                                                                                  s.attribution))
+        dep, rows, summary = simulate(sc, prepare=lambda d, s, e: seen.setdefault(
+            "a", miss_attribution(s.observers)))
         check_identities(rows, seen["a"])
         assert summary["hit_tokens"] + sum(summary[f"miss_{c.removesuffix('_tokens')}_tokens"]
                                            for c in CLASSES) == summary["prompt_tokens"]
