@@ -157,6 +157,7 @@ class BlockPool:
         # what watches the pool (sim/cache/observers.py: the KV event log, the eviction
         # log); empty: nobody, one truth test per call site
         self.observers: list[PoolObserver] = []
+        self.key_observers: list[PoolObserver] = []   # (those of them hearing the keying)
         # keys mapped at each hash-unit position u, per group g, at (u << GROUP_BITS) | g
         # (see the module docstring; grown as longer prefixes are keyed)
         self.at_unit = vec[i64]()
@@ -265,7 +266,7 @@ class BlockPool:
     def drop_keys(self, block: Block) -> None:
         """Unmap every key of ``block`` (vLLM's ``_remove_cached_block_hashes``), the
         observers told first (``dropping``: the KV event log's ``BlockRemoved``s)."""
-        obs = self.observers
+        obs = self.key_observers
         if obs:
             for o in obs:
                 o.dropping(self, block)

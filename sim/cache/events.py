@@ -120,6 +120,7 @@ class KVEventLog(PoolObserver):
                  fix_emit: bool = False):
         super().__init__()
         self.watch = -1             # (every evicted key is a BlockRemoved)
+        self.hears_keys = True
         self.sink = sink
         self.clock = clock
         self.report_mode = report_mode

@@ -102,6 +102,7 @@ class KVCacheManager:
                     m.admission_cap = -(-n // m.block_size) + 1
         self.last_copies: list[tuple[str, Block, Block]] = []
         self.pool = c.pool
+        self.event_log: KVEventLog | None = None   # (the KV event log among its observers)
         self.hasher = PrefixHasher(c.hash_block_size, c.pool.lookahead)
         self.empty: list[list[Block]] = [[] for _ in c.specs]   # "no hit", per group
 
@@ -234,7 +235,7 @@ class KVCacheManager:
         c = self.coordinator
         blocks, hit, uncached = c.find_longest_cache_hit(req.block_hashes, limit)
         events = None
-        obs = self.pool.observers
+        obs = self.pool.key_observers
         if obs:    # (KV events on: the log announces a hit in report mode full)
             for o in obs:
                 o.looked_up(req, hit, blocks, self)
@@ -349,8 +350,9 @@ class KVCacheManager:
         done = total + num_new_tokens
         if req.num_tokens < done:
             done = req.num_tokens
-        if obs:
-            self._cache_blocks_watched(obs, req, done)
+        kobs = c.pool.key_observers
+        if kobs:
+            self._cache_blocks_watched(kobs, req, done)
         else:
             c.cache_blocks(req, done)
         return True
@@ -445,7 +447,7 @@ class KVCacheManager:
     def cache_blocks(self, req: CacheRequest, num_tokens: int) -> None:
         """Cache what ``num_tokens`` computed tokens completed (vLLM calls this from
         update_from_output with speculative decoding)."""
-        obs = self.pool.observers
+        obs = self.pool.key_observers
         if obs:
             self._cache_blocks_watched(obs, req, num_tokens)
         else:
@@ -486,6 +488,7 @@ class KVCacheManager:
         """Queue vLLM's KV cache events into ``log`` from now on (``sim/cache/events.py``):
         one more observer of the pool."""
         self._observe(log)
+        self.event_log = log
 
     def enable_eviction_log(self, log: EvictionLog) -> None:
         """Record from now on which request's allocation evicted each cached key, and when
@@ -505,14 +508,8 @@ class KVCacheManager:
             if had is o:
                 return
         self.pool.observers.append(o)
-
-    @property
-    def event_log(self) -> KVEventLog | None:
-        """The KV event log among the pool's observers (None: KV events off)."""
-        for o in self.pool.observers:
-            if isinstance(o, KVEventLog):
-                return o
-        return None
+        if o.hears_keys:
+            self.pool.key_observers.append(o)
 
     @property
     def eviction_log(self) -> EvictionLog | None:

@@ -584,8 +584,8 @@ class MambaManager(SingleTypeManager):
             pool.drop_keys(b)
             key = make_key(unit_hash, g)
             pool.insert_key(key, b, pos)
-            if pool.observers:   # (re-keyed whatever it held: always published)
-                for o in pool.observers:
+            if pool.key_observers:   # (re-keyed whatever it held: always published)
+                for o in pool.key_observers:
                     o.stored_partial(req, unit_hash, pos, pool.hash_block_size, g)
             self._cached_now(key)
             if mi == 0:
@@ -623,7 +623,7 @@ class MambaManager(SingleTypeManager):
                 continue
             if unit_hash < 0:
                 unit_hash = req.block_hashes.key(num_tokens // h - 1)
-            obs = self.pool.observers
+            obs = self.pool.key_observers
             if obs and partial_is_new(self.pool, unit_hash, src, g):
                 key = self.pool.cache_partial_block(unit_hash, src, num_tokens, g)
                 for o in obs:

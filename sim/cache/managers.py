@@ -501,7 +501,7 @@ class SingleTypeManager:
                 for mi in range(self.width):
                     pool.cache_full_blocks(listed, t[mi], indices, self.block_size,
                                            self.group_ids[mi])
-        obs = pool.observers
+        obs = pool.key_observers
         if obs:
             t = st.table
             if t is None:
@@ -599,7 +599,7 @@ class FullAttentionManager(SingleTypeManager):
         if idx >= len(t[0]):
             return
         unit_hash = -1
-        obs = self.pool.observers
+        obs = self.pool.key_observers
         for blocks, g in zip(t, self.group_ids):
             if blocks[idx].is_null:
                 continue

@@ -6,7 +6,10 @@ model reports it to the observers on ``BlockPool.observers``: the KV event log
 eviction log (``sim/cache/evictions.py``: who evicted which key, when), each attached by
 its ``KVCacheManager`` entry point (``enable_kv_events``, ``enable_eviction_log``).
 Every call site tests the list first (``if pool.observers:``): with none attached (the
-default) a site costs one truth test, and no key, list or event is made for anybody.
+default) a site costs one truth test, and no key, list or event is made for anybody.  The
+hooks of the cache's keying (``looked_up``, ``dropping``, ``caching_*``, ``stored_*``) go to
+the observers that hear them only (``hears_keys``: ``BlockPool.key_observers``): the
+eviction log, on in every run that attributes misses, costs those sites nothing.
 
 ``PoolObserver`` is a plain (compiled) base class whose hooks do nothing: an observer
 overrides the ones it needs, and the compiled pool and managers call them through the
@@ -47,12 +50,16 @@ class PoolObserver:
     """What watches a block pool (see the module docstring); every hook is a no-op.
 
     ``watch``: the group ids whose evicted keys ``evicted`` hears, as a bit mask (bit
-    ``g``: group ``g``; -1: every group; 0, the default: none)."""
+    ``g``: group ``g``; -1: every group; 0, the default: none).  ``hears_keys``: whether
+    it hears the cache's keying (``looked_up``, ``dropping``, ``caching_starts`` /
+    ``caching_ends``, ``stored_full``, ``stored_partial``); False, the default: those
+    hooks are not called on it."""
 
-    __slots__ = ("watch",)
+    __slots__ = ("watch", "hears_keys")
 
     def __init__(self) -> None:
         self.watch: i64 = 0
+        self.hears_keys = False
 
     def new_step(self, now: int) -> None:
         """A step starts at ``now`` ns (-1: no clock); the previous one is over."""
