@@ -160,7 +160,7 @@ def chain_sessions(records: Iterator[TraceRequest]) -> Iterator[TraceRequest]:
     for rec in records:
         seg = rec.segments
         ids = seg.ids
-        n = seg.used
+        n = seg.layout()[0]          # the ids the prompt uses
         length = rec.prompt_tokens
         full = length // seg.block if seg.block else 0
         if full > n:
