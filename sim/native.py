@@ -16,8 +16,7 @@ finder placed first on ``sys.path``'s search loads every listed module from its
 and a mix could still run a stale one.
 
 ``backends/__init__.py`` and ``workloads/base.py`` import ``sim`` first, so the same
-choice covers ``backends.base`` (the step plan's item, which the scheduler's item extends),
-``backends.analytical``, ``workloads.hash_ids`` and ``workloads.trace_records``.
+choice covers ``backends.analytical``, ``workloads.hash_ids`` and ``workloads.trace_records``.
 
 ``HCS_NATIVE`` chooses at run time: ``auto`` (default: compiled when fresh),
 ``0`` (always the source, e.g. to profile with cProfile or to debug), ``1``
@@ -59,6 +58,7 @@ NATIVE_MODULES = (
     "sim.cache.offload_lookup",
     "sim.cache.offload_store",
     "sim.cache.offload",
+    "sim.engine.step_plan",
     "sim.engine.request",
     "sim.engine.scheduler",
     "sim.engine.tiered_scheduler",
@@ -67,7 +67,6 @@ NATIVE_MODULES = (
     "sim.engine.engine",
     "sim.engine.record",
     "sim.rundir.csv_bytes",
-    "backends.base",
     "backends.analytical",
     "workloads.hash_ids",
     "workloads.trace_records",

@@ -21,7 +21,7 @@ turns close the loop, no other engine's step end) comes first; otherwise it take
 next event as a SimPy event at its key.  Each replica then steps exactly as it would
 alone on the arrivals it was handed.
 
-Each step the engine hands the backend a step plan (``backends.base.StepPlan``: the
+Each step the engine hands the backend a step plan (``sim.engine.step_plan.StepPlan``: the
 scheduled items, with the drafts each accepts, the tokens it keeps and whether it finishes)
 and gets the step's duration back; the backend sees nothing else of the engine or the
 scheduler.  Observers (``EngineObserver``) see each step and each finish; none costs
@@ -39,13 +39,14 @@ import simpy
 from mypy_extensions import i64
 
 from backends.analytical import CostModel, DecodeTimes
-from backends.base import StepBackend, StepItem, StepPlan
+from backends.base import StepBackend
 from sim.errors import CapacityError
 from sim.engine.arrivals import (NEVER, NORMAL, WAKE_ARMED, WAKE_NONE, Arrival, Arrivals, Inlet,
                                  Turn, ns)
 from sim.engine.gate import Gate
 from sim.engine.record import Recorder, RequestMaker, StepSampler
 from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
+from sim.engine.step_plan import StepItem, StepPlan
 
 Process = Generator[simpy.Event, Any, None]
 # Empty steps in a row, with no other event pending, after which the replay cannot
