@@ -66,7 +66,7 @@ NATIVE_MODULES = (
     "sim.engine.gate",
     "sim.engine.engine",
     "sim.engine.record",
-    "sim.rundir.csv_bytes",
+    "sim.engine.codecs",
     "backends.analytical",
     "workloads.hash_ids",
     "workloads.trace_records",

@@ -1,8 +1,19 @@
-"""Rows of numbers and short ASCII texts as CSV bytes, digit by digit in machine
-integers: the text ``"%d,%.6f,%s\\n" % row`` makes, at a tenth of its cost.
+"""The compiled codecs at the engine's edges, each the twin of a plain reference kept at
+its edge and compared with it by a differential test on many random inputs:
 
-Compiled with the hot path (``sim/native.py``).  ``requests.csv`` costs a Mooncake run
-~22,500 CPU instructions a request through CPython's %-formatting (an int's text ~300, a
+* **requests.csv's rows** (``rows_bytes``, ``write_int``, ``write_fixed6``): rows of numbers
+  and short ASCII texts as CSV bytes, digit by digit in machine integers; the twin is the
+  %-formatting of ``sim/rundir/requests_csv.py`` (``write_fields``), which the writer uses
+  whenever this module runs as source (``BYTES_ROWS``); ``tests/metrics/test_csv_bytes.py``.
+
+Compiled with the hot path (``sim/native.py``: the compiled set is ``sim/cache`` and
+``sim/engine``), where each costs a Mooncake request far more than ~2 % interpreted.  This
+module imports nothing of the project: the edges (``sim/rundir``) call it, it calls none.
+
+requests.csv's rows
+-------------------
+``"%d,%.6f,%s\n" % row``'s text at a tenth of its cost.  ``requests.csv`` costs a Mooncake
+run ~22,500 CPU instructions a request through CPython's %-formatting (an int's text ~300, a
 float's ``%.6f`` ~700 through ``dtoa``); here an int is a few multiplications a digit
 and a float one exact product, written into one ``librt.strings.BytesWriter``.
 
