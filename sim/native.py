@@ -15,8 +15,8 @@ finder placed first on ``sys.path``'s search loads every listed module from its
 ``.py`` — all of them, because compiled modules call each other directly in C
 and a mix could still run a stale one.
 
-``backends/__init__.py`` and ``workloads/base.py`` import ``sim`` first, so the same
-choice covers ``backends.analytical``, ``workloads.hash_ids`` and ``workloads.trace_records``.
+``backends/__init__.py`` imports ``sim`` first, so the same choice covers
+``backends.analytical``.
 
 ``HCS_NATIVE`` chooses at run time: ``auto`` (default: compiled when fresh),
 ``0`` (always the source, e.g. to profile with cProfile or to debug), ``1``
@@ -68,8 +68,6 @@ NATIVE_MODULES = (
     "sim.engine.record",
     "sim.engine.codecs",
     "backends.analytical",
-    "workloads.hash_ids",
-    "workloads.trace_records",
 )
 MANIFEST = "_native_build.json"
 ENV = "HCS_NATIVE"

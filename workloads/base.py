@@ -43,7 +43,7 @@ def segment_name(name: str | int) -> str:
 class HashIds:
     """A block-hash trace record's prompt (Mooncake: ``hash_ids``, ``input_length``) as
     plain data: ``ids``, the record's hash ids (machine integers in ``[0, 2**53)``, as
-    the reader checked them: ``workloads.hash_ids``), ``n_in`` the prompt's tokens,
+    the reader checked them: ``workloads.trace_records``), ``n_in`` the prompt's tokens,
     ``block`` the tokens a hash id stands for, ``tail_name`` the private stream that
     ends the prompt when the ids cover fewer than ``n_in`` tokens (``""`` when they
     cover it all).

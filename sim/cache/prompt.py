@@ -30,8 +30,8 @@ class HashIdPrompt:
     engine builds the prompt's keys straight from the ids (``StreamRegistry.keys_of``):
     a tuple per id, built and dropped per request, was ~4 k CPU instructions of a
     Mooncake request's ~270 k.  ``ids`` must hold ints ``>= 0`` (the reader checks:
-    ``workloads.hash_ids``), as machine integers (no int object per id: the reader
-    writes them there, ``workloads.trace_records``)."""
+    ``workloads.trace_records``), as machine integers (no int object per id: the reader
+    writes them there, ``sim.engine.codecs.layout_record``)."""
 
     def __init__(self, ids: vec[i64], n_in: int, block: int, tail_name: str) -> None:
         full = n_in // block

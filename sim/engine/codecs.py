@@ -5,10 +5,16 @@ its edge and compared with it by a differential test on many random inputs:
   and short ASCII texts as CSV bytes, digit by digit in machine integers; the twin is the
   %-formatting of ``sim/rundir/requests_csv.py`` (``write_fields``), which the writer uses
   whenever this module runs as source (``BYTES_ROWS``); ``tests/metrics/test_csv_bytes.py``.
+* **Mooncake trace lines** (``mooncake_lines``, ``layout_record``, ``request_id``): a line in
+  the published trace's layout read byte by byte into machine integers and made a record;
+  the twin is ``workloads/trace_records.py``, which reads every other line (and, as
+  ``plain_records``, every line) through ``orjson`` and names a bad one by ``path:line``;
+  ``tests/workloads/test_workloads_traces.py``.
 
 Compiled with the hot path (``sim/native.py``: the compiled set is ``sim/cache`` and
 ``sim/engine``), where each costs a Mooncake request far more than ~2 % interpreted.  This
-module imports nothing of the project: the edges (``sim/rundir``) call it, it calls none.
+module imports nothing of the project: the edges (``sim/rundir``, ``workloads``) call it,
+handing in what it builds (the workload's record types) and what it does not handle.
 
 requests.csv's rows
 -------------------
@@ -29,10 +35,11 @@ formatted by Python itself, field by field: rare, and the same text.
 from __future__ import annotations
 
 import math
-from typing import Final
+from collections.abc import Callable, Iterator
+from typing import Any, Final
 
-from librt.strings import (BytesWriter, read_f64_le, read_i64_le, write_i16_be, write_i32_be,
-                          write_i64_be, write_i64_le)
+from librt.strings import (BytesWriter, StringWriter, read_f64_le, read_i64_le, write_i16_be,
+                          write_i32_be, write_i64_be, write_i64_le)
 from librt.vecs import append, vec
 from mypy_extensions import i16, i32, i64, u8
 
@@ -187,3 +194,178 @@ def _copy(w: BytesWriter, src: bytes, start: i64, end: i64) -> None:
     while start < end:
         w.append(u8(src[start]))
         start += 1
+
+
+# ------------------------------------------------------------------ Mooncake trace lines
+#
+# A line in the layout the published trace is written in (``{"timestamp": T,
+# "input_length": N, "output_length": M, "hash_ids": [H, ...]}``, integers only) is read by
+# ``layout_record``, byte by byte, straight into machine integers: no dict, no key strings,
+# no int object per hash id (~25 a record), which ``orjson.loads`` makes and the replay frees
+# again (together ~10 k CPU instructions of a ~280 k Mooncake request); and the loop over the
+# lines, the checks and the request id run here too (interpreted, they cost about as much as
+# decoding the line).  ``workloads.traces.MooncakeConfig`` owns the format (fields, units,
+# errors); this is only its happy path, which does what a valid line needs: every check is
+# still made, and any other line goes to the caller's ``other``, which reads it through
+# ``orjson`` or raises the one-line error naming ``path:line``.  The layout reader accepts
+# only text that is valid JSON and that ``orjson`` decodes to exactly these values.
+
+ID_DIGITS: Final = 7   # request ids: "r" + the record index, zero-padded to 7 digits
+ID_PAD: Final = 10_000_000   # 10 ** ID_DIGITS
+
+# the published trace's layout, as ``layout_record`` reads it
+HEAD: Final = b'{"timestamp": '
+INPUT: Final = b', "input_length": '
+OUTPUT: Final = b', "output_length": '
+IDS: Final = b', "hash_ids": ['
+# digits a layout number may have: at most 15, so every value is below 2**53 (a
+# timestamp converts to a float exactly; a hash id is in the range the reader allows)
+MAX_DIGITS: Final = 15
+NOT_LAYOUT: Final = -1   # layout_record's timestamp for a line not in the layout
+
+
+def request_id(index: int) -> str:
+    """Trace request ids: ``r`` + the 0-based record index (>= 0), zero-padded to
+    ``ID_DIGITS`` digits: ``f"r{index:07d}"``, without the format-spec machinery (in
+    the compiled build: the digits into one ``StringWriter``, no intermediate str)."""
+    if index < 0 or index >= ID_PAD:
+        return "r" + str(index)
+    # (its seven digits from the last, into one word, then written from the first:
+    # v * ceil(2**34 / 10) >> 34 is v // 10 below 2**31)
+    v: i64 = index
+    word: i64 = 0
+    shift: i64 = 0
+    while shift < 56:
+        q = (v * 1717986919) >> 34
+        word |= (48 + v - q * 10) << shift
+        shift += 8
+        v = q
+    w = StringWriter()
+    w.append(114)   # "r"
+    while shift:
+        shift -= 8
+        w.append(i32((word >> shift) & 255))
+    return w.getvalue()
+
+
+def _literal(line: bytes, i: i64, lit: bytes) -> i64:
+    """The index past ``lit`` when ``line`` holds it at ``i``, else -1 (one slice
+    compared: a byte at a time costs more for these 14- to 18-byte keys)."""
+    if i < 0:
+        return -1
+    j = i + len(lit)
+    return j if line[i:j] == lit else -1
+
+
+def _number(line: bytes, i: i64, n: i64) -> tuple[i64, i64]:
+    """The JSON integer at ``line[i]`` written as 1 to ``MAX_DIGITS`` digits (no sign,
+    no leading zero but a lone 0, as JSON has it), and the index past it; ``(0, -1)``
+    when there is none there."""
+    if i < 0:
+        return 0, -1
+    start = i
+    v: i64 = 0
+    while i < n:
+        c: i64 = line[i]
+        if c < 48 or c > 57:
+            break
+        if i - start == MAX_DIGITS:
+            return 0, -1
+        v = v * 10 + (c - 48)
+        i += 1
+    if i == start or (i - start > 1 and line[start] == 48):
+        return 0, -1
+    return v, i
+
+
+def layout_record(line: bytes) -> tuple[i64, i64, i64, vec[i64]]:
+    """``(timestamp, input_length, output_length, hash_ids)`` of a line written exactly
+    in the published trace's layout (the four keys in that order, ``": "`` and ``", "``
+    between, integers of at most ``MAX_DIGITS`` digits, at least one hash id, the line
+    ending right after ``]}`` or its ``\\n``); ``NOT_LAYOUT`` as the timestamp for any
+    other line.  Such a line is valid JSON, and ``orjson.loads`` makes of it a dict of
+    exactly these integers (the fields checked as ever: ``mooncake_lines``)."""
+    ids = vec[i64]()
+    n: i64 = len(line)
+    if n > 0 and line[n - 1] == 10:
+        n -= 1
+    ts, i = _number(line, len(HEAD) if line.startswith(HEAD) else -1, n)
+    n_in, i = _number(line, _literal(line, i, INPUT), n)
+    n_out, i = _number(line, _literal(line, i, OUTPUT), n)
+    i = _literal(line, i, IDS)
+    if i < 0 or i > n:
+        return NOT_LAYOUT, 0, 0, ids
+    # (room for every id the rest can hold: each takes at least three bytes with its
+    # separator, or the closing "]}")
+    ids = vec[i64](capacity=(n - i) // 3 + 1)
+    while True:
+        h, i = _number(line, i, n)
+        if i < 0:
+            return NOT_LAYOUT, 0, 0, ids
+        ids = append(ids, h)
+        if i + 2 > n:
+            return NOT_LAYOUT, 0, 0, ids
+        c: i64 = line[i]
+        d: i64 = line[i + 1]
+        if c == 93 and d == 125 and i + 2 == n:   # "]}": the end
+            return ts, n_in, n_out, ids
+        if c != 44 or d != 32:                    # ", ": the next id
+            return NOT_LAYOUT, 0, 0, ids
+        i += 2
+
+
+class TraceLimits:
+    """What a Mooncake record may hold (the workload's limits, handed in): token counts in
+    ``[1, max_count]``, arrivals (seconds) up to ``max_time``, at most ``max_requests``
+    records."""
+
+    def __init__(self, max_count: int, max_time: float, max_requests: int) -> None:
+        self.max_count: i64 = max_count
+        self.max_time = max_time
+        self.max_requests: i64 = max_requests
+
+
+def mooncake_lines(path: str, block: i64, limit: i64, time_scale: float, limits: TraceLimits,
+                   tail_prefix: str, request: Callable[..., Any], prompt: Callable[..., Any],
+                   other: Callable[[bytes, int, int, Any], Any]) -> Iterator[Any]:
+    """The records of the Mooncake JSONL file ``path`` (``limit`` >= 0: the first so many;
+    -1: all), ``block`` tokens a hash id, arrivals ``timestamp / 1000 * time_scale``.
+
+    A line in the trace's layout that passes every check (``limits``; timestamps in
+    file order) is ``request(rid, arrival, prompt(ids, input_length, block, tail),
+    output_length)``: ``rid`` is ``request_id`` of the record's index, ``tail`` the
+    private stream ``tail_prefix + rid`` when the ids cover fewer than ``input_length``
+    tokens (else ``""``).  Every other line, and any line once ``max_requests`` records
+    are read, is ``other(line, lineno, index, previous timestamp)``: None for a line that
+    holds no record (blank), else ``(record, its timestamp)``; it raises for a bad line."""
+    prev_ts: Any = None
+    max_count = limits.max_count      # (locals: no attribute read a record)
+    max_time = limits.max_time
+    max_requests = limits.max_requests
+    index: i64 = 0
+    lineno: i64 = 0
+    with open(path, "rb") as fh:
+        for line in fh:
+            lineno += 1
+            if 0 <= limit <= index:
+                return
+            if index < max_requests:
+                lts, l_in, l_out, l_ids = layout_record(line)
+                if (lts >= 0 and (prev_ts is None or lts >= prev_ts)
+                        and 1 <= l_in <= max_count and 1 <= l_out <= max_count
+                        and float(lts) / 1000.0 * time_scale <= max_time):
+                    # (the line's layout and its checks passed: what the general way
+                    # makes of it, without decoding it as a dict)
+                    rid = request_id(index)
+                    tail = tail_prefix + rid if block * len(l_ids) < l_in else ""
+                    yield request(rid, float(lts) / 1000.0 * time_scale,
+                                  prompt(l_ids, l_in, block, tail), l_out)
+                    prev_ts = lts
+                    index += 1
+                    continue
+            got = other(line, lineno, index, prev_ts)
+            if got is None:
+                continue
+            rec, prev_ts = got
+            yield rec
+            index += 1
