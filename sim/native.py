@@ -15,9 +15,6 @@ finder placed first on ``sys.path``'s search loads every listed module from its
 ``.py`` — all of them, because compiled modules call each other directly in C
 and a mix could still run a stale one.
 
-``backends/__init__.py`` imports ``sim`` first, so the same choice covers
-``backends.analytical``.
-
 ``HCS_NATIVE`` chooses at run time: ``auto`` (default: compiled when fresh),
 ``0`` (always the source, e.g. to profile with cProfile or to debug), ``1``
 (require the compiled build; an error says why it cannot be used).
@@ -59,6 +56,7 @@ NATIVE_MODULES = (
     "sim.cache.offload_store",
     "sim.cache.offload",
     "sim.engine.step_plan",
+    "sim.engine.step_cost",
     "sim.engine.request",
     "sim.engine.scheduler",
     "sim.engine.tiered_scheduler",
@@ -67,7 +65,6 @@ NATIVE_MODULES = (
     "sim.engine.engine",
     "sim.engine.record",
     "sim.engine.codecs",
-    "backends.analytical",
 )
 MANIFEST = "_native_build.json"
 ENV = "HCS_NATIVE"
