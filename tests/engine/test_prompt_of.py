@@ -64,3 +64,18 @@ def test_the_workloads_limit_is_the_caches():
     from workloads.base import MAX_COUNT
 
     assert MAX_COUNT == NO_LENGTH_LIMIT
+
+
+def test_the_workloads_import_nothing_of_the_cache():
+    """Workloads yield plain data; the engine builds the cache's types from it."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    bad = []
+    for path in sorted((root / "workloads").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [(path.name, n) for n in names if n == "sim.cache" or n.startswith("sim.cache.")]
+    assert bad == []
