@@ -1,8 +1,9 @@
 """Build hook: compile the simulation hot path with mypyc.
 
-The modules listed in ``sim/native.py`` (cache core and engine) are ordinary
-type-annotated Python; mypyc turns them into C extensions that run the same code
-about seven times as fast (``bench/sim_bench.py`` measures it).  The SHA-256 of each
+The modules listed in ``sim/native.py`` (the cache core and the engine: ``sim/cache`` and
+``sim/engine``, nothing else) are ordinary type-annotated Python; mypyc turns them into C
+extensions that run the same code about seven times as fast (``bench/sim_bench.py``
+measures it).  The SHA-256 of each
 compiled source goes to ``sim/_native_build.json`` so that ``sim/native.py`` runs
 the source instead whenever a file changed after the build.
 

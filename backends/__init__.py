@@ -1,3 +1,2 @@
-"""Step-time backends: ``analytical`` (a roofline, compiled with the hot path) and
-``torch_backend`` (real kernels)."""
-import sim  # noqa: F401  (sim.native picks the compiled or source build first)
+"""Step-time backends: ``analytical`` (a roofline; the engine times it with its compiled
+twin, ``sim/engine/step_cost.py``) and ``torch_backend`` (real kernels)."""

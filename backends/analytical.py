@@ -14,6 +14,10 @@ profile file; a profile made by ``sim calibrate`` (``kind: fitted``) instead
 carries measured coefficients of the torch backend on one device:
 ``per_item_s + per_chunk_s * ceil(t / chunk_tokens) + per_token_s * t
 + per_pair_s * (t*c + t*(t+1)/2)`` per item (the SSD scan pads to whole chunks).
+
+This module is plain Python, the model's reference: when a run's backend is this model,
+the engine times its steps with the model's compiled twin (``sim/engine/step_cost.py``,
+the same expressions on the same coefficients), and a test compares the two bit for bit.
 """
 from __future__ import annotations
 
@@ -79,11 +83,6 @@ class CostModel:
                 NC += -(-t // ck)
         return self.time_from_sums(len(items), T, C, TC, TT, NC)
 
-    def decode_times(self, n: int, t: int) -> DecodeTimes:
-        """The step times of a pure-decode batch of ``n`` items of ``t`` tokens by its
-        context sum (a decode jump's steps)."""
-        return DecodeTimes(self, n, t, n * t, n * t * (t + 1))
-
     def time_from_sums(self, n: int, T: int, C: int, TC: int, TT: int,
                        NC: int | None = None) -> float:
         """Step time from integer batch sums: n items, T = sum t, C = sum c,
@@ -102,85 +101,6 @@ class CostModel:
         compute = flops / (self.peak_flops * self.mfu)
         memory = mem / (self.hbm_bytes_per_s * self.mbu)
         return self.overhead_s + (compute if compute > memory else memory)
-
-
-class DecodeTimes:
-    """``time_from_sums`` of the pure-decode steps of one batch (``n`` items of ``t``
-    tokens; ``T`` = n t, ``TT`` = n t (t + 1)) as only the context sum ``C`` changes from
-    step to step: an engine decode jump times each of its steps.  The terms free of ``C``
-    are computed once, each by the very expression ``time_from_sums`` evaluates, and
-    ``at`` combines them in its order: every step's time is the same float, bit for bit,
-    at about half the work."""
-
-    def __init__(self, m: CostModel, n: int, t: int, T: int, TT: int):
-        # (machine integers: ``at`` runs once per step of every jump; an i64 converts to
-        # the same double as the equal int, and t C stays far below 2**63)
-        self.t: i64 = t
-        self.half: i64 = TT // 2
-        self.overhead = m.overhead_s
-        self.fitted = m.per_token_s is not None
-        # roofline: flops = a + b (t C + TT // 2 + (TT % 2) 0.5), memory = w + (C + 2T) kv + s
-        self.a = T * (m.dense_flops_per_token + m.ssd_flops_per_token * m.mamba_layers)
-        self.b = 4.0 * m.attn_layers * m.attn_width
-        self.odd = (TT % 2) * 0.5
-        self.w = m.weight_bytes
-        self.T2: i64 = 2 * T
-        self.kv = m.kv_bytes_per_token
-        self.s = n * 2.0 * m.state_bytes_per_seq
-        self.peak = m.peak_flops * m.mfu
-        self.hbm = m.hbm_bytes_per_s * m.mbu
-        # fitted: (n per_item + T per_token) + (t C + TT // 2) per_pair + NC per_chunk
-        self.items = 0.0
-        self.pair = 0.0
-        self.chunks = 0.0
-        if self.fitted:
-            pi, pt, pp = m.per_item_s, m.per_token_s, m.per_pair_s
-            assert pi is not None and pt is not None and pp is not None
-            self.items = n * pi + T * pt
-            self.pair = pp
-            ck = m.chunk_tokens
-            nc = n * -(-(T // n) // ck) if ck else 0
-            self.chunks = nc * m.per_chunk_s
-
-    def at(self, C: i64) -> float:
-        """``time_from_sums(n, T, C, t C, TT)``."""
-        if self.fitted:
-            return self.items + float(self.t * C + self.half) * self.pair + self.chunks
-        flops = self.a + self.b * (float(self.t * C + self.half) + self.odd)
-        mem = self.w + float(C + self.T2) * self.kv + self.s
-        compute = flops / self.peak
-        memory = mem / self.hbm
-        return self.overhead + (compute if compute > memory else memory)
-
-
-class HostLinks:
-    """Each GPU's host link, one direction for loads (host -> GPU) and one for stores (GPU
-    -> host), PCIe being full duplex; the KV offloading tier's transfers cross them in the
-    order they are submitted, while the GPU computes (vLLM's offloading worker copies on
-    its own streams: a step waits only for the stores it must flush).  Every GPU of a
-    replica moves its own shard of a block at once, so one link's bytes are one GPU's.
-    Times in ns."""
-
-    def __init__(self, load_bytes_per_s: float, store_bytes_per_s: float):
-        self.load_ns_per_byte = 1e9 / load_bytes_per_s
-        self.store_ns_per_byte = 1e9 / store_bytes_per_s
-        self.load_free: i64 = 0       # when the load direction is idle again
-        self.store_free: i64 = 0
-
-    def load(self, nbytes: i64, start: i64) -> i64:
-        """A load of ``nbytes`` submitted at ``start``: when it is done."""
-        if self.load_free > start:
-            start = self.load_free
-        end: i64 = start + int(float(nbytes) * self.load_ns_per_byte + 0.5)
-        self.load_free = end
-        return end
-
-    def store(self, nbytes: i64, start: i64) -> i64:
-        if self.store_free > start:
-            start = self.store_free
-        end: i64 = start + int(float(nbytes) * self.store_ns_per_byte + 0.5)
-        self.store_free = end
-        return end
 
 
 def build_backend(scenario: Any, deployment: Any, plant: str | None = None) -> Any:

@@ -15,10 +15,6 @@ finder placed first on ``sys.path``'s search loads every listed module from its
 ``.py`` — all of them, because compiled modules call each other directly in C
 and a mix could still run a stale one.
 
-``backends/__init__.py`` and ``workloads/base.py`` import ``sim`` first, so the same
-choice covers ``backends.base`` (the step plan's item, which the scheduler's item extends),
-``backends.analytical``, ``workloads.hash_ids`` and ``workloads.trace_records``.
-
 ``HCS_NATIVE`` chooses at run time: ``auto`` (default: compiled when fresh),
 ``0`` (always the source, e.g. to profile with cProfile or to debug), ``1``
 (require the compiled build; an error says why it cannot be used).
@@ -60,6 +56,8 @@ NATIVE_MODULES = (
     "sim.cache.offload_lookup",
     "sim.cache.offload_store",
     "sim.cache.offload",
+    "sim.engine.step_plan",
+    "sim.engine.step_cost",
     "sim.engine.request",
     "sim.engine.observers",
     "sim.engine.scheduler",
@@ -68,11 +66,7 @@ NATIVE_MODULES = (
     "sim.engine.gate",
     "sim.engine.engine",
     "sim.engine.record",
-    "sim.rundir.csv_bytes",
-    "backends.base",
-    "backends.analytical",
-    "workloads.hash_ids",
-    "workloads.trace_records",
+    "sim.engine.codecs",
 )
 MANIFEST = "_native_build.json"
 ENV = "HCS_NATIVE"

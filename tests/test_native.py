@@ -32,6 +32,25 @@ def _fake_tree(tmp_path: Path, with_ext: bool = True, manifest: bool = True) -> 
     return tmp_path
 
 
+def test_the_compiled_set_is_the_cache_and_the_engine():
+    """The design rule (issue #39): only ``sim/cache`` and ``sim/engine`` are compiled.  Hot
+    code at an edge runs there as the compiled twin of a plain reference kept at the edge
+    (``sim/engine/codecs.py``, ``sim/engine/step_cost.py``), and the codecs import nothing of
+    the project (the edges call them: nothing of the cache is loaded through them)."""
+    import ast
+
+    outside = [m for m in native.NATIVE_MODULES
+               if not m.startswith(("sim.cache.", "sim.engine."))]
+    assert outside == []
+    assert {"sim.engine.codecs", "sim.engine.step_cost"} <= set(native.NATIVE_MODULES)
+    tree = ast.parse(native.source_path("sim.engine.codecs", ROOT).read_text())
+    ours = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+            and (n.module or "").split(".")[0] in ("sim", "backends", "workloads", "reports")]
+    ours += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+             if a.name.split(".")[0] in ("sim", "backends", "workloads", "reports")]
+    assert ours == []
+
+
 def test_fresh_build_is_usable(tmp_path):
     root = _fake_tree(tmp_path)
     assert native.build_state(root) == (True, "compiled build matches the sources")

@@ -12,28 +12,100 @@ non-negative integer ``h``, the trace's hash id, which stands for the stream
 ``f"mc/{h}"`` (``segment_name``).  Hash ids are the bulk of a Mooncake
 trace's segments: keeping them integers spares a string and a dictionary
 entry per block (one run never mixes the two spellings of a stream).  Such a
-trace's prompt is a ``sim.cache.prompt.HashIdPrompt``: its id list, read as the
-segments it stands for (iteration, indexing, ``==`` with a list), not a tuple per id.
+trace's prompt is a :class:`HashIds`: plain data (its id array, the prompt's length,
+the block, the private tail's name), read as the segments it stands for (iteration,
+indexing, ``==`` with a list), not a tuple per id.  The engine builds its own prompt
+type from those fields (``sim.engine.record.prompt_of``); the workloads import nothing
+of the cache.
 """
 from __future__ import annotations
 
 from sim.errors import InputError
-from sim.cache.config import NO_LENGTH_LIMIT
-from sim.cache.prompt import HashIdPrompt, Segment
 
 import difflib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from librt.vecs import vec
+from mypy_extensions import i64
 
+Segment = tuple["str | int", int, int]   # (stream name, or a hash id; offset; length)
 
 
 def segment_name(name: str | int) -> str:
     """The printable name of a segment's stream (``mc/<h>`` for hash id ``h``)."""
     return name if isinstance(name, str) else f"mc/{name}"
+
+
+class HashIds:
+    """A block-hash trace record's prompt (Mooncake: ``hash_ids``, ``input_length``) as
+    plain data: ``ids``, the record's hash ids (machine integers in ``[0, 2**53)``, as
+    the reader checked them: ``workloads.trace_records``), ``n_in`` the prompt's tokens,
+    ``block`` the tokens a hash id stands for, ``tail_name`` the private stream that
+    ends the prompt when the ids cover fewer than ``n_in`` tokens (``""`` when they
+    cover it all).
+
+    It reads as the list of segments it stands for (iteration, ``len``, indexing,
+    slices, ``==`` with a list): ``(h, 0, block)`` for each id ``h`` used (the stream
+    ``mc/<h>``, named by its integer), the last one cut to the prompt's length, then
+    ``(tail_name, 0, tail)`` when the ids cover fewer tokens than the prompt.  The
+    engine keys it straight from the four fields (``sim.engine.record.prompt_of``): no
+    tuple per id is built on a run's way."""
+
+    __slots__ = ("ids", "n_in", "block", "tail_name")
+
+    def __init__(self, ids: vec[i64], n_in: int, block: int, tail_name: str) -> None:
+        self.ids = ids
+        self.n_in = n_in
+        self.block = block
+        self.tail_name = tail_name
+
+    def layout(self) -> tuple[int, int, int]:
+        """``(used, last, tail)``: the ids the prompt uses, the length of the last one's
+        segment, the tokens past the ids (0: none)."""
+        full, part = divmod(self.n_in, self.block)
+        used = min(full + 1 if part else full, len(self.ids))
+        last = part if used == full + 1 else self.block
+        return used, last, self.n_in - (used - 1) * self.block - last if used else self.n_in
+
+    def as_list(self) -> list[Segment]:
+        """The segments as a list of tuples."""
+        used, last, tail = self.layout()
+        out: list[Segment] = [(self.ids[i], 0, self.block) for i in range(used - 1)]
+        if used:
+            out.append((self.ids[used - 1], 0, last))
+        if tail > 0:
+            out.append((self.tail_name, 0, tail))
+        return out
+
+    def __len__(self) -> int:
+        used, _, tail = self.layout()
+        return used + (1 if tail > 0 else 0)
+
+    def __getitem__(self, i: int | slice) -> Segment | list[Segment]:
+        return self.as_list()[i]
+
+    def __iter__(self) -> Iterator[Segment]:
+        return iter(self.as_list())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, HashIds):
+            return self.as_list() == other.as_list()
+        if isinstance(other, list):
+            return self.as_list() == other
+        return False
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    # (equal to a list: unhashable as one)
+    __hash__ = None   # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"HashIds({self.as_list()!r})"
 
 
 @dataclass(slots=True)
@@ -43,7 +115,7 @@ class TraceRequest:
     request_id: str
     arrival_s: float                 # absolute arrival time; for a follow-up turn: a lower bound only
     # prompt = concatenation of (stream name, offset, length); a block-hash trace's: its ids
-    segments: list[Segment] | HashIdPrompt
+    segments: list[Segment] | HashIds
     output_tokens: int               # tokens to generate (>= 1)
     session: str | None = None
     after: str | None = None         # request_id of the previous turn: this request arrives
@@ -83,7 +155,8 @@ def show(value: Any, limit: int = 60) -> str:
 
 # the largest token count (or priority magnitude) a request may carry: the compiled hot path
 # holds them in 64-bit machine integers (sim/native.py); larger is a bad trace, not a run
-MAX_COUNT = NO_LENGTH_LIMIT
+# (the cache's NO_LENGTH_LIMIT, sim/cache/config.py: tests/workloads check they agree)
+MAX_COUNT = (1 << 62) - 1
 
 #: the most requests one workload may issue: a run keeps every request's row for
 #: requests.csv (~0.3 KB each) and replays a few thousand a second, so ten million is

@@ -104,8 +104,9 @@ class MooncakeConfig:
         return self._read(path)
 
     def _read(self, path: Path) -> Iterator[TraceRequest]:
-        """Records in file order (``workloads.trace_records``, compiled with the hot
-        path); a record failing a check is raised by ``_bad``, naming ``path:line``."""
+        """Records in file order (``workloads.trace_records``: a line in the trace's
+        layout by the compiled codec, ``sim.engine.codecs``); a record failing a check is
+        raised by ``_bad``, naming ``path:line``."""
         limit = -1 if self.num_requests is None else self.num_requests
         return mooncake_records(str(path), self.block_tokens, limit, self.time_scale,
                                 self._bad)
@@ -160,7 +161,7 @@ def chain_sessions(records: Iterator[TraceRequest]) -> Iterator[TraceRequest]:
     for rec in records:
         seg = rec.segments
         ids = seg.ids
-        n = seg.used
+        n = seg.layout()[0]          # the ids the prompt uses
         length = rec.prompt_tokens
         full = length // seg.block if seg.block else 0
         if full > n:

@@ -2,11 +2,13 @@
 records vLLM 0.33.0's ``OffloadingConnector`` scheduler side keeps
 (``offloading/scheduler.py``: ``RequestOffloadState``, one transfer job per load or store
 with its keys) and the completion timing of its worker (``offloading/worker.py``, or the
-analytical backend's host links).
+host links' bandwidth: ``HostLinks``).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from mypy_extensions import i64
 
 from sim.cache.offload_pool import AccessState
 
@@ -137,16 +139,44 @@ class StepTransfers(Transfers):
         self._due(job, now // self.unit)
 
 
+class HostLinks:
+    """Each GPU's host link, one direction for loads (host -> GPU) and one for stores (GPU
+    -> host), PCIe being full duplex; the KV offloading tier's transfers cross them in the
+    order they are submitted, while the GPU computes (vLLM's offloading worker copies on
+    its own streams: a step waits only for the stores it must flush).  Every GPU of a
+    replica moves its own shard of a block at once, so one link's bytes are one GPU's.
+    Times in ns."""
+
+    def __init__(self, load_bytes_per_s: float, store_bytes_per_s: float):
+        self.load_ns_per_byte = 1e9 / load_bytes_per_s
+        self.store_ns_per_byte = 1e9 / store_bytes_per_s
+        self.load_free: i64 = 0       # when the load direction is idle again
+        self.store_free: i64 = 0
+
+    def load(self, nbytes: i64, start: i64) -> i64:
+        """A load of ``nbytes`` submitted at ``start``: when it is done."""
+        if self.load_free > start:
+            start = self.load_free
+        end: i64 = start + int(float(nbytes) * self.load_ns_per_byte + 0.5)
+        self.load_free = end
+        return end
+
+    def store(self, nbytes: i64, start: i64) -> i64:
+        if self.store_free > start:
+            start = self.store_free
+        end: i64 = start + int(float(nbytes) * self.store_ns_per_byte + 0.5)
+        self.store_free = end
+        return end
+
+
 class TimedTransfers(Transfers):
-    """Jobs cross the host links at their bandwidth (``backends.analytical.HostLinks``), as
+    """Jobs cross the host links at their bandwidth (``HostLinks``), as
     vLLM's offloading worker submits them: a load when its step starts, a store after the
     step's forward -- at the start of the next step (a flushed store at once, and the
     step's forward waits for it).  Times in engine ns; a job's completion is seen by the
     first ``schedule()`` at or after it (vLLM polls at each step's end)."""
 
     def __init__(self, load_bytes_per_s: float, store_bytes_per_s: float):
-        from backends.analytical import HostLinks
-
         super().__init__()
         self.links = HostLinks(load_bytes_per_s, store_bytes_per_s)
         self.queued: list[Job] = []      # stores waiting for the next step

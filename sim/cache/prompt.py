@@ -4,7 +4,6 @@ list of integer token ids is also accepted."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Final
 
 from librt.vecs import append, vec
@@ -20,18 +19,19 @@ Segment = tuple["str | int", int, int]   # (stream name, or a hash id; offset; l
 
 
 class HashIdPrompt:
-    """A block-hash trace record's prompt (Mooncake: ``hash_ids``, ``input_length``) as
-    its segments, kept compact: the record's list of ids, not a tuple per id.
+    """A block-hash trace record's prompt (Mooncake: ``hash_ids``, ``input_length``) in
+    the form its keys are built from: the record's ids, not a tuple per id.  The engine
+    builds it from a workload's id record (``sim.engine.record.prompt_of``; the record
+    defines the segments: ``workloads.base.HashIds``).
 
-    It reads as the list of segments it stands for (iteration, ``len``, indexing,
-    slices, ``==`` with a list): ``(h, 0, block)`` for each id ``h`` used (the stream
+    It stands for the segments ``(h, 0, block)`` for each id ``h`` used (the stream
     ``mc/<h>``, named by its integer), the last one cut to the prompt's length, then
-    ``(tail_name, 0, tail)`` when the ids cover fewer tokens than the prompt.  The
+    ``(tail_name, 0, tail)`` when the ids cover fewer tokens than the prompt; the
     engine builds the prompt's keys straight from the ids (``StreamRegistry.keys_of``):
     a tuple per id, built and dropped per request, was ~4 k CPU instructions of a
     Mooncake request's ~270 k.  ``ids`` must hold ints ``>= 0`` (the reader checks:
-    ``workloads.hash_ids``), as machine integers (no int object per id: the reader
-    writes them there, ``workloads.trace_records``)."""
+    ``workloads.trace_records``), as machine integers (no int object per id: the reader
+    writes them there, ``sim.engine.codecs.layout_record``)."""
 
     def __init__(self, ids: vec[i64], n_in: int, block: int, tail_name: str) -> None:
         full = n_in // block
@@ -49,48 +49,6 @@ class HashIdPrompt:
         self.tail_name = tail_name
         self.tail = n_in - covered               # tokens past the ids (0: none)
 
-    def __len__(self) -> int:
-        return self.used + (1 if self.tail > 0 else 0)
-
-    def segment(self, i: int) -> Segment:
-        """Segment ``i`` (``0 <= i < len``)."""
-        if i < self.used:
-            return (self.ids[i], 0, self.last if i == self.used - 1 else self.block)
-        return (self.tail_name, 0, self.tail)
-
-    def as_list(self) -> list[Segment]:
-        """The segments as a list of tuples."""
-        return [self.segment(i) for i in range(len(self))]
-
-    def __getitem__(self, i: int | slice) -> Segment | list[Segment]:
-        if isinstance(i, slice):
-            return self.as_list()[i]
-        n = len(self)
-        if i < 0:
-            i += n
-        if i < 0 or i >= n:
-            raise IndexError("segment index out of range")
-        return self.segment(i)
-
-    def __iter__(self) -> Iterator[Segment]:
-        return iter(self.as_list())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, HashIdPrompt):
-            return self.as_list() == other.as_list()
-        if isinstance(other, list):
-            return self.as_list() == other
-        return False
-
-    def __ne__(self, other: object) -> bool:
-        return not self.__eq__(other)
-
-    # (equal to a list: unhashable as one)
-    __hash__ = None   # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"HashIdPrompt({self.as_list()!r})"
-
 
 class StreamRegistry:
     """Maps stream names to small integer ids, in order of first use."""
@@ -104,7 +62,7 @@ class StreamRegistry:
             sid = self.ids[name] = len(self.ids) + 1
         return sid
 
-    def runs_of(self, segments: list[Segment] | HashIdPrompt) -> list[Run]:
+    def runs_of(self, segments: list[Segment]) -> list[Run]:
         """The runs of a prompt given as ``(stream name, offset, length)`` segments.
 
         An integer name ``h >= 0`` (a block-hash trace's hash id, the stream

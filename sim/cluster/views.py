@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from sim.cache.block_pool import GROUP_BITS
+from sim.engine.record import prompt_of
 
 VIEWS = ("oracle", "events", "approximate")
 
@@ -45,7 +45,7 @@ class Prompt:
         k = (h.unit, h.lookahead)
         got = self._keys.get(k)
         if got is None:
-            got = self._keys[k] = self.streams.keys_of(self.trace.segments, h)
+            got = self._keys[k] = self.streams.keys_of(prompt_of(self.trace.segments), h)
         return got
 
 

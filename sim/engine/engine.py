@@ -21,7 +21,7 @@ turns close the loop, no other engine's step end) comes first; otherwise it take
 next event as a SimPy event at its key.  Each replica then steps exactly as it would
 alone on the arrivals it was handed.
 
-Each step the engine hands the backend a step plan (``backends.base.StepPlan``: the
+Each step the engine hands the backend a step plan (``sim.engine.step_plan.StepPlan``: the
 scheduled items, with the drafts each accepts, the tokens it keeps and whether it finishes)
 and gets the step's duration back; the backend sees nothing else of the engine or the
 scheduler.  Observers (``EngineObserver``) see each step and each finish; none costs
@@ -38,14 +38,16 @@ from typing import Any, Callable, Final, Generator, Iterable, Protocol, cast
 import simpy
 from mypy_extensions import i64
 
-from backends.analytical import CostModel, DecodeTimes
-from backends.base import StepBackend, StepItem, StepPlan
+from backends.analytical import CostModel
+from backends.base import StepBackend
 from sim.errors import CapacityError
 from sim.engine.arrivals import (NEVER, NORMAL, WAKE_ARMED, WAKE_NONE, Arrival, Arrivals, Inlet,
                                  Turn, ns)
 from sim.engine.gate import Gate
 from sim.engine.record import Recorder, RequestMaker, StepSampler
 from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
+from sim.engine.step_cost import DecodeTimes, StepCost
+from sim.engine.step_plan import StepItem, StepPlan
 
 Process = Generator[simpy.Event, Any, None]
 # Empty steps in a row, with no other event pending, after which the replay cannot
@@ -74,9 +76,11 @@ class Engine:
         self.env = env if env is not None else simpy.Environment()
         self.sched = scheduler
         self.backend = backend
-        # The analytical model is called natively (a call through the protocol costs ~550
-        # CPU instructions in the compiled build, a few times a step)
-        self.cost: CostModel | None = backend if isinstance(backend, CostModel) else None
+        # The analytical model is timed natively by its compiled twin (a call through the
+        # protocol costs ~550 CPU instructions in the compiled build, a few times a step;
+        # the model itself, interpreted, far more): sim/engine/step_cost.py
+        self.cost: StepCost | None = StepCost(backend) if isinstance(backend, CostModel) \
+            else None
         # the analytical model's decode-step times of a batch of n items of t tokens
         # (``_decode_times``): kept by n for the last t (they depend on n and t alone)
         self.times_by_n: list[DecodeTimes | None] = []
@@ -452,7 +456,7 @@ class Engine:
             return 1, 0
         return k, total
 
-    def _decode_times(self, cost: CostModel, n: int, t: int) -> DecodeTimes:
+    def _decode_times(self, cost: StepCost, n: int, t: int) -> DecodeTimes:
         """``cost.decode_times(n, t)``, made once per batch size (a jump's batch is
         usually one of a few sizes: no object built per jump)."""
         memo = self.times_by_n

@@ -15,7 +15,7 @@ from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.kv_manager import KVCacheManager
-from sim.cache.prompt import StreamRegistry
+from sim.cache.prompt import HashIdPrompt, Segment, StreamRegistry
 from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
 
 NS: Final = 1e-9   # engine times are integer nanoseconds
@@ -24,6 +24,16 @@ MEMORY_ROWS: Final = 20_000   # memory.csv holds between half this and this many
 ROW_FIELDS: Final = 6         # a memory row: start ns, attention, Mamba, in use, running, waiting
 ITL_DENSE: Final = 1 << 18    # inter-token gaps below this many whole us: counted in a vec
 KEEP_BATCH: Final = 4096      # Recorder: finished rows handed to ``keep`` at a time
+
+
+def prompt_of(segments: Any) -> list[Segment] | HashIdPrompt:
+    """The cache's form of a workload record's prompt (``TraceRequest.segments``): a
+    list of segments as it is; a block-hash trace's plain id record
+    (``workloads.base.HashIds``: ``ids``, ``n_in``, ``block``, ``tail_name``) as a
+    ``HashIdPrompt``, whose keys are built straight from the ids."""
+    if isinstance(segments, list):
+        return segments
+    return HashIdPrompt(segments.ids, segments.n_in, segments.block, segments.tail_name)
 
 
 class RequestMaker:
@@ -35,7 +45,7 @@ class RequestMaker:
 
     def make(self, trace: Any, index: int) -> SimRequest:
         rid: str = trace.request_id
-        keys = self.streams.keys_of(trace.segments, self.kv.hasher)
+        keys = self.streams.keys_of(prompt_of(trace.segments), self.kv.hasher)
         r = SimRequest(self.kv.make_request(rid, keys), trace.output_tokens, index)
         r.out_stream = self.streams.id(f"out/{rid}")
         r.priority = getattr(trace, "priority", 0)   # scheduler.policy priority (default 0)

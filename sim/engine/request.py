@@ -8,9 +8,9 @@ from typing import Any
 from librt.vecs import vec
 from mypy_extensions import i64
 
-from backends.base import StepItem
 from sim.cache.attribution import Miss
 from sim.cache.request import CacheRequest
+from sim.engine.step_plan import StepItem
 
 
 class SimRequest:

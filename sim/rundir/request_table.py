@@ -26,8 +26,8 @@ from itertools import compress, repeat
 from typing import Any
 
 from sim.rundir.records import INT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS, RequestRecord
-from sim.rundir.csv_bytes import FLOAT as CSV_FLOAT
-from sim.rundir.csv_bytes import INT as CSV_INT
+from sim.engine.codecs import FLOAT as CSV_FLOAT
+from sim.engine.codecs import INT as CSV_INT
 from sim.rundir.requests_csv import (FLOAT_FIELD, INT_FIELD, TEXT_FIELD, any_text, float_texts,
                               int_texts, number_bytes)
 

@@ -26,7 +26,7 @@ from array import array
 from itertools import islice, repeat
 from typing import IO, Any, Iterable, Sequence
 
-from sim.rundir import csv_bytes
+from sim.engine import codecs
 
 FLOAT_SPEC = ".6f"    # every float of requests.csv (and memory.csv's time_s)
 # an integer's text: format(v, "") is str(v) for an int (and for "" and a bool), with no
@@ -44,9 +44,10 @@ _SEP = "\x00"                # (in no number's text)
 _FLOAT_FIELD = FLOAT_FIELD + _SEP
 # characters that make csv.writer quote (or refuse) a field: a superset, checked per column
 _SPECIAL = re.compile('[,"\r\n\x00]')
-# rows written by ``sim/rundir/csv_bytes.py`` (digit by digit) where it runs compiled; its source,
-# interpreted, is slower than one %-formatting (tests set this to run it either way)
-BYTES_ROWS = not (csv_bytes.__file__ or "").endswith(".py")
+# rows written by ``sim/engine/codecs.py`` (digit by digit) where it runs compiled; its source,
+# interpreted, is slower than one %-formatting, this module's own way: its plain reference
+# twin (tests set this to run it either way and compare)
+BYTES_ROWS = not (codecs.__file__ or "").endswith(".py")
 
 
 def fmt(v: Any) -> str:
@@ -169,14 +170,14 @@ def write_fields(f: IO[str], fields: list[tuple[str, Sequence[Any]]]) -> None:
 
 
 _TYPECODE = {INT_FIELD: "q", FLOAT_FIELD: "d"}
-_KIND = {INT_FIELD: csv_bytes.INT, FLOAT_FIELD: csv_bytes.FLOAT}
+_KIND = {INT_FIELD: codecs.INT, FLOAT_FIELD: codecs.FLOAT}
 # what csv.writer would quote, NUL aside (``rows_text`` counts NULs itself)
 _QUOTED = re.compile('[,"\r\n]')
 _QUOTED_BYTES = re.compile(b'[,"\r\n\x00]')
 
 
 def _bytes_rows(fields: list[tuple[str, Sequence[Any]]], n: int) -> str | None:
-    """``write_fields``' text of ``fields`` by ``csv_bytes.rows_bytes``: the same bytes
+    """``write_fields``' text of ``fields`` by ``codecs.rows_bytes``: the same bytes
     (its fields are those of the %-formats); None where it cannot tell (a text field not
     ASCII, an int beyond 64 bits, a value of another type): the caller formats them."""
     items: list[tuple] = []
@@ -196,9 +197,9 @@ def _bytes_rows(fields: list[tuple[str, Sequence[Any]]], n: int) -> str | None:
 
 def rows_text(items: list[tuple], n: int) -> str | None:
     """``n`` rows of columns given as ``items``, each ``("c", text)`` (the same field in
-    every row), ``("n", csv_bytes.INT or FLOAT, bytes of int64s or doubles, blank flags:
+    every row), ``("n", codecs.INT or FLOAT, bytes of int64s or doubles, blank flags:
     a byte a row, or b"" for none)``, ``("t", texts)`` or ``("b", bytes, int64 end of
-    each field)``: the text ``write_fields`` makes of them, by ``csv_bytes.rows_bytes``;
+    each field)``: the text ``write_fields`` makes of them, by ``codecs.rows_bytes``;
     None when a field would be quoted by csv.writer or is not ASCII (the caller writes
     those rows its own way)."""
     kinds: list[int] = []
@@ -224,7 +225,7 @@ def rows_text(items: list[tuple], n: int) -> str | None:
             if not joined.isascii() or _QUOTED.search(joined) or \
                     joined.count("\x00") != n - 1:
                 return None
-            kinds.append(csv_bytes.TEXT)
+            kinds.append(codecs.TEXT)
             data.append(joined.encode("ascii"))
             aux.append(b"")
             widths.append(_width(joined, n))
@@ -232,7 +233,7 @@ def rows_text(items: list[tuple], n: int) -> str | None:
             blob = item[1]
             if not blob.isascii() or _QUOTED_BYTES.search(blob):
                 return None
-            kinds.append(csv_bytes.TEXT)
+            kinds.append(codecs.TEXT)
             data.append(blob)
             aux.append(item[2])
             widths.append(-1)
@@ -246,7 +247,7 @@ def rows_text(items: list[tuple], n: int) -> str | None:
         pending.clear()
     pending.append("\n")
     literals.append("".join(pending).encode("utf-8"))
-    return csv_bytes.rows_bytes(kinds, literals, data, aux, widths, n).decode("utf-8")
+    return codecs.rows_bytes(kinds, literals, data, aux, widths, n).decode("utf-8")
 
 
 def number_bytes(vals: Sequence[Any], code: str) -> bytes:

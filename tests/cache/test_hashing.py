@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 from librt.vecs import vec
 from mypy_extensions import i64
 
@@ -173,42 +172,6 @@ def test_stream_registry_keys_of_equals_keys_of_its_runs():
         b = PrefixHasher(unit, la).keys_of(reg_b.runs_of(segs))
         assert a.runs == b.runs and a.keys() == b.keys() and a.total == b.total
         assert reg_a.ids == reg_b.ids
-
-
-def test_a_hash_id_prompt_reads_as_its_segments_and_keys_as_them():
-    """A block-hash trace's compact prompt (sim.cache.prompt.HashIdPrompt) is the list
-    of segments it stands for (the ids used, the last cut to the prompt, then a private
-    tail), and StreamRegistry.keys_of reads its ids into the keys of that list."""
-    from sim.cache.prompt import HashIdPrompt, StreamRegistry
-
-    rng = random.Random(23)
-    for _ in range(300):
-        block = rng.choice([16, 64, 512])
-        ids = [rng.choice([0, 1, 5, 7, 300, 2**40]) for _ in range(rng.randint(0, 9))]
-        n_in = rng.randint(1, 12 * block)
-        p = HashIdPrompt(vec[i64](ids), n_in, block, "mcu/r0000007")
-        full, part = divmod(n_in, block)
-        want = [(h, 0, block) for h in ids[:full]]
-        if part and len(ids) > full:
-            want.append((ids[full], 0, part))
-        covered = sum(n for _, _, n in want)
-        if covered < n_in:
-            want.append(("mcu/r0000007", 0, n_in - covered))
-        assert p == want and want == p and list(p) == want and len(p) == len(want)
-        assert [p[i] for i in range(-len(want), len(want))] == want + want
-        assert p[1:3] == want[1:3] and p[::-1] == want[::-1]
-        assert sum(n for _, _, n in p) == n_in
-        with pytest.raises(IndexError):
-            p[len(want)]
-        unit, la = rng.choice([1, 16, 64]), rng.choice([0, 3])
-        reg_a, reg_b = StreamRegistry(), StreamRegistry()
-        a = reg_a.keys_of(p, PrefixHasher(unit, la))
-        b = reg_b.keys_of(want, PrefixHasher(unit, la))
-        assert a.runs == b.runs and a.keys() == b.keys() and a.total == b.total
-        assert reg_a.ids == reg_b.ids
-    assert HashIdPrompt(vec[i64]([1]), 8, 16, "t") != [(1, 0, 16)]
-    with pytest.raises(TypeError):
-        hash(HashIdPrompt(vec[i64]([1]), 8, 16, "t"))
 
 
 def test_extend_ids_equals_the_runs_of_its_ids():

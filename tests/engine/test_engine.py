@@ -287,9 +287,9 @@ class _Protocol:
 
 
 def test_cost_model_called_natively_gives_the_same_run(monkeypatch):
-    """The engine calls the analytical model's methods directly when the backend is the
-    cost model, and through the backend protocol otherwise: the runs are identical
-    (athena-tiny: chunked prefill, jumps, MTP)."""
+    """The engine times the analytical model by its compiled twin (sim/engine/step_cost.py)
+    when the backend is the cost model, and calls the plain model through the backend
+    protocol otherwise: the runs are identical (athena-tiny: chunked prefill, jumps, MTP)."""
     from sim.commands import run as R
     from sim.engine import replica   # (where a replica's engine and backend are built)
 

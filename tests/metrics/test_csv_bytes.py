@@ -1,4 +1,4 @@
-"""Numbers written digit by digit (sim/rundir/csv_bytes.py) are the very text of ``str`` and
+"""Numbers written digit by digit (sim/engine/codecs.py, compiled) are the very text of ``str`` and
 ``"%.6f"``: every int, every double (exact halves between two six-decimal values and their
 neighbours included), and whole chunks of requests.csv rows either way."""
 from __future__ import annotations
@@ -12,20 +12,20 @@ from array import array
 import pytest
 from librt.strings import BytesWriter
 
-from sim.rundir import csv_bytes
+from sim.engine import codecs
 
 from sim.rundir import requests_csv
 
 
 def fixed6(x: float) -> str:
     w = BytesWriter()
-    csv_bytes.write_fixed6(w, x)
+    codecs.write_fixed6(w, x)
     return w.getvalue().decode("ascii")
 
 
 def int_text(v: int) -> str:
     w = BytesWriter()
-    csv_bytes.write_int(w, v)
+    codecs.write_int(w, v)
     return w.getvalue().decode("ascii")
 
 

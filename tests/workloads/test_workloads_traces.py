@@ -89,7 +89,7 @@ def test_mooncake_limit_and_ids(fixtures):
 
 def test_request_ids_are_the_index_zero_padded_to_seven_digits():
     """The compiled reader's ids (no format spec) are f"r{index:07d}" at every width."""
-    from workloads.trace_records import request_id
+    from sim.engine.codecs import request_id
     for i in (0, 7, 10, 999_999, 1_000_000, 9_999_999, 10_000_000, 123_456_789):
         assert request_id(i) == f"r{i:07d}"
 
@@ -268,7 +268,7 @@ MUTATIONS = [
 
 
 def test_layout_reader_agrees_with_orjson():
-    """``workloads.trace_records.layout_record`` reads the published trace's layout
+    """``sim.engine.codecs.layout_record`` reads the published trace's layout
     without a JSON decoder: on lines in that layout it gives what ``orjson.loads`` gives;
     on any other (spacing, signs, leading zeros, floats, 16 digits, other keys, \\r\\n,
     truncation) it gives NOT_LAYOUT, or what orjson gives."""
@@ -276,7 +276,7 @@ def test_layout_reader_agrees_with_orjson():
 
     import orjson
 
-    from workloads.trace_records import NOT_LAYOUT, layout_record
+    from sim.engine.codecs import NOT_LAYOUT, layout_record
 
     rng = random.Random(31)
     fields = ("timestamp", "input_length", "output_length")
@@ -325,3 +325,60 @@ def test_mooncake_records_are_the_same_in_any_json_layout(tmp_path):
     assert got["layout"] == got["compact"] == got["mixed"]
     assert len(got["layout"]) == 200
     assert got["layout"][5][1] == recs[5]["timestamp"] / 1000 * 0.7
+
+
+def _mixed_file(rng) -> list[bytes]:
+    """A random Mooncake file: records in the trace's layout, compact, with float
+    timestamps or ids past the prompt, blank lines, and now and then a broken one."""
+    out = []
+    ts = 0
+    for _ in range(rng.randint(1, 40)):
+        ts += rng.choice([0, 1, 250, 10_000])
+        rec = {"timestamp": ts + (0.5 if rng.random() < 0.1 else 0),
+               "input_length": rng.choice([1, 7, 512, 600, rng.randrange(1, 20_000)]),
+               "output_length": rng.randrange(1, 2_000),
+               "hash_ids": [rng.choice([0, 5, rng.randrange(10**6), 10**15 - 1])
+                            for _ in range(rng.randint(1, 30))]}
+        line = json.dumps(rec, separators=(",", ":") if rng.random() < 0.2 else None).encode()
+        if rng.random() < 0.05:
+            line = rng.choice(MUTATIONS)(line, rng)
+        out.append(line + b"\n")
+        if rng.random() < 0.05:
+            out.append(b"  \n")
+    return out
+
+
+def test_the_codec_reads_what_its_plain_twin_reads(tmp_path):
+    """The Mooncake reader (``workloads.trace_records.mooncake_records``: a line in the
+    trace's layout by the compiled codec ``sim.engine.codecs.mooncake_lines``) and its
+    plain reference twin (``plain_records``: every line through orjson) give the same
+    records, or the same one-line error at the same line, on random files."""
+    import random
+
+    from workloads.trace_records import mooncake_records, plain_records
+    from workloads.traces import MooncakeConfig
+
+    def read(reader, path, block, limit, scale, bad):
+        out = []
+        try:
+            for r in reader(path, block, limit, scale, bad):
+                out.append((r.request_id, r.arrival_s, list(r.segments), r.output_tokens,
+                            list(r.segments.ids), r.session, r.after))
+        except WorkloadError as e:
+            out.append(("error", str(e)))
+        return out
+
+    rng = random.Random(43)
+    p = tmp_path / "t.jsonl"
+    errors = records = 0
+    for _ in range(150):
+        p.write_bytes(b"".join(_mixed_file(rng)))
+        block = rng.choice([16, 512, 1000])
+        scale = rng.choice([1.0, 0.7, 2.0])
+        limit = rng.choice([-1, -1, rng.randrange(0, 30)])
+        bad = MooncakeConfig(str(p), time_scale=scale, block_tokens=block)._bad
+        got = read(mooncake_records, str(p), block, limit, scale, bad)
+        assert got == read(plain_records, str(p), block, limit, scale, bad)
+        errors += bool(got) and got[-1][0] == "error"
+        records += len(got)
+    assert errors > 5 and records > 1000

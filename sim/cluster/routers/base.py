@@ -23,7 +23,7 @@ class RouteRequest:
 
     request_id: str
     session: str | None
-    segments: Any               # the workload record's segments (or hash-id prompt)
+    segments: Any               # the workload record's segments (or its hash-id record)
     prompt_tokens: int          # (-1 for a router that reads no replica: ``oblivious``)
     output_tokens: int
     arrival_ns: int             # (-1 likewise: it is routed as the trace is read)
