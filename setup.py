@@ -73,6 +73,20 @@ def _record_fallback(error: BaseException, build_lib: str | None = None) -> None
         built.write_text(text)
 
 
+def _drop_retired_extensions() -> None:
+    """Remove the extensions an earlier build of ours wrote beside the sources of modules
+    no longer compiled (its manifest names every module it compiled): Python imports an
+    extension before its source, so one left there would shadow the module's new code."""
+    try:
+        built = json.loads(manifest.read_text()).get("modules") or {}
+    except (OSError, ValueError, AttributeError):
+        return
+    for m in built:
+        if m not in native["NATIVE_MODULES"]:
+            for ext in native["extensions"](m, ROOT):
+                ext.unlink()
+
+
 if os.environ.get("HCS_PURE", "") not in ("", "0"):
     # a pure install: drop the manifest and any extension an earlier build left
     # beside the sources (sim/native.py would distrust them anyway)
@@ -83,6 +97,7 @@ if os.environ.get("HCS_PURE", "") not in ("", "0"):
     for shared in ROOT.glob("*__mypyc.*.so"):
         shared.unlink()
 else:
+    _drop_retired_extensions()
     sources = [str(native["source_path"](m, ROOT).relative_to(ROOT))
                for m in native["NATIVE_MODULES"]]
     # the hashes of the sources mypyc just read; recorded only once the extensions
