@@ -12,6 +12,7 @@ import pytest
 
 from sim.cache.mamba_manager import MambaManager, find_mamba
 from sim.cache.prompt import StreamRegistry
+from sim.engine.record import prompt_of
 from sim.config.scenario import load_scenario
 from sim.commands.run import simulate
 from workloads import build_workload
@@ -40,7 +41,7 @@ def test_a_miss_answers_the_shared_lists_and_a_hit_lists_of_its_own():
     hits = misses = 0
     for tr in build_workload(sc.workload, sc.seed, sc.path.parent):
         # (hash-id prompts: their keys need no stream registry of the replay's)
-        keys = StreamRegistry().keys_of(tr.segments, kv.hasher)
+        keys = StreamRegistry().keys_of(prompt_of(tr.segments), kv.hasher)
         for limit in (keys.total - 1, keys.total // 2, 3 * kv.hasher.unit):
             blocks, hit = m.find(keys, limit, ids, False, align)
             own = find_mamba(m.pool, keys, limit, ids, m.block_size, align,
