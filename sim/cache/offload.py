@@ -73,7 +73,7 @@ class OffloadConnector(ConnectorStores):
         self._update_keys(rs)
         for jid in rs.jobs:
             for bid in self.jobs[jid].deferred:
-                self.block_jobs.setdefault(bid, set()).add(jid)
+                self._fence(bid, jid)
         self.finished_ids.append(req.request_id)
 
     def preempted(self, req: CacheRequest) -> None:

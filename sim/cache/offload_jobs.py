@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from librt.vecs import vec
 from mypy_extensions import i64
 
 from sim.cache.offload_pool import AccessState
@@ -66,7 +67,7 @@ class ReqOffload:
         self.st = AccessState(arc)
         # the prefix keys of its chunks, one list per chunk size (a group's chunk key is
         # its prefix key with the group in the low bits: groups of one chunk size share one)
-        self.pk: list[list[int]] = [[] for _ in range(nlists)]
+        self.pk: list[vec[i64]] = [vec[i64]() for _ in range(nlists)]
         # its block table in each attention group as vLLM's connector holds it (from the
         # step it is scheduled after a lookup; the table itself: it only grows while the
         # request runs, and stays as it was once the request has finished)

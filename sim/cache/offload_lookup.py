@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
@@ -124,16 +125,22 @@ class ConnectorLookup:
             pks = rs.pk[li]
             want = n // hpc
             k = len(pks)
+            if k >= want:
+                continue
             while k < want:
                 k += 1
                 pk = bh.key(k * hpc - 1)
-                pks.append(pk)
+                pks = append(pks, pk)
                 pos.put(pk, k * hpc * u)
+            rs.pk[li] = pks
 
     def _gkeys(self, rs: ReqOffload, gi: int, lo: int, hi: int) -> list[int]:
         """Group ``gi``'s chunk keys ``lo`` .. ``hi - 1``."""
         gid = self.groups[gi].gid
-        return [(pk << GROUP_BITS) | gid for pk in rs.pk[self.groups[gi].pki][lo:hi]]
+        pks = rs.pk[self.groups[gi].pki]
+        if hi > len(pks):
+            hi = len(pks)
+        return [(pks[i] << GROUP_BITS) | gid for i in range(lo, hi)]
 
     def _nkeys(self, rs: ReqOffload, gi: int) -> int:
         return len(rs.pk[self.groups[gi].pki])
@@ -236,6 +243,15 @@ class ConnectorLookup:
         return reach if reach > start else start
 
 
+    def _fence(self, bid: int, jid: int) -> None:
+        """Job ``jid`` is flushed if block ``bid`` is allocated again before it completes
+        (no set built for a block already fenced)."""
+        js = self.block_jobs.get(bid)
+        if js is None:
+            self.block_jobs[bid] = {jid}
+        else:
+            js.add(jid)
+
     def _watch(self, job: Job) -> None:
         """Watch for ``job``'s completion (its ``seen`` known)."""
         if job.seen >= 0:
@@ -272,7 +288,7 @@ class ConnectorLookup:
             self.req_log[rid]["lookups"].append([self.now, local, hit, bool(hit)])
         return hit
 
-    def _prefix_lookup(self, pks: list[int], lo: int, hi: int, gid: int) -> int | None:
+    def _prefix_lookup(self, pks: vec[i64], lo: int, hi: int, gid: int) -> int | None:
         """Chunks ``lo`` .. ``hi - 1`` of a group: how many, from ``lo``, the pool holds
         (being written counts, but makes the answer None: deferred)."""
         n = 0
@@ -287,7 +303,7 @@ class ConnectorLookup:
                 defer = True
         return None if defer else n
 
-    def _window_lookup(self, pks: list[int], lo: int, hi: int, gid: int, window: int,
+    def _window_lookup(self, pks: vec[i64], lo: int, hi: int, gid: int, window: int,
                        first_window: int) -> int | None:
         """Chunks ``lo`` .. ``hi - 1`` of a group with a window (Mamba: one chunk), from the
         end: the end (from ``lo``) of the last run of ``window`` chunks held."""

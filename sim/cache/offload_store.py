@@ -121,7 +121,7 @@ class ConnectorStores(ConnectorLookup):
                                       "ends": [boundary]}} if self.log is not None else None)
                 job = self._store_job(rs, [key], 1, groups)
                 job.fenced = [block.block_id]
-                self.block_jobs.setdefault(block.block_id, set()).add(job.jid)
+                self._fence(block.block_id, job.jid)
 
     def _tail_stores(self, handoffs: dict[str, list[tuple[int, Any, int]]],
                      scheduled: list[ReqOffload]) -> None:
@@ -187,7 +187,7 @@ class ConnectorStores(ConnectorLookup):
             job = self._store_job(rs, [k for k in keys if k in stored], len(src), groups)
             job.fenced = src
             for bid in src:
-                self.block_jobs.setdefault(bid, set()).add(job.jid)
+                self._fence(bid, job.jid)
 
     def _storable(self, rs: ReqOffload, gi: int, offl: int) -> int:
         gc = self.groups[gi]
@@ -305,7 +305,7 @@ class ConnectorStores(ConnectorLookup):
             if allocated is None:
                 allocated = self._allocated_ids(scheduled)
             for bid in src:
-                self.block_jobs.setdefault(bid, set()).add(job.jid)
+                self._fence(bid, job.jid)
                 if bid in allocated:
                     self.flush_jobs.add(job.jid)
         return allocated
