@@ -338,7 +338,7 @@ class ConnectorLookup:
         defer = False
         for gi in range(len(self.groups)):
             rs.hit_end[gi] = 0
-        verified: set[int] = set()
+        verified: i64 = 0            # (bit gi: group gi's EAGLE chunk verified)
         groups = self.lookup_groups
         while groups:
             looked_sw = False
@@ -349,7 +349,7 @@ class ConnectorLookup:
                 tpc = gc.tpc
                 pks = rs.pk[gc.pki]
                 nk = len(pks)
-                unverified = gc.eagle and gi not in verified
+                unverified = gc.eagle and not (verified >> gi) & 1
                 if cap > nk * tpc:
                     cap = nk * tpc
                 if cap - c0 < tpc:
@@ -372,7 +372,7 @@ class ConnectorLookup:
                 else:
                     if unverified:
                         nh -= 1
-                        verified.add(gi)
+                        verified |= 1 << gi
                     if cap > tpc * (start + nh):
                         cap = tpc * (start + nh)
                 new = cap - c0
@@ -380,7 +380,7 @@ class ConnectorLookup:
                     return 0
                 if new < num_hit:
                     if not gc.eagle:
-                        verified.clear()
+                        verified = 0
                     if defer:
                         defer = False
                         groups = self.lookup_groups

@@ -298,7 +298,7 @@ class ConnectorStores(ConnectorLookup):
                                        "ends": sorted(ends)}
             if n > rs.next_stored[gi]:
                 rs.next_stored[gi] = n
-        job = self._store_job(rs, list(out[0]), len(src), groups)
+        job = self._store_job(rs, stored, len(src), groups)
         job.deferred = src
         self._check_swept(rs)
         if rs.finished:
