@@ -90,6 +90,7 @@ def _drop_retired_extensions() -> None:
 if os.environ.get("HCS_PURE", "") not in ("", "0"):
     # a pure install: drop the manifest and any extension an earlier build left
     # beside the sources (sim/native.py would distrust them anyway)
+    _drop_retired_extensions()
     manifest.unlink(missing_ok=True)
     for m in native["NATIVE_MODULES"]:
         for ext in native["extensions"](m, ROOT):
