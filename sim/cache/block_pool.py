@@ -264,13 +264,17 @@ class BlockPool:
         return out
 
     def drop_keys(self, block: Block) -> None:
-        """Unmap every key of ``block`` (vLLM's ``_remove_cached_block_hashes``), the
-        observers told first (``dropping``: the KV event log's ``BlockRemoved``s)."""
+        """Unmap every key of ``block`` (vLLM's ``_remove_cached_block_hashes``); the
+        observers told the keys that were mapped to it (``dropped``: the KV event log's
+        ``BlockRemoved``s).  With none, no key is listed."""
         obs = self.key_observers
-        if obs:
+        if not obs:
+            self._unmap_keys(block, None)
+            return
+        gone = self.remove_keys(block)
+        if gone:
             for o in obs:
-                o.dropping(self, block)
-        self._unmap_keys(block, None)
+                o.dropped(gone)
 
     def move_keys(self, src: Block, dst: Block) -> None:
         """Re-point every key of ``src`` to ``dst`` (Mamba partial-tail CoW)."""

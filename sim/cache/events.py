@@ -136,10 +136,6 @@ class KVEventLog(PoolObserver):
         self._looked_up: set[str] = set()
         self._mark = 0              # (``caching_starts``: the queue's length then)
 
-    @property
-    def active(self) -> bool:
-        return self.error is None
-
     # -- the step boundary (``KVCacheManager.new_step_starts``) --------------------
     def new_step(self, now: int) -> None:
         """Publish the previous step's events; the step that starts is ``clock()``'s."""
@@ -175,19 +171,12 @@ class KVEventLog(PoolObserver):
         if self.error is None:
             self.pending.append(Removed(key))
 
-    def dropping(self, pool: BlockPool, block: Block) -> None:
-        """The keys of ``block`` are dropped (vLLM's ``_remove_cached_block_hashes`` +
-        ``_emit_block_removed_events``): a ``BlockRemoved`` per key mapped to it, primary
-        first."""
-        if self.error is not None:
-            return
-        bid = block.block_id
-        if block.key >= 0 and pool.contains(block.key, bid):
-            self.pending.append(Removed(block.key))
-        if block.extra is not None:
-            for k in block.extra:
-                if pool.contains(k, bid):
-                    self.pending.append(Removed(k))
+    def dropped(self, keys: list[int]) -> None:
+        """A block's keys were dropped (vLLM's ``_remove_cached_block_hashes`` +
+        ``_emit_block_removed_events``): a ``BlockRemoved`` each, primary first."""
+        if self.error is None:
+            for k in keys:
+                self.pending.append(Removed(k))
 
     def caching_starts(self) -> None:
         self._mark = len(self.pending)
@@ -245,11 +234,6 @@ class KVEventLog(PoolObserver):
     def add(self, ev: Event) -> None:
         if self.error is None:
             self.pending.append(ev)
-
-    def removed(self, pool_keys: list[int]) -> None:
-        if self.error is None:
-            for k in pool_keys:
-                self.pending.append(Removed(k))
 
     def fail(self, type_name: str, message: str, request: str, group: int) -> None:
         """vLLM raised here (its engine dies): keep what this step queued as unpublished

@@ -7,7 +7,8 @@ eviction log (``sim/cache/evictions.py``: who evicted which key, when), each att
 its ``KVCacheManager`` entry point (``enable_kv_events``, ``enable_eviction_log``).
 Every call site tests the list first (``if pool.observers:``): with none attached (the
 default) a site costs one truth test, and no key, list or event is made for anybody.  The
-hooks of the cache's keying (``looked_up``, ``dropping``, ``caching_*``, ``stored_*``) go to
+hooks of the cache's keying (``looked_up``, ``dropped``, ``caching_*``, ``stored_*``, and
+``flush``, the step's batch of them) go to
 the observers that hear them only (``hears_keys``: ``BlockPool.key_observers``): the
 eviction log, on in every run that attributes misses, costs those sites nothing.
 
@@ -24,9 +25,9 @@ class's method table.  The hooks, in the order a step meets them:
 * ``evicted(key)``: ``get_new_blocks`` dropped ``key`` from a block it reuses, for a key
   of a group in the observer's ``watch`` mask only (the pool tests the mask inline, no
   call for the others);
-* ``dropping(pool, block)``: every key of ``block`` is about to be dropped without an
+* ``dropped(keys)``: the keys that were mapped to a block were dropped without an
   eviction (a partial key promoted to a full block, a re-keyed Mamba state, a state an
-  admission policy takes back);
+  admission policy takes back), primary first;
 * ``caching_starts()`` / ``caching_ends()``: around one ``cache_blocks`` of every group;
 * ``stored_full(...)``: a manager keyed full blocks (``cache_full_blocks``);
 * ``stored_partial(...)``: a manager keyed a partial block (``cache_partial_block``) that
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING
 from mypy_extensions import i64
 
 if TYPE_CHECKING:
-    from sim.cache.block_pool import Block, BlockPool
+    from sim.cache.block_pool import Block
     from sim.cache.kv_manager import KVCacheManager
     from sim.cache.request import CacheRequest
 
@@ -51,7 +52,7 @@ class PoolObserver:
 
     ``watch``: the group ids whose evicted keys ``evicted`` hears, as a bit mask (bit
     ``g``: group ``g``; -1: every group; 0, the default: none).  ``hears_keys``: whether
-    it hears the cache's keying (``looked_up``, ``dropping``, ``caching_starts`` /
+    it hears the cache's keying (``looked_up``, ``dropped``, ``flush``, ``caching_starts`` /
     ``caching_ends``, ``stored_full``, ``stored_partial``); False, the default: those
     hooks are not called on it."""
 
@@ -74,8 +75,8 @@ class PoolObserver:
     def evicted(self, key: i64) -> None:
         """``key`` (a pool key of a watched group) was dropped from a block reused now."""
 
-    def dropping(self, pool: BlockPool, block: Block) -> None:
-        """Every key of ``block`` is about to be dropped without an eviction."""
+    def dropped(self, keys: list[int]) -> None:
+        """``keys``, mapped to one block, were dropped without an eviction."""
 
     def caching_starts(self) -> None:
         """One ``cache_blocks`` over every group starts."""

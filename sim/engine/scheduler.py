@@ -656,7 +656,7 @@ class Scheduler:
                     if c.request_id in self.inflight:
                         del self.inflight[c.request_id]
                 kv.free(r.cache)
-        obs = kv.pool.observers
+        obs = kv.pool.key_observers
         if obs:
             # vLLM publishes a step's KV events once its outputs are processed (the
             # engine core's take_events after update_from_output): a router indexing them
