@@ -180,17 +180,15 @@ class TorchBackend:
             ckpt = self.kv.prefill_checkpoint(c) if it.is_prefill else None
             with torch.inference_mode():
                 if ckpt is not None and start < ckpt[0] < end:
-                    # an internal prefill checkpoint: the chunk runs in two pieces and the
-                    # state after ``pos`` tokens goes into the block the cache model keyed
-                    # there (vLLM's metadata builder ends a piece exactly at the checkpoint)
+                    # an internal prefill checkpoint: the state after ``pos`` tokens goes into
+                    # the block the cache model keyed there, read out of the chunk's one pass
+                    # (vLLM's SSD kernel hands it out of the same launch: no second forward)
                     pos, cidx = ckpt
-                    hs1, state_ck = self.model.run(self.token_ids(it, start, pos), start, fa,
-                                                   self.kv_pool, state_in)
+                    hs, state_out, state_ck = self.model.run(
+                        self.token_ids(it, start, end), start, fa, self.kv_pool, state_in,
+                        state_at=pos - start)
                     if cidx < len(mb) and not mb[cidx].is_null:
                         self.state_pool.store(mb[cidx].block_id, state_ck)
-                    hs2, state_out = self.model.run(self.token_ids(it, pos, end), pos, fa,
-                                                    self.kv_pool, state_ck)
-                    hs = torch.cat([hs1, hs2])
                 elif it.is_prefill:
                     hs, state_out = self.model.run(self.token_ids(it, start, end), start, fa,
                                                    self.kv_pool, state_in)

@@ -36,7 +36,7 @@ def segsum(a: Tensor) -> Tensor:
 
 
 def ssd_chunked(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int,
-                initial_state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                initial_state: Tensor | None = None, state_at: int | None = None):
     """Chunked SSD scan.
 
     ``x (t, h, p)`` inputs already multiplied by the step dt; ``a (t, h)`` per-step log decay
@@ -51,6 +51,11 @@ def ssd_chunked(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int,
     (3) a scan over chunk boundaries from ``initial_state`` giving the state entering each chunk
     and the final state; (4) the entering state read out through ``c`` with decay
     ``exp(cumsum(a))``.  y = (1) + (4).
+
+    ``state_at`` (0 < r < t): also return the state after the first ``r`` tokens, as a third
+    value -- read from the same pass (the state entering r's chunk, decayed to r, plus that
+    chunk's own inputs up to r), as vLLM's SSD kernel hands out a state inside a chunk it
+    computes in one launch (an internal prefill checkpoint): no second pass over the tokens.
     """
     t, h, p = x.shape
     n = b.shape[-1]
@@ -59,6 +64,8 @@ def ssd_chunked(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int,
     if initial_state is None:
         initial_state = torch.zeros(h, p, n, dtype=dt, device=x.device)
     s = initial_state.to(dt)
+    if state_at is not None and not 0 < state_at < t:
+        raise ValueError(f"state_at {state_at} must be inside the {t} tokens")
     if t == 0:
         return x.new_zeros(0, h, p), s.clone()
     pad = (-t) % q
@@ -93,7 +100,15 @@ def ssd_chunked(x: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk_size: int,
 
     # (4) off-diagonal output
     y = y + torch.einsum("cihn,chpn,chi->cihp", c, entering, torch.exp(a_cum))
-    return y.reshape(nc * q, h, p)[:t], s
+    y = y.reshape(nc * q, h, p)[:t]
+    if state_at is None:
+        return y, s
+    k, o = divmod(state_at - 1, q)                   # the r-th token: chunk k, offset o
+    ac = a_cum[k, :, : o + 1]                        # (h, o+1)
+    to_r = torch.exp(ac[:, -1:] - ac)                # decay of token j's input up to r
+    mid = (torch.exp(ac[:, -1])[:, None, None] * entering[k]
+           + torch.einsum("jhn,hj,jhp->hpn", b[k, : o + 1], to_r, x[k, : o + 1]))
+    return y, s, mid
 
 
 def ssd_sequential(x: Tensor, a: Tensor, b: Tensor, c: Tensor,
@@ -128,20 +143,22 @@ def ssd_steps(x: Tensor, a: Tensor, b: Tensor, c: Tensor, initial_state: Tensor
 # ----------------------------------------------------------------------------------------------
 # conv, norms, RoPE, attention
 
-def causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor, conv_state: Tensor
-                  ) -> tuple[Tensor, Tensor]:
+def causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor, conv_state: Tensor,
+                  state_at: int | None = None):
     """Depthwise causal conv over time with a carried state.
 
     ``x (t, d)``; ``weight (d, k)``; ``bias (d,)``; ``conv_state (d, k-1)`` = the previous k-1
     *inputs* (oldest first; zeros at sequence start).  Returns ``out (t, d)`` (no activation) and
     the new state ``(d, k-1)`` = the last k-1 inputs of ``[state, x]``.  Computed in the dtype of
-    ``weight``.
+    ``weight``.  ``state_at`` (0 < r < t): also the state after the first r tokens (third value).
     """
     k = weight.shape[1]
     full = torch.cat([conv_state.to(weight.dtype), x.to(weight.dtype).transpose(0, 1)], dim=1)
     out = F.conv1d(full.unsqueeze(0), weight.unsqueeze(1), bias, groups=weight.shape[0])
     new_state = full[:, full.shape[1] - (k - 1):]
-    return out.squeeze(0).transpose(0, 1), new_state
+    if state_at is None:
+        return out.squeeze(0).transpose(0, 1), new_state
+    return out.squeeze(0).transpose(0, 1), new_state, full[:, state_at: state_at + k - 1]
 
 
 def conv_states(x: Tensor, conv_state: Tensor) -> Tensor:

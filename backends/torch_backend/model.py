@@ -87,26 +87,39 @@ class Mamba2Mixer(nn.Module):
         cc = cc.reshape(t, c.n_groups, c.d_state).repeat_interleave(rep, dim=1)
         return x, x * dt[..., None], a, b, cc
 
-    def forward(self, h: Tensor, conv_state: Tensor, ssm_state: Tensor, steps: bool = False):
+    def forward(self, h: Tensor, conv_state: Tensor, ssm_state: Tensor, steps: bool = False,
+                state_at: int | None = None):
         """Output and the state after the last token; with ``steps`` the tokens run one by one
         (a decode / speculative-verify step, as vLLM's state-update kernel does) and the state
-        after *every* token comes back: conv ``(t, d, k-1)``, ssm ``(t, h, p, n)``."""
+        after *every* token comes back: conv ``(t, d, k-1)``, ssm ``(t, h, p, n)``.  With
+        ``state_at`` (0 < r < t) a fourth value: the ``(conv, ssm)`` state after r tokens,
+        from the same pass (an internal prefill checkpoint)."""
         c = self.cfg
         t = h.shape[0]
         z, xbc, dt_raw = self.split_in(h)
-        conv_out, new_conv = K.causal_conv1d(xbc, self.conv_w, self.conv_b, conv_state)
+        mid = None
+        if state_at is None:
+            conv_out, new_conv = K.causal_conv1d(xbc, self.conv_w, self.conv_b, conv_state)
+        else:
+            conv_out, new_conv, conv_mid = K.causal_conv1d(xbc, self.conv_w, self.conv_b,
+                                                           conv_state, state_at)
         if steps:
             new_conv = K.conv_states(xbc, conv_state.to(self.conv_w.dtype))
         xbc = F.silu(conv_out).to(h.dtype)            # activations in model dtype
         x, xdt, a, b, cc = self.ssd_inputs(xbc, dt_raw, torch.float32)
         if steps:
             y, new_ssm = K.ssd_steps(xdt, a, b, cc, ssm_state.float())
-        else:
+        elif state_at is None:
             y, new_ssm = K.ssd_chunked(xdt, a, b, cc, c.chunk_size, ssm_state.float())
+        else:
+            y, new_ssm, ssm_mid = K.ssd_chunked(xdt, a, b, cc, c.chunk_size, ssm_state.float(),
+                                                state_at)
+            mid = (conv_mid.to(conv_state.dtype), ssm_mid)
         y = y + self.D.float()[:, None] * x
         y = y.reshape(t, c.d_inner).to(h.dtype)
         y = K.gated_rms_norm(y, z, self.norm_w, c.n_groups, c.norm_eps)
-        return F.linear(y, self.w_out), new_conv.to(conv_state.dtype), new_ssm
+        out = F.linear(y, self.w_out), new_conv.to(conv_state.dtype), new_ssm
+        return out if state_at is None else (*out, mid)
 
 
 class Attention(nn.Module):
@@ -227,15 +240,19 @@ class HybridStack(nn.Module):
 
     @torch.no_grad()
     def run(self, token_ids: Tensor, start: int, kv_block_ids, kv_pool: KVPool | None,
-            state_in: MambaState | None, timer=None, steps: bool = False
-            ) -> tuple[Tensor, MambaState | list[MambaState]]:
+            state_in: MambaState | None, timer=None, steps: bool = False,
+            state_at: int | None = None):
         """Hidden states ``(t, hidden)`` of positions [start, start+t) and the Mamba state after
         the last token.  ``timer(kind)`` (optional) returns a context manager wrapped around each
         block (kind ``mamba``/``attention``/``mlp``) and the rest (``other``).
 
         ``steps``: run the Mamba layers token by token and return the Mamba state after *each*
         token (a list of t states), as a speculative-decoding step keeps one per scheduled
-        position; the caller keeps the one of the last accepted token."""
+        position; the caller keeps the one of the last accepted token.
+
+        ``state_at`` (0 < r < t): return ``(hidden, state, state_r)``, ``state_r`` the Mamba
+        state after the first r tokens, read from this same pass (an internal prefill
+        checkpoint: vLLM's kernels hand that state out of the chunk's one launch)."""
         cfg = self.cfg
         timer = timer or (lambda kind: contextlib.nullcontext())
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device).reshape(-1)
@@ -251,18 +268,25 @@ class HybridStack(nn.Module):
         if len(state_in.layers) != cfg.num_mamba_layers:
             raise ValueError(f"state_in has {len(state_in.layers)} layers, "
                              f"model {cfg.num_mamba_layers}")
+        if state_at is not None and (steps or not 0 < state_at < t):
+            raise ValueError(f"state_at {state_at}: inside the {t} tokens, without steps")
         if start > 0 and kv_pool is None and cfg.num_attention_layers:
             raise ValueError("start > 0 needs a kv_pool holding positions [0, start)")
         with timer("other"):
             x = F.embedding(ids, self.embed)
-        out_layers = []
+        out_layers, mid_layers = [], []
         mi = ai = 0
         for ch, norm_w, mixer in zip(cfg.pattern, self.norms, self.mixers):
             with timer(KIND[ch]):
                 h = K.rms_norm(x, norm_w, cfg.norm_eps)
                 if ch == "M":
                     conv, ssm = state_in.layers[mi]
-                    y, conv, ssm = mixer(h, conv.to(self.device), ssm.to(self.device), steps)
+                    if state_at is None:
+                        y, conv, ssm = mixer(h, conv.to(self.device), ssm.to(self.device), steps)
+                    else:
+                        y, conv, ssm, mid = mixer(h, conv.to(self.device), ssm.to(self.device),
+                                                  False, state_at)
+                        mid_layers.append(mid)
                     out_layers.append((conv, ssm))
                     mi += 1
                 elif ch == "*":
@@ -275,6 +299,8 @@ class HybridStack(nn.Module):
             x = K.rms_norm(x, self.final_norm, cfg.norm_eps)
         if steps:
             return x, [MambaState([(c[j], s[j]) for c, s in out_layers]) for j in range(t)]
+        if state_at is not None:
+            return x, MambaState(out_layers), MambaState(mid_layers)
         return x, MambaState(out_layers)
 
 

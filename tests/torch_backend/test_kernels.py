@@ -66,6 +66,41 @@ def test_ssd_resume_from_state(p):
     torch.testing.assert_close(s2, s_full, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("L,chunk,r", [(150, 32, 1), (150, 32, 31), (150, 32, 32), (150, 32, 33),
+                                        (150, 32, 149), (40, 64, 17), (96, 48, 48)])
+def test_ssd_chunked_state_at_is_the_state_after_r_tokens(L, chunk, r):
+    """An internal checkpoint's state read from the one pass equals the state of a pass over
+    the first r tokens (float64: to round-off), and the pass's own outputs are untouched."""
+    x, a, b, c, s0 = _ssd_inputs(L, seed=4)
+    _, s_r = ssd_sequential(x[:r], a[:r], b[:r], c[:r], s0)
+    y0, s0_end = ssd_chunked(x, a, b, c, chunk, s0)
+    y, s_end, mid = ssd_chunked(x, a, b, c, chunk, s0, state_at=r)
+    assert torch.equal(y, y0) and torch.equal(s_end, s0_end)
+    assert (mid - s_r).abs().max() < 1e-10
+    # a wrong offset is caught: the state one token later differs
+    _, s_r1 = ssd_sequential(x[:r + 1], a[:r + 1], b[:r + 1], c[:r + 1], s0)
+    assert (mid - s_r1).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("r", [0, 150])
+def test_ssd_chunked_state_at_must_be_inside(r):
+    x, a, b, c, _ = _ssd_inputs(150)
+    with pytest.raises(ValueError, match="state_at"):
+        ssd_chunked(x, a, b, c, 32, state_at=r)
+
+
+def test_causal_conv1d_state_at():
+    g = torch.Generator().manual_seed(1)
+    d, k, L = 6, 4, 30
+    x, w, bias = torch.randn(L, d, generator=g), torch.randn(d, k, generator=g), torch.randn(d)
+    st0 = torch.randn(d, k - 1, generator=g)
+    out, st_end = causal_conv1d(x, w, bias, st0)
+    for r in (1, 2, 3, 17, 29):
+        o, e, mid = causal_conv1d(x, w, bias, st0, state_at=r)
+        _, st_r = causal_conv1d(x[:r], w, bias, st0)
+        assert torch.equal(o, out) and torch.equal(e, st_end) and torch.equal(mid, st_r)
+
+
 def test_causal_conv1d_with_state():
     g = torch.Generator().manual_seed(0)
     d, k, L = 6, 4, 30

@@ -253,3 +253,27 @@ def test_step_states_equal_chunked_run(model32):
     assert _err(hs_c, hs_s) < FP32_TOL and sts[-1].max_abs_diff(st_c) < FP32_TOL
     _, st_4 = model32.run(ids[30:34], 30, list(range(8)), kv, st)
     assert sts[3].max_abs_diff(st_4) < FP32_TOL
+
+
+@pytest.mark.parametrize("r", [1, 7, 16, 33])
+def test_a_checkpoint_state_from_one_pass_equals_the_state_of_a_shorter_pass(model32, r):
+    """run(state_at=r) (an internal prefill checkpoint) hands out the Mamba state after r
+    tokens from the chunk's one pass: the state a pass over those r tokens ends in, with the
+    pass's own hidden states and end state as without it."""
+    ids = _ids(60, seed=11)
+    kv = KVPool(CFG, 8, BS)
+    _, st = forward_chunk(model32, ids[:20], 0, list(range(8)), kv, BS, None)
+    hs, st_end = model32.run(ids[20:], 20, list(range(8)), kv, st)
+    hs2, st_end2, st_r = model32.run(ids[20:], 20, list(range(8)), kv, st, state_at=r)
+    assert torch.equal(hs, hs2) and st_end.max_abs_diff(st_end2) == 0
+    _, want = _shorter(model32, ids, r)
+    assert st_r.max_abs_diff(want) < FP32_TOL
+    _, later = _shorter(model32, ids, r + 1)
+    assert st_r.max_abs_diff(later) > 100 * FP32_TOL
+
+
+def _shorter(model, ids, r):
+    """The Mamba state after 20 + r tokens, by prefilling [0, 20) then [20, 20 + r)."""
+    kv = KVPool(CFG, 8, BS)
+    _, st = forward_chunk(model, ids[:20], 0, list(range(8)), kv, BS, None)
+    return model.run(ids[20:20 + r], 20, list(range(8)), kv, st)
