@@ -1,6 +1,6 @@
 """The torch backend on one device, checked, timed and calibrated in one command.
 
-    python bench/gpu_check.py --device cuda --out gpu_check     # an H200: about 3-5 minutes
+    python bench/gpu_check.py --device cuda --out gpu_check     # an H200: 77 s (2026-12-04)
     python bench/gpu_check.py --device cpu --quick --out cpu_check   # scaled down, ~30 s
 
 Everything goes under ``--out`` (bench/README.md says what each file and figure means):
@@ -25,8 +25,12 @@ Everything goes under ``--out`` (bench/README.md says what each file and figure 
    ``ttft-<model>.csv``: the scenario run on the torch backend and on the analytical
    backend with the new profile, per request TTFT (``sim calibrate --compare``'s figure).
 6. ``summary.json`` / ``summary.md``: every figure above and which checks passed; the same
-   table is printed last.  Exit 0 when the checks passed (honest verifies pass, planted
-   ones fail, the profile loads), else 1.
+   table is printed last, and both are rewritten after every phase.  Exit 0 when the
+   checks passed (honest verifies pass, planted ones fail, the profile loads), else 1.
+
+A phase a bug breaks is recorded (``errors.log``, the summary's ``errors``) and the next one
+runs; ``--deadline-s`` starts no phase past that many seconds: a lent machine's run that
+runs short of time still brings back what it measured.
 
 On CUDA (without ``--quick``) a second, full-width model is calibrated too (``--wide``,
 default Nemotron-H-8B's first 8 layers at full width in bfloat16), for per-layer H200 costs
@@ -124,10 +128,27 @@ def worst_error(text: str) -> float | None:
 
 
 class Phases:
-    """Wall seconds of each phase (summary.json ``phases_s``)."""
+    """Wall seconds of each phase (summary.json ``phases_s``), the phases a bug broke
+    (``errors``: its traceback goes to ``errors.log``, the next phase still runs) and the
+    phases left out because ``--deadline-s`` had passed (``skipped``): on a lent machine a
+    check that runs out of time still brings back every figure it measured."""
 
-    def __init__(self):
+    def __init__(self, out: Path, deadline_s: float | None):
+        self.out = out
+        self.t0 = time.perf_counter()
+        self.deadline_s = deadline_s
         self.s: dict[str, float] = {}
+        self.errors: dict[str, str] = {}
+        self.skipped: list[str] = []
+
+    def open(self, name: str) -> bool:
+        """Whether phase ``name`` may start (the deadline has not passed)."""
+        if self.deadline_s is not None and time.perf_counter() - self.t0 > self.deadline_s:
+            self.skipped.append(name)
+            print(f"[gpu_check] {name}: skipped (past --deadline-s {self.deadline_s:g})",
+                  flush=True)
+            return False
+        return True
 
     @contextlib.contextmanager
     def __call__(self, name: str):
@@ -135,6 +156,11 @@ class Phases:
         print(f"[gpu_check] {name} ...", flush=True)
         try:
             yield
+        except Exception as e:          # a bug in one phase: keep it, go on with the next
+            self.errors[name] = f"{type(e).__name__}: {e}"
+            with open(self.out / "errors.log", "a") as f:
+                f.write(f"--- {name}\n{traceback.format_exc()}\n")
+            print(f"[gpu_check] {name}: ERROR {self.errors[name]} (errors.log)", flush=True)
         finally:
             self.s[name] = round(time.perf_counter() - t0, 2)
             print(f"[gpu_check] {name}: {self.s[name]:.1f} s", flush=True)
@@ -302,6 +328,10 @@ def summary_md(s: dict) -> str:
         if t:
             L.append(f"| scenario TTFT {name} | median error {t['median_rel_err']:.1%} over "
                      f"{t['requests']} requests ({t['runs']} torch run(s)) |")
+    for k, e in s.get("errors", {}).items():
+        L.append(f"| {k} | ERROR {e} (errors.log) |")
+    for k in s.get("skipped", []):
+        L.append(f"| {k} | skipped: past --deadline-s |")
     L += ["", "phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in s["phases_s"].items())]
     return "\n".join(L) + "\n"
 
@@ -327,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
                          "CUDA without --quick: nemotron-h-8b:8:1:bfloat16; else none)")
     ap.add_argument("--no-install", action="store_true",
                     help="on CUDA, do not write the profiles into profiles/")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="start no phase after this many seconds (the summary names the "
+                         "phases left out); default: none")
     args = ap.parse_args(argv)
 
     import torch
@@ -354,8 +387,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
-    phase = Phases()
-    s: dict = {"mode": mode, "device": device, "scenario": str(args.scenario), "models": {}}
+    phase = Phases(out, args.deadline_s)
+    s: dict = {"mode": mode, "device": device, "scenario": str(args.scenario), "models": {},
+               "verify": {}}
+
+    def save() -> str:
+        """summary.json / summary.md as they stand: written after every phase."""
+        v = s["verify"]
+        s["ok"] = bool(all(k in v for k in ("fp32", "bf16", "fp32_planted", "bf16_planted"))
+                       and v["fp32"]["passed"] and v["bf16"]["passed"]
+                       and v["fp32_planted"]["failed_as_it_must"]
+                       and v["bf16_planted"]["failed_as_it_must"]
+                       and s["models"] and all("coefficients" in m for m in s["models"].values())
+                       and not phase.errors and not phase.skipped)
+        s["phases_s"], s["errors"], s["skipped"] = phase.s, phase.errors, phase.skipped
+        s["wall_s"] = round(time.perf_counter() - t_all, 2)
+        (out / "summary.json").write_text(json.dumps(s, indent=1, default=str) + "\n")
+        md = summary_md(s)
+        (out / "summary.md").write_text(md)
+        return md
 
     with phase("environment"):
         env = environment_report(device, out)
@@ -363,9 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     s["environment"] = env
     s["device_line"] = describe(env)
     print(f"[gpu_check] {s['device_line']}", flush=True)
+    save()
 
-    with phase("verify"):
-        s["verify"] = verify_all(args.scenario, device, out, sizes["requests"])
+    if phase.open("verify"):
+        with phase("verify"):
+            s["verify"] = verify_all(args.scenario, device, out, sizes["requests"])
+        save()
 
     sc = load_scenario(args.scenario)
     b = sc.backend
@@ -373,38 +426,32 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TorchModelConfig.scaled(sc.model, num_layers=n_layers, width_div=b.width_div,
                                   dtype=b.dtype, seed=sc.seed)
     name = sc.model.name
-    with phase(f"calibrate {name}"):
-        m = calibrate_model(cfg, name, device, env, out, sizes, sizes["repeats"],
-                            sizes["warmup"], sizes["held_out"], args.scenario,
-                            not args.no_install)
-    s["models"][name] = m
-    if "profile" in m:
+    if phase.open(f"calibrate {name}"):
+        with phase(f"calibrate {name}"):
+            s["models"][name] = calibrate_model(
+                cfg, name, device, env, out, sizes, sizes["repeats"], sizes["warmup"],
+                sizes["held_out"], args.scenario, not args.no_install)
+        save()
+    m = s["models"].get(name, {})
+    if "profile" in m and phase.open(f"scenario TTFT {name}"):
         with phase(f"scenario TTFT {name}"):
             m["scenario_ttft"] = scenario_ttft(args.scenario, device, out / m["profile"], out,
                                                name, sizes["requests"], sizes["ttft_runs"])
+        save()
 
     if wide is not None:
         wname, wl, wd, wdt = wide
         wsizes = WIDE_QUICK if args.quick else WIDE_FULL
-        wcfg = TorchModelConfig.scaled(wname, num_layers=wl, width_div=wd, dtype=wdt)
         label = (f"{wname}-l{wl}" + (f"-w{wd}" if wd != 1 else "")
                  + "-" + {"float32": "fp32", "bfloat16": "bf16"}.get(wdt, wdt))
-        with phase(f"calibrate {label}"):
-            s["models"][label] = calibrate_model(
-                wcfg, label, device, env, out, wsizes, sizes["repeats"], sizes["warmup"],
-                wsizes["held_out"], None, not args.no_install)
+        if phase.open(f"calibrate {label}"):
+            with phase(f"calibrate {label}"):
+                wcfg = TorchModelConfig.scaled(wname, num_layers=wl, width_div=wd, dtype=wdt)
+                s["models"][label] = calibrate_model(
+                    wcfg, label, device, env, out, wsizes, sizes["repeats"], sizes["warmup"],
+                    wsizes["held_out"], None, not args.no_install)
 
-    v = s["verify"]
-    s["ok"] = bool(v["fp32"]["passed"] and v["bf16"]["passed"]
-                   and v["fp32_planted"]["failed_as_it_must"]
-                   and v["bf16_planted"]["failed_as_it_must"]
-                   and all("coefficients" in m for m in s["models"].values()))
-    s["phases_s"] = phase.s
-    s["wall_s"] = round(time.perf_counter() - t_all, 2)
-    (out / "summary.json").write_text(json.dumps(s, indent=1, default=str) + "\n")
-    md = summary_md(s)
-    (out / "summary.md").write_text(md)
-    print(md, flush=True)
+    print(save(), flush=True)
     return 0 if s["ok"] else 1
 
 

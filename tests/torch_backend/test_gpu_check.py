@@ -291,3 +291,24 @@ def test_the_check_refuses_a_used_output_folder(tmp_path, capsys):
     (tmp_path / "old.txt").write_text("x")
     assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path)]) == 2
     assert "not an empty folder" in capsys.readouterr().err
+
+
+def test_a_broken_phase_is_recorded_and_the_next_one_runs(tmp_path):
+    phase = gpu_check.Phases(tmp_path, None)
+    with phase("boom"):
+        raise RuntimeError("planted")
+    ran = []
+    with phase("next"):
+        ran.append(1)
+    assert ran == [1] and phase.errors == {"boom": "RuntimeError: planted"}
+    assert "RuntimeError: planted" in (tmp_path / "errors.log").read_text()
+    assert set(phase.s) == {"boom", "next"}
+
+
+def test_past_the_deadline_no_phase_starts_and_the_summary_says_so(tmp_path):
+    out = tmp_path / "gc"
+    rc = gpu_check.main(["--device", "cpu", "--quick", "--out", str(out), "--deadline-s", "-1"])
+    s = json.loads((out / "summary.json").read_text())
+    assert rc == 1 and not s["ok"]
+    assert s["skipped"] == ["verify", "calibrate tiny-hybrid"] and s["models"] == {}
+    assert "skipped: past --deadline-s" in (out / "summary.md").read_text()
