@@ -109,6 +109,16 @@ def run_sim(args: list[str], log: Path) -> tuple[int, str]:
     return code, text
 
 
+def shown(path: Path) -> str:
+    """``path`` as the commands and the profiles record it: relative to the current folder
+    when it lies inside it (a profile made on a lent machine names no folder of that
+    machine), else as given."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     if not rows:
         path.write_text("")
@@ -183,7 +193,7 @@ def environment_report(device: str, out: Path) -> dict:
 
 def verify_all(scenario: Path, device: str, out: Path, requests: int | None) -> dict:
     """``sim verify`` honest and planted, float32 and bfloat16."""
-    base = [str(scenario), "--quiet", "--set", f"backend.device={device}"]
+    base = [shown(scenario), "--quiet", "--set", f"backend.device={device}"]
     if requests:
         base += ["--set", f"workload.num_requests={requests}"]
     res = {}
@@ -219,7 +229,7 @@ def calibrate_model(cfg, name: str, device: str, env: dict, out: Path, sizes: di
             "--force", "--quiet", "--repeats", str(repeats), "--warmup", str(warmup),
             "--held-out", str(held_out_n)]
     if scenario is not None:
-        args += ["--scenario", str(scenario)]
+        args += ["--scenario", shown(scenario)]
     code, text = run_sim(args, out / f"calibrate-{name}.log")
     res: dict = {"model": cfg.source, "dtype": cfg.dtype, "grid_points": len(data["points"]),
                  "kernel_rows": len(data["kernels"]), "calibrate_exit": code}
@@ -388,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     phase = Phases(out, args.deadline_s)
-    s: dict = {"mode": mode, "device": device, "scenario": str(args.scenario), "models": {},
+    s: dict = {"mode": mode, "device": device, "scenario": shown(args.scenario), "models": {},
                "verify": {}}
 
     def save() -> str:
