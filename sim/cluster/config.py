@@ -11,7 +11,7 @@
         # ... and the policy's own keys (its ``options`` dataclass)
       hindsight: false            # ask every replica's manager at each arrival what it would
                                   # reuse: regret, routed-away misses (costs a lookup a
-                                  # replica a request; the replicas then meet at arrivals)
+                                  # replica a request)
 
 A group's ``set`` overrides dotted fields of the scenario for its replicas only (the
 deployment: model, kv_cache, gpu, cache, scheduler, speculative, backend); the workload,

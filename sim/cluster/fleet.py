@@ -341,6 +341,10 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
             eng = rep.engine
             eng.arrivals = arrivals
             eng.gate = gate
+            # without follow-up turns a decode jump runs past arrivals routed elsewhere
+            # (what a router reads of a replica does not change inside a jump); the CPU
+            # tier's replicas step to each arrival as before
+            eng.cuttable = eng.jump and not closed and eng.sched.connector is None
             gate.add(eng.inlet)
             eng.observers.append(_FinishWatch(door, rep.index))
             if progress is not None:

@@ -29,6 +29,7 @@ import heapq
 import math
 from typing import Any, Callable, Final, Iterator, Protocol, cast
 
+from librt.vecs import vec
 from mypy_extensions import i64
 
 from sim.engine.record import RequestMaker
@@ -118,6 +119,16 @@ class Inlet:
         self.bell: Any = None
         self.pend_t: i64 = NEVER
         self.pend_s: i64 = 0
+        # a decode jump that runs past the fleet's arrivals (``Gate.jump_wait``): its steps
+        # (0: none), start, end, the step index it began at, each step's end ns (filled by
+        # the engine)
+        self.jump_k: i64 = 0
+        self.jump_start: i64 = 0
+        self.jump_end: i64 = 0
+        self.jump_s0: i64 = 0
+        self.jump_ends: vec[i64] = vec[i64]()
+        self.jump_cut = False       # an arrival routed here fell inside it
+        self.proc: Any = None       # the engine's SimPy process (a cut moves its wait)
 
 
 class Arrivals:
@@ -235,6 +246,8 @@ class Arrivals:
         r.arrival_ns = t
         r.done_event = turn
         ok = inlet.sched.add(r)
+        if ok and inlet.jump_k > 0:   # (its engine is inside a jump past the arrivals)
+            cast(Any, self.gate).cut(inlet, t, r)
         if router is not None:
             router.placed(inlet, r, ok)
         if not ok:

@@ -18,8 +18,9 @@ In a fleet (``sim/cluster``) several engines share one heap on one SimPy environ
 through a ``Gate`` (``sim/engine/gate.py``): the heap's events run as SimPy events at
 their exact keys, and an engine runs ahead only while no arrival (and, when follow-up
 turns close the loop, no other engine's step end) comes first; otherwise it takes its
-next event as a SimPy event at its key.  Each replica then steps exactly as it would
-alone on the arrivals it was handed.
+next event as a SimPy event at its key.  Without follow-up turns a decode jump runs past
+the arrivals, and one routed to its engine cuts it (``cuttable``).  Each replica then steps
+exactly as it would alone on the arrivals it was handed.
 
 Each step the engine hands the backend a step plan (``sim.engine.step_plan.StepPlan``: the
 scheduled items, with the drafts each accepts, the tokens it keeps and whether it finishes)
@@ -36,6 +37,7 @@ from __future__ import annotations
 from typing import Any, Callable, Final, Generator, Iterable, Protocol, cast
 
 import simpy
+from librt.vecs import append
 from mypy_extensions import i64
 
 from backends.analytical import CostModel
@@ -96,6 +98,9 @@ class Engine:
         self.inlet = Inlet(scheduler, None, make_request)
         self.arrivals = Arrivals(self.inlet)
         self.gate: Gate | None = None   # a fleet's (sim/engine/gate.py); None: alone
+        # a fleet's without follow-up turns: decode jumps run past arrivals routed to other
+        # replicas, cut back by one routed here (Gate.jump_wait / Gate.cut)
+        self.cuttable = False
         self.steps = 0
         self.busy_ns: i64 = 0       # the steps' durations, summed (a fleet's per-replica busy)
         self.finished = 0
@@ -235,34 +240,38 @@ class Engine:
             stalls = 0
             k, total = self._jump_steps(items, now) if self.jump else (1, 0)
             end = now + (total if k > 1 else self.step_time(items, now))
-            self.busy_ns += end - now
-            sampler = self.sampler
-            if sampler is not None:
-                sampler.step(items, now, end, k)
-            if self.on_step is not None: self.on_step(items, now, end, k)  # noqa: E701 (planned)
-            if self.observers:
-                for o in self.observers:
-                    o.on_step(items, now, end, k)
-            # another event is due by the end of this step: take the step's end as an event
-            if gate is None:
-                if end >= A.peek() and A.sync(end):
-                    yield env.timeout(end - int(env.now))
-            elif end >= gate.bound(inlet) and self._fleet_sync(end):
-                yield gate.at(end, NORMAL, inlet.cur_s)
-            now = end
-            if k > 1:
-                self._run_jump(items, k)
+            if k > 1 and self.cuttable and end >= cast(Gate, gate).bound(inlet):
+                # a jump past the fleet's arrivals (an arrival routed here cuts it)
+                now = yield from self._fleet_jump(items, now, k, end)
             else:
-                self.steps += 1
-                finished = sched.update_from_output(items, now)
-                if finished:
-                    if now > inlet.cur_t:   # finish at its time
-                        if gate is None:
-                            if A.sync(now):
-                                yield env.timeout(now - int(env.now))
-                        elif self._fleet_sync(now):
-                            yield gate.at(now, NORMAL, inlet.cur_s)
-                    self._record_finished(finished, now)
+                self.busy_ns += end - now
+                sampler = self.sampler
+                if sampler is not None:
+                    sampler.step(items, now, end, k)
+                if self.on_step is not None: self.on_step(items, now, end, k)  # noqa: E701
+                if self.observers:
+                    for o in self.observers:
+                        o.on_step(items, now, end, k)
+                # another event is due by the end of this step: take the step's end as an event
+                if gate is None:
+                    if end >= A.peek() and A.sync(end):
+                        yield env.timeout(end - int(env.now))
+                elif end >= gate.bound(inlet) and self._fleet_sync(end):
+                    yield gate.at(end, NORMAL, inlet.cur_s)
+                now = end
+                if k > 1:
+                    self._run_jump(items, k)
+                else:
+                    self.steps += 1
+                    finished = sched.update_from_output(items, now)
+                    if finished:
+                        if now > inlet.cur_t:   # finish at its time
+                            if gate is None:
+                                if A.sync(now):
+                                    yield env.timeout(now - int(env.now))
+                            elif self._fleet_sync(now):
+                                yield gate.at(now, NORMAL, inlet.cur_s)
+                        self._record_finished(finished, now)
             # Requests arriving at this very instant join before the next
             # schedule(), as vLLM adds new requests before each step: every
             # event already queued for this instant runs first (done events
@@ -274,6 +283,53 @@ class Engine:
                         yield env.timeout(now - int(env.now))
                 elif (inlet.done_quiet or gate.bound(inlet) <= now) and self._fleet_sync(now):
                     yield gate.at(now, NORMAL, inlet.cur_s)
+
+    def _fleet_jump(self, items: list[ScheduledItem], now: int, k: int, end: int
+                    ) -> Generator[simpy.Event, Any, int]:
+        """A decode jump of ``k`` steps from ``now`` to ``end`` that runs past the fleet's
+        arrivals: it waits for its end as one SimPy event, which an arrival routed here moves
+        back to the end of the step the arrival falls in (the gate's ``cut``).  Its steps
+        are then told and applied as the replica alone would have run them: the steps before
+        that one as one jump, then that one alone; with the queue as it stood at their start
+        (nobody waited: a jump).  Returns the time the engine goes on from."""
+        sched = self.sched
+        inlet = self.inlet
+        gate = cast(Gate, self.gate)
+        queued: i64 = len(sched.waiting) + len(sched.holding)
+        self._fleet_sync(end)
+        inlet.jump_k = k
+        inlet.jump_start = now
+        inlet.jump_end = end
+        inlet.jump_s0 = sched.step_index
+        yield gate.jump_wait(inlet)
+        k = inlet.jump_k
+        end = inlet.jump_end
+        inlet.jump_k = 0
+        if inlet.jump_cut:
+            inlet.jump_cut = False
+            if k > 1:
+                mid: i64 = inlet.jump_ends[k - 2]
+                self._tell(items, now, mid, k - 1, queued)
+                self._run_jump(items, k - 1)
+                now = mid
+                k = 1
+        self._tell(items, now, end, k, queued)
+        # (the last step's drafts: as the jump accepts them, whatever schedule() decided)
+        self._run_jump(items, k)
+        return end
+
+    def _tell(self, items: list[ScheduledItem], start: int, end: int, k: int,
+              queued: i64) -> None:
+        """A step (``k`` > 1: a jump of k) to its watchers: the busy time, the sampler (with
+        the queue at its start when told, -1: read it), the plan hook, the observers."""
+        self.busy_ns += end - start
+        sampler = self.sampler
+        if sampler is not None:
+            sampler.step(items, start, end, k, queued)
+        if self.on_step is not None: self.on_step(items, start, end, k)  # noqa: E701 (planned)
+        if self.observers:
+            for o in self.observers:
+                o.on_step(items, start, end, k)
 
     def _record_finished(self, finished: list[SimRequest], now: int) -> None:
         """The requests a step finished, in order: recorded, told to the observers, their
@@ -421,7 +477,10 @@ class Engine:
         n = len(items)
         T = n * t
         TT = n * t * (t + 1)
-        horizon: i64 = self.arrivals.horizon() if self.gate is None else self.gate.bound(self.inlet)
+        cuttable = self.cuttable
+        horizon: i64 = (self.arrivals.horizon() if self.gate is None
+                        else NEVER if cuttable else self.gate.bound(self.inlet))
+        ends = self.inlet.jump_ends   # (each step's end: where an arrival may cut the jump)
         # (machine integers: a Python int's addition is a call where the compiler does
         # not inline it)
         start: i64 = now
@@ -450,8 +509,15 @@ class Engine:
             if start + total + d >= horizon:
                 break
             total += d
+            if cuttable:
+                if k < len(ends):
+                    ends[k] = start + total
+                else:
+                    ends = append(ends, start + total)
             k += 1
             a_prev = a_next
+        if cuttable:
+            self.inlet.jump_ends = ends
         if k <= 1:
             return 1, 0
         return k, total
@@ -485,4 +551,6 @@ class Engine:
         """Start this engine's loop as a process on its environment (a fleet's, shared):
         the gate has started the shared arrivals."""
         self.inlet.maker = self.maker
-        return self.env.process(self._loop())
+        proc = self.env.process(self._loop())
+        self.inlet.proc = proc
+        return proc

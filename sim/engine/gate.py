@@ -15,6 +15,14 @@ engine's pending event.  Otherwise it takes its next event as a SimPy event at i
 (``at``), and waits for an arrival or a timeout on a bell the gate rings at the wake's key
 (``wait``, ``woken``).  A replica thus steps exactly as it would alone on the arrivals it
 was handed.
+
+A decode jump (nobody waits, finishes, crosses a block or publishes an event) changes
+nothing a router reads: the replica's queues, its pool and its events stay as they were
+when it began.  Without follow-up turns an engine's jump therefore runs past the fleet's
+arrivals (``jump_wait``): it ends on a timer at its last step's end, and only an arrival
+routed to that engine cuts it (``cut``) back to the step the arrival falls in -- the steps
+that began before it run, as stepping one by one would have run them -- so arrivals sent
+elsewhere cost the engine nothing.
 """
 from __future__ import annotations
 
@@ -164,6 +172,50 @@ class Gate:
         bell._ok = True
         bell._value = False
         cast(Any, env).schedule(bell, NORMAL * KEY + s, t - int(env.now))
+
+    # ------------------------------------------------------------------ jumps --
+    def jump_wait(self, inlet: Inlet) -> simpy.Event:
+        """``inlet``'s engine waits out its jump (``inlet.jump_*``; its resume key, the
+        jump's end, set by ``_fleet_sync``): one SimPy event there, which a cut replaces."""
+        return self.at(inlet.cur_t, NORMAL, inlet.cur_s)
+
+    def cut(self, inlet: Inlet, t: int, r: Any) -> None:
+        """Request ``r`` arrived at ``t`` on ``inlet``'s engine, inside its jump: the steps
+        that began before ``t`` run (step 0 began at the jump's start, before any arrival it
+        runs past), and ``r`` joins before the next one, as stepping would have had it;
+        ``r`` saw the step index of the steps that ended before ``t``.  (An arrival at the
+        jump's very end is inside too: alone, the replica's jump would have stopped a step
+        short of it.)"""
+        if t > inlet.jump_end:
+            return              # (it ended before: its timer has not run yet at this key)
+        inlet.jump_cut = True
+        ends = inlet.jump_ends
+        lo: i64 = 0
+        hi: i64 = inlet.jump_k - 1      # (ends[k - 1], the jump's end, is past t)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ends[mid] >= t:
+                hi = mid
+            else:
+                lo = mid + 1
+        r.arrival_step = inlet.jump_s0 + lo
+        if lo + 1 < inlet.jump_k:
+            A = self.arrivals
+            A.seq += 1
+            inlet.jump_k = lo + 1
+            inlet.jump_end = ends[lo]
+            inlet.cur_t = ends[lo]
+            inlet.cur_s = A.seq
+            inlet.pend_t = ends[lo]
+            inlet.pend_s = A.seq
+            # the engine's process now waits for an event at the new end; the old one
+            # fires to no one
+            proc = inlet.proc
+            old = proc._target
+            old.callbacks.remove(proc._resume)
+            ev = self.at(ends[lo], NORMAL, A.seq)
+            ev.callbacks.append(proc._resume)
+            proc._target = ev
 
     def _maybe_end(self) -> None:
         """Nothing queued and every engine waiting for an arrival: none will come."""

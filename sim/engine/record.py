@@ -184,7 +184,11 @@ class StepSampler:
                 i += 2
             self.host_data = kept
 
-    def step(self, items: list[ScheduledItem], start: i64, end: i64, k: i64) -> None:
+    def step(self, items: list[ScheduledItem], start: i64, end: i64, k: i64,
+             queued: i64 = -1) -> None:
+        """A step (``k`` > 1: a jump of k) from ``start`` to ``end``: a memory row every
+        ``stride`` steps and the inter-token gaps it delivers.  ``queued``: the requests
+        waiting at its start, when told (a fleet's jump is told once its end is known)."""
         occ = self.occupancy
         got = self.kv.occupancy() if occ is None else occ()
         a: i64 = got[0]
@@ -203,7 +207,7 @@ class StepSampler:
             d = append(d, m)
             d = append(d, in_use)
             d = append(d, len(sched.running))
-            d = append(d, len(sched.waiting) + len(sched.holding))
+            d = append(d, queued if queued >= 0 else len(sched.waiting) + len(sched.holding))
             self.row_data = d
             if self.host is not None:
                 used: i64 = self.host.used

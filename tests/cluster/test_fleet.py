@@ -95,6 +95,13 @@ def _decompose(sc) -> int:
         assert list(at.column("request_id")) == [ids[k] for k in mine]
         for c, col in got.items():
             assert list(at.column(c)) == [col[k] for k in mine], (j, c)
+        # its steps, as its sampler saw them (memory rows, inter-token gaps): a decode jump
+        # that runs past arrivals routed elsewhere is cut by its own as the jump alone is
+        mine_s, alone_s = dep.sampler.samplers[j], adep.sampler
+        assert mine_s.row_bytes() == alone_s.row_bytes(), (j, "memory rows")
+        assert mine_s.itl_dense_bytes() == alone_s.itl_dense_bytes(), (j, "gaps")
+        assert (mine_s.itl_sparse, mine_s.itl_count, mine_s.itl_sum_ns) == \
+            (alone_s.itl_sparse, alone_s.itl_count, alone_s.itl_sum_ns), (j, "gaps")
         compared += len(mine)
     assert compared == len(ids)
     return compared
@@ -114,6 +121,17 @@ def test_a_mooncake_fleet_decomposes(policy):
                                   "workload.num_requests": 200, "workload.time_scale": 0.25,
                                   "cluster.replicas": 4, "cluster.router.policy": policy})
     assert _decompose(sc) == 200
+
+
+@pytest.mark.parametrize("policy", ["least_outstanding", "hybrid_aware"])
+def test_a_fleet_under_lpm_decomposes(policy):
+    """lpm's starvation bound counts the steps since a request arrived: one routed to a
+    replica inside a decode jump that runs past other replicas' arrivals saw the step index
+    of the steps that had ended by then, as alone."""
+    sc = load_scenario(ATHENA, {"workload.num_requests": 240, "workload.rate_per_s": 6.0,
+                                "cluster.replicas": 2, "cluster.router.policy": policy,
+                                "scheduler.policy": "lpm", "scheduler.lpm_max_wait_steps": 4})
+    assert _decompose(sc) == 240
 
 
 def test_two_engines_on_one_environment_run_as_alone():
