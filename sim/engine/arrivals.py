@@ -120,10 +120,9 @@ class Inlet:
         self.pend_t: i64 = NEVER
         self.pend_s: i64 = 0
         # a decode jump that runs past the fleet's arrivals (``Gate.jump_wait``): its steps
-        # (0: none), start, end, the step index it began at, each step's end ns (filled by
-        # the engine)
+        # (0: none), end, the step index it began at, each step's end ns (filled by the
+        # engine)
         self.jump_k: i64 = 0
-        self.jump_start: i64 = 0
         self.jump_end: i64 = 0
         self.jump_s0: i64 = 0
         self.jump_ends: vec[i64] = vec[i64]()

@@ -243,7 +243,7 @@ class Engine:
             if k > 1 and self.cuttable and end >= cast(Gate, gate).bound(inlet):
                 # a jump past the fleet's arrivals (an arrival routed here cuts it)
                 now = yield from self._fleet_jump(items, now, k, end)
-            else:
+            else:   # (_tell's body inline: the single engine's hot path)
                 self.busy_ns += end - now
                 sampler = self.sampler
                 if sampler is not None:
@@ -298,7 +298,6 @@ class Engine:
         queued: i64 = len(sched.waiting) + len(sched.holding)
         self._fleet_sync(end)
         inlet.jump_k = k
-        inlet.jump_start = now
         inlet.jump_end = end
         inlet.jump_s0 = sched.step_index
         yield gate.jump_wait(inlet)

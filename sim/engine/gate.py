@@ -19,7 +19,7 @@ was handed.
 A decode jump (nobody waits, finishes, crosses a block or publishes an event) changes
 nothing a router reads: the replica's queues, its pool and its events stay as they were
 when it began.  Without follow-up turns an engine's jump therefore runs past the fleet's
-arrivals (``jump_wait``): it ends on a timer at its last step's end, and only an arrival
+arrivals (``jump_wait``): it ends on one event at its last step's end, and only an arrival
 routed to that engine cuts it (``cut``) back to the step the arrival falls in -- the steps
 that began before it run, as stepping one by one would have run them -- so arrivals sent
 elsewhere cost the engine nothing.
@@ -185,9 +185,7 @@ class Gate:
         runs past), and ``r`` joins before the next one, as stepping would have had it;
         ``r`` saw the step index of the steps that ended before ``t``.  (An arrival at the
         jump's very end is inside too: alone, the replica's jump would have stopped a step
-        short of it.)"""
-        if t > inlet.jump_end:
-            return              # (it ended before: its timer has not run yet at this key)
+        short of it.  A later arrival comes after the jump's end event, which ends the jump.)"""
         inlet.jump_cut = True
         ends = inlet.jump_ends
         lo: i64 = 0
