@@ -59,6 +59,7 @@ NATIVE_MODULES = (
     "sim.engine.step_plan",
     "sim.engine.step_cost",
     "sim.engine.request",
+    "sim.engine.active_sequences",
     "sim.engine.observers",
     "sim.engine.scheduler",
     "sim.engine.tiered_scheduler",

@@ -125,8 +125,12 @@ class TraceRequest:
 
     @property
     def prompt_tokens(self) -> int:
-        """Number of prompt tokens (sum of the segment lengths)."""
-        return sum(seg[2] for seg in self.segments)
+        """Number of prompt tokens (sum of the segment lengths; a block-hash trace's
+        ``HashIds`` cover exactly its ``n_in``)."""
+        segs = self.segments
+        if isinstance(segs, HashIds):
+            return segs.n_in
+        return sum(seg[2] for seg in segs)
 
 
 def output_stream(request_id: str) -> str:

@@ -185,10 +185,18 @@ class KVEventLog(PoolObserver):
         """Order the events queued by this ``cache_blocks`` by group, stably.  A manager
         serving several identical groups caches them together (full blocks of every group,
         then the partial entries); vLLM caches group after group."""
-        tail = self.pending[self._mark:]
-        if len(tail) > 1:
-            tail.sort(key=_group_of)
-            self.pending[self._mark:] = tail
+        pending = self.pending
+        start = self._mark
+        # (a stable insertion sort in place: a few events, mostly in order already)
+        for j in range(start + 1, len(pending)):
+            ev = pending[j]
+            g = _group_of(ev)
+            i = j
+            while i > start and _group_of(pending[i - 1]) > g:
+                pending[i] = pending[i - 1]
+                i -= 1
+            if i != j:
+                pending[i] = ev
 
     def stored_full(self, req: CacheRequest, tables: list[list[Block]], group_ids: list[int],
                     indices: list[int] | None, block_size: int, num_cached: int,

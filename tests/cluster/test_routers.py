@@ -173,6 +173,52 @@ def test_dynamo_ties_and_temperature():
     assert {pick_by_cost([1.0, 1.0, 1.0], [0, 0, 0], 0.5, rng) for _ in range(100)} == {0, 1, 2}
 
 
+@pytest.mark.parametrize("workers", [2, 64])     # (64: past the holder masks' 62 bits)
+def test_dynamo_load_counts_prefill_until_first_token_and_distinct_active_blocks(workers):
+    # Dynamo's ActiveSequences: a worker's prefill tokens count each routed request's
+    # uncached prompt until its first token; its decode blocks are the distinct prompt
+    # blocks of its active requests (a block two requests share counts once)
+    from sim.engine.active_sequences import ActiveSequences
+    from sim.engine.request import SimRequest
+
+    kv = Fleet([Load()]).replicas[0].dep.kv
+    reqs = [SimRequest(kv.make_request(f"r{k}", [(1, 0, 32)]), 4, k) for k in range(3)]
+    book = ActiveSequences(workers)
+    rest = workers - 2                                     # (workers holding nothing)
+
+    def decode(blocks):
+        got = book.decode_all(blocks)
+        assert got[2:] == [len(set(blocks))] * rest
+        assert got == [book.decode_blocks(i, blocks) for i in range(workers)]
+        return got[:2]
+
+    book.add(0, 0, reqs[0], 100, [11, 12, 13])
+    book.add(0, 1, reqs[1], 40, [11, 12, 14])
+    book.add(1, 2, reqs[2], 7, [21])
+    assert list(book.prefill)[:2] == [140, 7]
+    assert decode([]) == [4, 1]                            # 11, 12, 13, 14 | 21
+    # a new prompt [11, 15, 15]: 15 is new to both (once), 11 new to worker 1 only
+    assert decode([11, 15, 15]) == [5, 3]
+    # costs: weight x (prefill + prompt - overlap) / block size + decode blocks
+    assert book.costs(64, [32, 0] + [0] * rest, [11, 15, 15], 16, 1.0)[:2] == [
+        (140 + 32) / 16 + 5, (7 + 64) / 16 + 3]
+    assert book.cost(1, 64, 8.0, [11], 16, 2.0) == 2.0 * (7 + 64 - 8.0) / 16 + 2
+    # the first token of request 1 clears its prefill at the next refresh, not before
+    reqs[1].first_token_ns = 5
+    assert list(book.prefill)[:2] == [140, 7]
+    book.refresh()
+    assert list(book.prefill)[:2] == [100, 7]
+    # finishing request 0 drops 13 and one holder of 11 and 12 (request 1 keeps them)
+    book.finish(0, 0)
+    assert decode([]) == [3, 1]
+    assert decode([13, 21]) == [5, 2]
+    book.finish(0, 1)
+    book.finish(0, 1)                                      # (a second finish: nothing)
+    assert decode([11, 21]) == [2, 2]
+    book.finish(1, 2)
+    assert decode([21]) == [1, 1]
+
+
 # ------------------------------------------------------------------ llmd_scorers (llm-d)
 
 def test_llmd_weighted_scorers_with_precise_prefix():

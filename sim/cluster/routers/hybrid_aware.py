@@ -5,8 +5,8 @@ over-promises: a replica resumes a prefix only where it kept a Mamba state, afte
 drop and the reconciliation of every KV-cache group.  This router asks, per replica, for
 that reconciled hit -- the lookup the replica's own cache manager runs, every group and its
 align / retention / EAGLE / junction rules included -- and combines it with load as
-``kv_router`` does (``load_book.py``: ``overlap_score_weight x prefill tokens / block size
-+ decode blocks``, least cost, ``router_temperature``):
+``kv_router`` does (``sim/engine/active_sequences.py``: ``overlap_score_weight x prefill
+tokens / block size + decode blocks``, least cost, ``router_temperature``):
 
 * the overlap it scores is the resumable hit plus ``attention_credit`` x the attention
   blocks held beyond it (default 1: all of them).  A replica holding a prefix's attention
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from sim.cluster.routers.base import RouteRequest
 from sim.cluster.routers.kv_router import prompt_blocks
-from sim.cluster.routers.load_book import LoadBook, pick_by_cost
+from sim.cluster.routers.load_book import pick_by_cost
+from sim.engine.active_sequences import ActiveSequences
 from sim.errors import ConfigError
 
 VIEWS = ("events", "oracle")
@@ -68,7 +69,7 @@ class _HybridAware:
         self.o = opts
         self.n = len(fleet.replicas)
         self.rng = random.Random(seed)
-        self.book = LoadBook(self.n)
+        self.book = ActiveSequences(self.n)
         self.kv0 = fleet.replicas[0].dep.kv
         self.bs = block_size_of(self.kv0)
         self.view = fleet.view(opts.view, opts.event_lag_ms)
@@ -77,13 +78,13 @@ class _HybridAware:
 
     def choose(self, req: RouteRequest) -> int:
         keys = req.prompt.keys_for(self.kv0)
-        blocks = prompt_blocks(self.kv0, keys, req.prompt_tokens)
+        blocks = prompt_blocks(self.kv0, keys, req.prompt_tokens, self.bs)
         self.book.refresh()
         view = self.view
         view.advance(req.arrival_ns)
         n = self.n
         bs = self.bs
-        w = self.o.overlap_score_weight
+        w = float(self.o.overlap_score_weight)
         credit = self.o.attention_credit
         att = [a * bs for a in view.attention_each(req.prompt)]
         # the overlap scored is credit x att + (1 - credit) x h, h the resumable hit
@@ -109,20 +110,24 @@ class _HybridAware:
             i = pick_by_cost(costs, [(-hit(k), view.size(k)) for k in range(n)],
                              self.o.router_temperature, self.rng)
         else:
-            # least cost: the best bound first (h = att), exact costs (a lookup each) only
-            # while a bound can still beat the best found; ties to the larger hit, then
-            # Dynamo's smaller index, then at random
-            order = sorted(range(n), key=lambda k: bound[k])
-            best = float("inf")
-            tied: list[int] = []
-            for k in order:
-                if bound[k] > best:
-                    break
-                c = cost(k)
-                if c < best:
-                    best, tied = c, [k]
-                elif c == best:
-                    tied.append(k)
+            # least cost; ties to the larger hit, then Dynamo's smaller index, then at random
+            if credit >= 1:
+                best = min(bound)                     # (every cost is its bound)
+                tied = [k for k in range(n) if bound[k] == best]
+            else:
+                # the best bound first (h = att), exact costs (a lookup each) only while a
+                # bound can still beat the best found
+                order = sorted(range(n), key=lambda k: bound[k])
+                best = float("inf")
+                tied = []
+                for k in order:
+                    if bound[k] > best:
+                        break
+                    c = cost(k)
+                    if c < best:
+                        best, tied = c, [k]
+                    elif c == best:
+                        tied.append(k)
             if len(tied) > 1:
                 top = max(hit(k) for k in tied)
                 tied = [k for k in tied if hit(k) == top]

@@ -6,9 +6,9 @@ July 2025, PRs #1731 and #1895), ``indexer.rs`` (the radix index of KV events),
 ``cost = overlap_score_weight x prefill tokens / block size + decode blocks``, where the
 prefill tokens are the worker's own not yet past their first token plus this prompt less
 its overlap there, and the decode blocks the distinct full prompt blocks of the worker's
-active requests with this one's (``load_book.py``); the least cost wins, ties to the
-smallest index tree then at random; ``router_temperature`` > 0 draws with probability
-proportional to ``exp(-(cost - min) / ((max - min) x T))``.
+active requests with this one's (``ActiveSequences``, ``sim/engine/active_sequences.py``);
+the least cost wins, ties to the smallest index tree then at random; ``router_temperature``
+> 0 draws with probability proportional to ``exp(-(cost - min) / ((max - min) x T))``.
 
 The overlap is what Dynamo's indexer counts: the leading whole attention blocks of the
 prompt a worker holds.  ``view: events``: from the KV events each replica publishes
@@ -25,7 +25,8 @@ import random
 from dataclasses import dataclass
 
 from sim.cluster.routers.base import RouteRequest
-from sim.cluster.routers.load_book import LoadBook, pick_by_cost
+from sim.cluster.routers.load_book import pick_by_cost
+from sim.engine.active_sequences import ActiveSequences
 from sim.errors import ConfigError
 
 VIEWS = ("events", "approximate")
@@ -55,15 +56,16 @@ class KvRouterOptions:
             raise ConfigError(prefix + "router_prune_target_ratio", "must be in (0, 1]")
 
 
-def prompt_blocks(kv, keys, tokens: int) -> list[int]:
-    """The prompt's whole attention blocks' keys (what Dynamo hashes and indexes)."""
+def prompt_blocks(kv, keys, tokens: int, bs: int = 0) -> list[int]:
+    """The prompt's whole attention blocks' keys (what Dynamo hashes and indexes);
+    ``bs``: ``kv``'s attention block size, when known."""
     from sim.cluster.views import block_size_of
 
-    c = kv.coordinator
-    bs = block_size_of(kv)
-    scale = bs // c.hash_block_size
+    if not bs:
+        bs = block_size_of(kv)
+    scale = bs // kv.coordinator.hash_block_size
     n = min(tokens // bs, keys.count // scale)
-    return [keys.key((j + 1) * scale - 1) for j in range(n)]
+    return keys.keys_at([(j + 1) * scale - 1 for j in range(n)])
 
 
 class _KvRouter:
@@ -78,7 +80,7 @@ class _KvRouter:
         self.fleet = fleet
         self.n = len(fleet.replicas)
         self.rng = random.Random(seed)
-        self.book = LoadBook(self.n)
+        self.book = ActiveSequences(self.n)
         self.kv0 = fleet.replicas[0].dep.kv
         self.bs = block_size_of(self.kv0)
         self.view = fleet.view("events", opts.event_lag_ms) if opts.view == "events" else None
@@ -101,11 +103,11 @@ class _KvRouter:
 
     def choose(self, req: RouteRequest) -> int:
         keys = req.prompt.keys_for(self.kv0)
-        blocks = prompt_blocks(self.kv0, keys, req.prompt_tokens)
+        blocks = prompt_blocks(self.kv0, keys, req.prompt_tokens, self.bs)
         self.book.refresh()
         over = self.overlaps(req, blocks)
         costs = self.book.costs(req.prompt_tokens, [o * self.bs for o in over], blocks,
-                                self.bs, self.o.overlap_score_weight)
+                                self.bs, float(self.o.overlap_score_weight))
         i = pick_by_cost(costs, self.sizes(), self.o.router_temperature, self.rng)
         req.predicted = over[i] * self.bs
         self._blocks = blocks

@@ -1,0 +1,188 @@
+"""What a KV-aware router counts of each worker's load itself, as Dynamo's KV router does
+(``ActiveSequences`` in ``lib/llm/src/kv_router/sequence.rs``, its cost in ``scheduler.rs``;
+ai-dynamo/dynamo, July 2025 cost model, PRs #1731 and #1895):
+
+* prefill tokens: each request routed to the worker and not yet past its first token
+  counts the prompt tokens it had to compute (its prompt less the overlap the router
+  saw when routing it); cleared once the request's first token is out;
+* decode blocks: the distinct full prompt blocks of the worker's active requests (routed,
+  not finished), output tokens not counted (Dynamo's default).
+
+``costs`` combines them as Dynamo's scheduler does: ``overlap_score_weight x prefill
+tokens / block size + decode blocks``, the candidate request included.
+
+The router asks this on every arrival, of every worker: the counts live in machine
+integers (a ``KeyMap`` of block key -> active requests per worker, vecs of prefill
+tokens), so the compiled build answers in a few instructions a worker and block.
+"""
+from __future__ import annotations
+
+from typing import Final
+
+from librt.vecs import append, vec
+from mypy_extensions import i64
+
+from sim.cache.key_map import KeyMap
+from sim.engine.request import SimRequest
+
+MASK_WORKERS: Final = 62      # workers a holder mask has bits for (a positive i64)
+
+
+class ActiveSequences:
+    """Per worker: the prefill tokens of its requests not past their first token, and
+    the active requests holding each of its prompt blocks."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers: i64 = workers
+        self.prefill = vec[i64]()
+        self.pending: list[list[SimRequest]] = []     # routed, first token not out yet
+        self.pending_tokens: list[vec[i64]] = []      # ... the prefill tokens of each
+        self.active: list[KeyMap] = []                # block key -> active requests
+        for _ in range(workers):
+            self.prefill = append(self.prefill, 0)
+            self.pending.append([])
+            self.pending_tokens.append(vec[i64]())
+            self.active.append(KeyMap(64))
+        self.blocks_of: dict[int, list[int]] = {}     # request index -> its block keys
+        self.seen = KeyMap(64)                        # (scratch: a prompt's distinct blocks)
+        # block key -> the workers holding it active, one bit each (up to MASK_WORKERS
+        # workers; more are asked one by one)
+        self.masked = workers <= MASK_WORKERS
+        self.holders = KeyMap(256)
+
+    def refresh(self) -> None:
+        """Clear the prefill tokens of every request now past its first token."""
+        for i in range(self.workers):
+            reqs = self.pending[i]
+            n = len(reqs)
+            if n == 0:
+                continue
+            out = False
+            for r in reqs:
+                if r.first_token_ns >= 0:
+                    out = True
+                    break
+            if not out:
+                continue
+            toks = self.pending_tokens[i]
+            keep: list[SimRequest] = []
+            keep_tokens = vec[i64]()
+            total: i64 = 0
+            for j in range(n):
+                r = reqs[j]
+                if r.first_token_ns < 0:
+                    keep.append(r)
+                    keep_tokens = append(keep_tokens, toks[j])
+                    total += toks[j]
+            self.prefill[i] = total
+            self.pending[i] = keep
+            self.pending_tokens[i] = keep_tokens
+
+    def add(self, i: i64, index: int, sim_req: SimRequest, prefill: i64,
+            blocks: list[int]) -> None:
+        """Request ``index`` (``sim_req``) was placed on worker ``i``."""
+        self.pending[i].append(sim_req)
+        self.pending_tokens[i] = append(self.pending_tokens[i], prefill)
+        self.prefill[i] += prefill
+        act = self.active[i]
+        holders = self.holders
+        bit: i64 = 1 << i if self.masked else 0
+        for k in blocks:
+            c = act.only(k)
+            if c < 0:
+                act.put(k, 1)
+                if bit:
+                    m = holders.only(k)
+                    holders.put(k, bit if m < 0 else m | bit)
+            else:
+                act.put(k, c + 1)
+        self.blocks_of[index] = blocks
+
+    def finish(self, i: i64, index: int) -> None:
+        """Request ``index`` finished on worker ``i``: its blocks are no longer active."""
+        blocks = self.blocks_of.pop(index, None)
+        if blocks is None:
+            return
+        act = self.active[i]
+        holders = self.holders
+        bit: i64 = 1 << i if self.masked else 0
+        for k in blocks:
+            c = act.only(k)
+            if c < 0:
+                raise KeyError(k)
+            if c > 1:
+                act.put(k, c - 1)
+                continue
+            act.remove(k, c)
+            if bit:
+                m = holders.only(k)
+                if m == bit:
+                    holders.remove(k, m)
+                else:
+                    holders.put(k, m & ~bit)
+
+    def _distinct(self, blocks: list[int]) -> list[int]:
+        """``blocks`` without repeats (first occurrences, in order)."""
+        seen = self.seen
+        out: list[int] = []
+        for k in blocks:
+            if seen.only(k) < 0:
+                seen.put(k, 1)
+                out.append(k)
+        for k in out:
+            seen.remove(k, 1)
+        return out
+
+    def decode_blocks(self, i: i64, blocks: list[int]) -> i64:
+        """Distinct active blocks of worker ``i`` with ``blocks`` added."""
+        act = self.active[i]
+        n = act.size
+        for k in self._distinct(blocks):
+            if act.only(k) < 0:
+                n += 1
+        return n
+
+    def decode_all(self, blocks: list[int]) -> list[int]:
+        """``decode_blocks`` of every worker (the prompt's distinct blocks found once)."""
+        new = self._distinct(blocks)
+        out: list[int] = []
+        if self.masked:
+            counts = vec[i64]()
+            for i in range(self.workers):
+                counts = append(counts, self.active[i].size + len(new))
+            holders = self.holders
+            for k in new:
+                m = holders.only(k)
+                if m > 0:
+                    for i in range(self.workers):
+                        if (m >> i) & 1:
+                            counts[i] -= 1
+            for i in range(self.workers):
+                out.append(counts[i])
+            return out
+        for i in range(self.workers):
+            act = self.active[i]
+            n = act.size
+            for k in new:
+                if act.only(k) < 0:
+                    n += 1
+            out.append(n)
+        return out
+
+    def cost(self, i: i64, prompt_tokens: i64, overlap_tokens: float, blocks: list[int],
+             block_size: i64, weight: float) -> float:
+        """Dynamo's cost of sending the request to worker ``i``, which holds
+        ``overlap_tokens`` of its prompt."""
+        prefill = float(self.prefill[i] + prompt_tokens) - overlap_tokens
+        return weight * prefill / float(block_size) + float(self.decode_blocks(i, blocks))
+
+    def costs(self, prompt_tokens: i64, overlaps: list[int], blocks: list[int],
+              block_size: i64, weight: float) -> list[float]:
+        """``cost`` of every worker (``overlaps``: the tokens each holds)."""
+        dec = self.decode_all(blocks)
+        pre = self.prefill
+        out: list[float] = []
+        for i in range(self.workers):
+            p: i64 = pre[i] + prompt_tokens - overlaps[i]
+            out.append(weight * float(p) / float(block_size) + float(dec[i]))
+        return out
