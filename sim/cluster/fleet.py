@@ -128,6 +128,9 @@ class _Door:
         self.pending: RouteRequest | None = None
         self.prompt_of = Prompt
         self.streams = fleet.streams
+        # each replica's key configuration (a prompt's keys under it are handed over)
+        self.key_config = [(r.dep.kv.hasher.unit, r.dep.kv.hasher.lookahead)
+                           for r in replicas]
         self.needs_prompt = getattr(router, "needs_prompt", False) or hindsight
         self.placed_hook = getattr(router, "placed", None)
         # what the router believed its replica would reuse (-1: no belief), by arrival
@@ -156,7 +159,14 @@ class _Door:
             req.best = (hits[b], b, max((h for k, h in enumerate(hits) if k != i), default=0),
                         hits[i])
         self.pending = req
-        return self.inlets[i]
+        inlet = self.inlets[i]
+        if self.needs_prompt and inlet.maker is not None:
+            # the keys the router built under this replica's configuration become the
+            # request's (the same registry built them: the replica would build equal ones)
+            keys = req.prompt.built(self.key_config[i])
+            if keys is not None:
+                inlet.maker.next_keys = keys
+        return inlet
 
     def placed(self, inlet: Inlet, r: Any, ok: bool) -> None:
         i = inlet.replica

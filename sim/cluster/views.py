@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from sim.cache.mirror_pool import leading_blocks, leading_blocks_each
 from sim.engine.record import prompt_of
 
 VIEWS = ("oracle", "events", "approximate")
@@ -48,6 +49,10 @@ class Prompt:
             got = self._keys[k] = self.streams.keys_of(prompt_of(self.trace.segments), h)
         return got
 
+    def built(self, config: tuple[int, int]) -> Any:
+        """The keys ``keys_for`` built under ``(hash unit, lookahead)``; None if none."""
+        return self._keys.get(config)
+
 
 def full_group(kv: Any) -> tuple[int, int]:
     """(the first full-attention group, its block in hash units) of a cache manager;
@@ -65,8 +70,6 @@ def attention_blocks(pool: Any, kv: Any, keys: Any, tokens: int,
     holds in the first full-attention group: what an attention-only indexer (Dynamo's,
     llm-d's) counts as the overlap (no Mamba group, no EAGLE drop).  ``shape``: ``kv``'s
     (group, block in hash units, hash unit), when known."""
-    from sim.cache.mirror_pool import leading_blocks
-
     g, scale, unit = shape if shape is not None else (*full_group(kv),
                                                       kv.coordinator.hash_block_size)
     if g < 0:
@@ -92,8 +95,6 @@ def block_size_of(kv: Any) -> int:
 def _attention_each(view: Any, prompt: Prompt) -> list[int]:
     """``attention_blocks`` of every replica: one compiled call when the replicas share
     one configuration (one set of keys, one group layout), else replica by replica."""
-    from sim.cache.mirror_pool import leading_blocks_each
-
     kvs = view._kvs()
     if view.uniform:
         g, scale, unit = view.shapes[0]

@@ -14,6 +14,7 @@ from librt.strings import BytesWriter, write_i64_le
 from librt.vecs import append, vec
 from mypy_extensions import i64
 
+from sim.cache.hashing import PrefixKeys
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import HashIdPrompt, Segment, StreamRegistry
 from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
@@ -42,10 +43,17 @@ class RequestMaker:
     def __init__(self, kv: KVCacheManager, streams: StreamRegistry):
         self.kv = kv
         self.streams = streams
+        # the next request's prompt keys when a fleet's router already built them under
+        # this manager's hash unit and lookahead (handed over once: the request owns them)
+        self.next_keys: PrefixKeys | None = None
 
     def make(self, trace: Any, index: int) -> SimRequest:
         rid: str = trace.request_id
-        keys = self.streams.keys_of(prompt_of(trace.segments), self.kv.hasher)
+        keys = self.next_keys
+        if keys is None:
+            keys = self.streams.keys_of(prompt_of(trace.segments), self.kv.hasher)
+        else:
+            self.next_keys = None
         r = SimRequest(self.kv.make_request(rid, keys), trace.output_tokens, index)
         r.out_stream = self.streams.id(f"out/{rid}")
         r.priority = getattr(trace, "priority", 0)   # scheduler.policy priority (default 0)

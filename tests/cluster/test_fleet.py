@@ -177,3 +177,27 @@ def test_a_fleet_run_is_byte_identical_twice(tmp_path):
     for f in ("requests.csv", "memory.csv", "replicas.csv"):
         assert (a / f).read_bytes() == (b / f).read_bytes()
     assert _summary(a) == _summary(b)
+
+
+def test_a_routed_prompts_keys_are_handed_over_once():
+    """A fleet's router builds each arrival's prompt keys; the chosen replica's request
+    takes them (no second hashing of the prompt) and the next request builds its own."""
+    from sim.cache.config import CacheConfig
+    from sim.cache.kv_manager import KVCacheManager
+    from sim.cache.prompt import StreamRegistry
+    from sim.engine.record import RequestMaker, prompt_of
+    from workloads.base import TraceRequest
+
+    kv = KVCacheManager(CacheConfig(groups=("full", "mamba"), block_size=16,
+                                    hash_block_size=16, num_blocks=64))
+    streams = StreamRegistry()
+    maker = RequestMaker(kv, streams)
+    a = TraceRequest("a", 0.0, [("p", 0, 40)], 4)
+    b = TraceRequest("b", 0.0, [("p", 0, 40)], 4)
+    built = streams.keys_of(prompt_of(a.segments), kv.hasher)
+    maker.next_keys = built
+    ra = maker.make(a, 0)
+    assert ra.cache.block_hashes is built and maker.next_keys is None
+    rb = maker.make(b, 1)
+    assert rb.cache.block_hashes is not built
+    assert rb.cache.block_hashes.keys() == built.keys() and len(built.keys()) == 2

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from sim.cluster.routers.base import RouteRequest
 from sim.cluster.routers.load_book import pick_by_cost
+from sim.cluster.views import block_size_of
 from sim.engine.active_sequences import ActiveSequences
 from sim.errors import ConfigError
 
@@ -59,8 +60,6 @@ class KvRouterOptions:
 def prompt_blocks(kv, keys, tokens: int, bs: int = 0) -> list[int]:
     """The prompt's whole attention blocks' keys (what Dynamo hashes and indexes);
     ``bs``: ``kv``'s attention block size, when known."""
-    from sim.cluster.views import block_size_of
-
     if not bs:
         bs = block_size_of(kv)
     scale = bs // kv.coordinator.hash_block_size
@@ -74,7 +73,6 @@ class _KvRouter:
 
     def __init__(self, opts: KvRouterOptions, seed: int, fleet):
         from sim.cluster.approximate import BlockHistory
-        from sim.cluster.views import block_size_of
 
         self.o = opts
         self.fleet = fleet

@@ -27,6 +27,7 @@ import random
 from dataclasses import dataclass
 
 from sim.cluster.routers.base import RouteRequest, Stateless
+from sim.cluster.routers.kv_router import prompt_blocks
 from sim.errors import ConfigError
 
 VIEWS = ("approximate", "events")
@@ -90,12 +91,10 @@ class _Llmd(Stateless):
         return self.metrics
 
     def choose(self, req: RouteRequest) -> int:
-        from sim.cluster.routers.kv_router import prompt_blocks
-
         o = self.o
         now = req.arrival_ns
         keys = req.prompt.keys_for(self.kv0)
-        blocks = prompt_blocks(self.kv0, keys, req.prompt_tokens)[:o.max_prefix_blocks]
+        blocks = prompt_blocks(self.kv0, keys, req.prompt_tokens, self.bs)[:o.max_prefix_blocks]
         nb = len(blocks)
         if self.view is not None:
             self.view.advance(now)

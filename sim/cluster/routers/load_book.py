@@ -6,13 +6,13 @@ keeps it: the router asks it on every arrival, so it lives in the compiled engin
 """
 from __future__ import annotations
 
+import math
+
 
 def pick_by_cost(costs: list[float], sizes: list[int], temperature: float, rng) -> int:
     """Dynamo's selection: at temperature 0 the least cost, ties to the smallest index
     tree, then uniformly at random; above 0 a draw with probability proportional to
     ``exp(-(cost - min) / ((max - min) x temperature))`` (uniform when all are equal)."""
-    import math
-
     lo = min(costs)
     if temperature <= 0:
         tied = [i for i, c in enumerate(costs) if c == lo]
