@@ -162,15 +162,16 @@ def test_dynamo_ties_and_temperature():
 
     rng = random.Random(1)
     # temperature 0: the least cost; ties by the smallest tree, then at random
-    assert pick_by_cost([3.0, 2.0, 2.0], [5, 4, 9], 0.0, rng) == 1
-    picks = {pick_by_cost([2.0, 2.0], [4, 4], 0.0, rng) for _ in range(50)}
+    assert pick_by_cost([3.0, 2.0, 2.0], [5, 4, 9].__getitem__, 0.0, rng) == 1
+    picks = {pick_by_cost([2.0, 2.0], [4, 4].__getitem__, 0.0, rng) for _ in range(50)}
     assert picks == {0, 1}
     # temperature > 0: every worker can be drawn, the cheaper more often; all equal: uniform
-    got = [pick_by_cost([0.0, 1.0], [0, 0], 1.0, rng) for _ in range(4000)]
+    got = [pick_by_cost([0.0, 1.0], [0, 0].__getitem__, 1.0, rng) for _ in range(4000)]
     share = got.count(0) / len(got)
     import math
     assert abs(share - 1 / (1 + math.exp(-1))) < 0.03
-    assert {pick_by_cost([1.0, 1.0, 1.0], [0, 0, 0], 0.5, rng) for _ in range(100)} == {0, 1, 2}
+    assert {pick_by_cost([1.0, 1.0, 1.0], [0, 0, 0].__getitem__, 0.5, rng)
+            for _ in range(100)} == {0, 1, 2}
 
 
 @pytest.mark.parametrize("workers", [2, 64])     # (64: past the holder masks' 62 bits)

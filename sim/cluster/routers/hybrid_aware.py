@@ -107,7 +107,7 @@ class _HybridAware:
 
         if self.o.router_temperature > 0:
             costs = [cost(i) for i in range(n)]
-            i = pick_by_cost(costs, [(-hit(k), view.size(k)) for k in range(n)],
+            i = pick_by_cost(costs, lambda k: (-hit(k), view.size(k)),
                              self.o.router_temperature, self.rng)
         else:
             # least cost; ties to the larger hit, then Dynamo's smaller index, then at random

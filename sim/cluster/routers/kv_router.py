@@ -94,10 +94,11 @@ class _KvRouter:
             return self.view.attention_each(req.prompt)
         return [self.history.overlap(i, blocks, req.arrival_ns) for i in range(self.n)]
 
-    def sizes(self) -> list[int]:
+    def size(self, i: int) -> int:
+        """Worker ``i``'s index tree (Dynamo's tie-break)."""
         if self.view is not None:
-            return [self.view.size(i) for i in range(self.n)]
-        return [self.history.size(i) for i in range(self.n)]
+            return self.view.size(i)
+        return self.history.size(i)
 
     def choose(self, req: RouteRequest) -> int:
         keys = req.prompt.keys_for(self.kv0)
@@ -106,7 +107,7 @@ class _KvRouter:
         over = self.overlaps(req, blocks)
         costs = self.book.costs(req.prompt_tokens, [o * self.bs for o in over], blocks,
                                 self.bs, float(self.o.overlap_score_weight))
-        i = pick_by_cost(costs, self.sizes(), self.o.router_temperature, self.rng)
+        i = pick_by_cost(costs, self.size, self.o.router_temperature, self.rng)
         req.predicted = over[i] * self.bs
         self._blocks = blocks
         if self.history is not None:

@@ -7,18 +7,22 @@ keeps it: the router asks it on every arrival, so it lives in the compiled engin
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 
-def pick_by_cost(costs: list[float], sizes: list[int], temperature: float, rng) -> int:
+def pick_by_cost(costs: list[float], size_of: Callable[[int], Any], temperature: float,
+                 rng) -> int:
     """Dynamo's selection: at temperature 0 the least cost, ties to the smallest index
-    tree, then uniformly at random; above 0 a draw with probability proportional to
+    tree (``size_of(i)``: worker i's, asked of the tied workers only), then uniformly at
+    random; above 0 a draw with probability proportional to
     ``exp(-(cost - min) / ((max - min) x temperature))`` (uniform when all are equal)."""
     lo = min(costs)
     if temperature <= 0:
         tied = [i for i, c in enumerate(costs) if c == lo]
         if len(tied) > 1:
-            small = min(sizes[i] for i in tied)
-            tied = [i for i in tied if sizes[i] == small]
+            sizes = [size_of(i) for i in tied]
+            small = min(sizes)
+            tied = [i for i, s in zip(tied, sizes) if s == small]
         return tied[0] if len(tied) == 1 else tied[rng.randrange(len(tied))]
     hi = max(costs)
     if hi == lo:
