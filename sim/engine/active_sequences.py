@@ -26,6 +26,7 @@ from sim.cache.key_map import KeyMap
 from sim.engine.request import SimRequest
 
 MASK_WORKERS: Final = 62      # workers a holder mask has bits for (a positive i64)
+SEEN_LIMIT: Final = 1 << 16   # keys the distinct-blocks scratch map holds before it starts over
 
 
 class ActiveSequences:
@@ -44,7 +45,9 @@ class ActiveSequences:
             self.pending_tokens.append(vec[i64]())
             self.active.append(KeyMap(64))
         self.blocks_of: dict[int, list[int]] = {}     # request index -> its block keys
-        self.seen = KeyMap(64)                        # (scratch: a prompt's distinct blocks)
+        # (scratch: a prompt's distinct blocks, each key stamped with the call that saw it)
+        self.seen = KeyMap(64)
+        self.stamp: i64 = 0
         # block key -> the workers holding it active, one bit each (up to MASK_WORKERS
         # workers; more are asked one by one)
         self.masked = workers <= MASK_WORKERS
@@ -100,9 +103,10 @@ class ActiveSequences:
 
     def finish(self, i: i64, index: int) -> None:
         """Request ``index`` finished on worker ``i``: its blocks are no longer active."""
-        blocks = self.blocks_of.pop(index, None)
+        blocks = self.blocks_of.get(index)
         if blocks is None:
             return
+        del self.blocks_of[index]
         act = self.active[i]
         holders = self.holders
         bit: i64 = 1 << i if self.masked else 0
@@ -124,13 +128,15 @@ class ActiveSequences:
     def _distinct(self, blocks: list[int]) -> list[int]:
         """``blocks`` without repeats (first occurrences, in order)."""
         seen = self.seen
+        if seen.size > SEEN_LIMIT:
+            seen = self.seen = KeyMap(64)
+        self.stamp += 1
+        st = self.stamp
         out: list[int] = []
         for k in blocks:
-            if seen.only(k) < 0:
-                seen.put(k, 1)
+            if seen.only(k) != st:
+                seen.put(k, st)
                 out.append(k)
-        for k in out:
-            seen.remove(k, 1)
         return out
 
     def decode_blocks(self, i: i64, blocks: list[int]) -> i64:

@@ -200,6 +200,11 @@ def test_dynamo_load_counts_prefill_until_first_token_and_distinct_active_blocks
     assert decode([]) == [4, 1]                            # 11, 12, 13, 14 | 21
     # a new prompt [11, 15, 15]: 15 is new to both (once), 11 new to worker 1 only
     assert decode([11, 15, 15]) == [5, 3]
+    # (a prompt of more distinct blocks than the scratch map keeps: it starts over)
+    from sim.engine.active_sequences import SEEN_LIMIT
+    assert book.decode_all(list(range(100, 100 + SEEN_LIMIT + 2)))[:2] == [
+        4 + SEEN_LIMIT + 2, 1 + SEEN_LIMIT + 2]
+    assert decode([11, 15, 15]) == [5, 3]
     # costs: weight x (prefill + prompt - overlap) / block size + decode blocks
     assert book.costs(64, [32, 0] + [0] * rest, [11, 15, 15], 16, 1.0)[:2] == [
         (140 + 32) / 16 + 5, (7 + 64) / 16 + 3]
