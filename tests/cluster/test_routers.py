@@ -23,7 +23,7 @@ from sim.cache.kv_manager import KVCacheManager
 from sim.cache.prompt import StreamRegistry
 from sim.cluster.routers import ROUTERS
 from sim.cluster.routers.base import RouteRequest
-from sim.cluster.routers.load_book import pick_by_cost
+from sim.cluster.routers.selection import pick_by_cost
 from sim.cluster.views import Prompt
 from sim.config.scenario import load_scenario
 from sim.commands.run import simulate, write_run

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from sim.cluster.routers.base import RouteRequest
 from sim.cluster.routers.kv_router import prompt_blocks
-from sim.cluster.routers.load_book import pick_by_cost
+from sim.cluster.routers.selection import pick_by_cost
 from sim.engine.active_sequences import ActiveSequences
 from sim.errors import ConfigError
 

@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 
 from sim.cluster.routers.base import RouteRequest
-from sim.cluster.routers.load_book import pick_by_cost
+from sim.cluster.routers.selection import pick_by_cost
 from sim.cluster.views import block_size_of
 from sim.engine.active_sequences import ActiveSequences
 from sim.errors import ConfigError
