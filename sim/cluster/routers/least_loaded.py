@@ -8,16 +8,22 @@ not finished), the load a token-aware balancer tracks.
 """
 from __future__ import annotations
 
-from sim.cluster.routers.base import NoOptions, RouteRequest, Stateless, least
+from operator import attrgetter
+
+from sim.cluster.routers.base import NoOptions, RouteRequest, Stateless
 
 
 class _Least(Stateless):
-    def __init__(self, views, load):
+    """The replica whose view reads least in ``field``, the lowest index on ties (each
+    view read once per arrival, through ``attrgetter``: no lambda called per replica)."""
+
+    def __init__(self, views, field: str):
         self.views = views
-        self.load = load
+        self.read = attrgetter(field)
 
     def choose(self, req: RouteRequest) -> int:
-        return least(self.views, self.load)
+        loads = list(map(self.read, self.views))
+        return loads.index(min(loads))
 
 
 class LeastOutstanding:
@@ -25,7 +31,7 @@ class LeastOutstanding:
     options = NoOptions
 
     def build(self, options, seed, fleet):
-        return _Least(fleet.loads, lambda v: v.outstanding)
+        return _Least(fleet.loads, "outstanding")
 
 
 class LeastTokens:
@@ -33,4 +39,4 @@ class LeastTokens:
     options = NoOptions
 
     def build(self, options, seed, fleet):
-        return _Least(fleet.loads, lambda v: v.outstanding_tokens)
+        return _Least(fleet.loads, "outstanding_tokens")
