@@ -81,6 +81,10 @@ class ActiveSequences:
             self.pending[i] = keep
             self.pending_tokens[i] = keep_tokens
 
+    def _bit(self, i: i64) -> i64:
+        """Worker ``i``'s bit in a holder mask (0: the masks are not kept)."""
+        return 1 << i if self.masked else 0
+
     def add(self, i: i64, index: int, sim_req: SimRequest, prefill: i64,
             blocks: list[int]) -> None:
         """Request ``index`` (``sim_req``) was placed on worker ``i``."""
@@ -89,7 +93,7 @@ class ActiveSequences:
         self.prefill[i] += prefill
         act = self.active[i]
         holders = self.holders
-        bit: i64 = 1 << i if self.masked else 0
+        bit = self._bit(i)
         for k in blocks:
             c = act.only(k)
             if c < 0:
@@ -107,9 +111,9 @@ class ActiveSequences:
         if blocks is None:
             return
         del self.blocks_of[index]
-        act = self.active[i]
+        bit = self._bit(i)
         holders = self.holders
-        bit: i64 = 1 << i if self.masked else 0
+        act = self.active[i]
         for k in blocks:
             c = act.only(k)
             if c < 0:
