@@ -29,6 +29,15 @@ MASK_WORKERS: Final = 62      # workers a holder mask has bits for (a positive i
 SEEN_LIMIT: Final = 1 << 16   # keys the distinct-blocks scratch map holds before it starts over
 
 
+def _with_new(active: KeyMap, distinct: list[int]) -> i64:
+    """Distinct keys ``active`` holds once ``distinct`` (no repeats) is added."""
+    n = active.size
+    for k in distinct:
+        if active.only(k) < 0:
+            n += 1
+    return n
+
+
 class ActiveSequences:
     """Per worker: the prefill tokens of its requests not past their first token, and
     the active requests holding each of its prompt blocks."""
@@ -145,12 +154,7 @@ class ActiveSequences:
 
     def decode_blocks(self, i: i64, blocks: list[int]) -> i64:
         """Distinct active blocks of worker ``i`` with ``blocks`` added."""
-        act = self.active[i]
-        n = act.size
-        for k in self._distinct(blocks):
-            if act.only(k) < 0:
-                n += 1
-        return n
+        return _with_new(self.active[i], self._distinct(blocks))
 
     def decode_all(self, blocks: list[int]) -> list[int]:
         """``decode_blocks`` of every worker (the prompt's distinct blocks found once)."""
@@ -171,12 +175,7 @@ class ActiveSequences:
                 out.append(counts[i])
             return out
         for i in range(self.workers):
-            act = self.active[i]
-            n = act.size
-            for k in new:
-                if act.only(k) < 0:
-                    n += 1
-            out.append(n)
+            out.append(_with_new(self.active[i], new))
         return out
 
     def cost(self, i: i64, prompt_tokens: i64, overlap_tokens: float, blocks: list[int],

@@ -61,11 +61,7 @@ class Stateless:
 
 
 def least(views: Sequence[Any], load) -> int:
-    """The replica of least ``load(view)``, the lowest index on ties."""
-    best = 0
-    best_load = load(views[0])
-    for i in range(1, len(views)):
-        v = load(views[i])
-        if v < best_load:
-            best, best_load = i, v
-    return best
+    """The replica of least ``load(view)``, the lowest index on ties (``load``: an
+    ``operator.attrgetter`` where it can be, so that no lambda is called per replica)."""
+    loads = list(map(load, views))
+    return loads.index(min(loads))
