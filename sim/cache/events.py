@@ -30,11 +30,15 @@ log's hooks):
 Events are plain records (``Stored``, ``Removed``, ``Cleared``) holding prefix keys and
 token positions; ``CanonicalForm`` turns them into the oracle's comparable form
 (positions instead of hashes), ``sim/rundir/kv_events.py`` into vLLM's wire records.
+``EventRecords`` queues the same events as (pool key, end) pairs in vecs, for a reader in
+this process (a router's mirror of the replica, ``sim/cache/mirror_pool.py``): no object per
+event.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Final
 
+from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.observers import PoolObserver
@@ -44,7 +48,7 @@ if TYPE_CHECKING:
     from sim.cache.kv_manager import KVCacheManager
     from sim.cache.request import CacheRequest
 
-GROUP_BITS = 5   # (as sim.cache.block_pool: a pool key is prefix key << 5 | group)
+GROUP_BITS: Final = 5   # (as sim.cache.block_pool: a pool key is prefix key << 5 | group)
 
 # where a BlockStored came from (not part of vLLM's record: tools and `sim events check`)
 FULL = "full"            # cache_full_blocks
@@ -143,13 +147,18 @@ class KVEventLog(PoolObserver):
         if self.clock is not None:
             self.step = self.clock()
 
-    def flush(self) -> None:
-        """Publish what this step queued (``take_events`` + ``publish``)."""
+    def flush(self, now: i64 = -1) -> None:
+        """Publish what this step queued (``take_events`` + ``publish``); ``now``: when
+        (the step's outputs were processed; -1: at a step's start, for what was left)."""
         if self.pending:
             events = self.pending
             self.pending = []
             self.published += len(events)
             self.sink(self.step, events)
+
+    def queued(self) -> bool:
+        """Whether events wait to be published at the step's end."""
+        return len(self.pending) > 0
 
     # -- the pool's hooks ----------------------------------------------------------
     def looked_up(self, req: CacheRequest, hit: int, blocks: list[list[Block]],
@@ -252,6 +261,147 @@ class KVEventLog(PoolObserver):
                       "request": request, "group": group}
         self.unpublished = self.pending
         self.pending = []
+
+
+class EventRecords(KVEventLog):
+    """The same queue as machine-integer records, for an index in this process (a
+    router's ``MirrorPool``, ``sim/cluster/views.py``): no object per event.
+
+    Record ``j`` is ``(keys[j], ends[j])``: a ``BlockStored`` pool key ending at token
+    ``ends[j]``, a ``BlockRemoved`` pool key (end -1), or ``AllBlocksCleared`` (key -1),
+    in the order ``KVEventLog`` publishes its events (a ``BlockStored`` of several keys is
+    one record each, in its order).  A published batch is ``(visible ns, end record)``:
+    ``lag_ns`` after the step's outputs were processed.  The reader (``MirrorPool``'s
+    ``catch_up``) applies the batches visible by a time and hands back what it read
+    (``taken``).  After ``fail`` the step's records are dropped, as vLLM's engine dies
+    with them (``unpublished`` stays empty: no object is kept)."""
+
+    def __init__(self, lag_ns: i64, report_mode: str | None = None, fix_emit: bool = False):
+        super().__init__(_no_sink, None, report_mode, fix_emit)
+        self.lag_ns: i64 = lag_ns
+        self.keys = vec[i64]()
+        self.ends = vec[i64]()
+        self.bat_at = vec[i64]()      # per batch: visible from (ns)
+        self.bat_end = vec[i64]()     # per batch: its records end here
+        self.head: i64 = 0            # records read
+        self.bhead: i64 = 0           # batches read
+        self.sealed: i64 = 0          # records in batches
+        self.last_ns: i64 = 0         # when the latest batch was published
+
+    def _put(self, key: i64, end: i64) -> None:
+        self.keys = append(self.keys, key)
+        self.ends = append(self.ends, end)
+
+    def new_step(self, now: int) -> None:
+        self.flush(-1)
+
+    def flush(self, now: i64 = -1) -> None:
+        if now >= 0:
+            self.last_ns = now
+        n: i64 = len(self.keys)
+        if n > self.sealed:
+            self.bat_at = append(self.bat_at, self.last_ns + self.lag_ns)
+            self.bat_end = append(self.bat_end, n)
+            self.published += n - self.sealed
+            self.sealed = n
+
+    def queued(self) -> bool:
+        return len(self.keys) > self.sealed
+
+    def taken(self, bhead: i64, head: i64) -> None:
+        """The reader read ``bhead`` batches, ``head`` records: once every batch is read,
+        the read records are dropped."""
+        self.head = head
+        self.bhead = bhead
+        if bhead == len(self.bat_at):
+            self.keys = self.keys[head:]
+            self.ends = self.ends[head:]
+            self.sealed -= head
+            self.head = 0
+            self.bhead = 0
+            self.bat_at = vec[i64]()
+            self.bat_end = vec[i64]()
+
+    def evicted(self, key: i64) -> None:
+        if self.error is None:
+            self._put(key, -1)
+
+    def dropped(self, keys: list[int]) -> None:
+        if self.error is None:
+            for k in keys:
+                self._put(k, -1)
+
+    def caching_starts(self) -> None:
+        self._mark = len(self.keys)
+
+    def caching_ends(self) -> None:
+        """``KVEventLog.caching_ends`` on records: a stable sort by group (each event's
+        records share its group, so the order is that of the events sorted)."""
+        keys = self.keys
+        ends = self.ends
+        start: i64 = self._mark
+        for j in range(start + 1, len(keys)):
+            k = keys[j]
+            e = ends[j]
+            g = _record_group(k)
+            i: i64 = j
+            while i > start and _record_group(keys[i - 1]) > g:
+                keys[i] = keys[i - 1]
+                ends[i] = ends[i - 1]
+                i -= 1
+            if i != j:
+                keys[i] = k
+                ends[i] = e
+
+    def stored_full(self, req: CacheRequest, tables: list[list[Block]], group_ids: list[int],
+                    indices: list[int] | None, block_size: int, num_cached: int,
+                    num_full: int, unit: int) -> None:
+        if self.error is not None:
+            return
+        if indices is None:
+            indices = [i for i in range(num_cached, num_full)]
+        scale = block_size // unit
+        block_keys = req.block_hashes.keys_at([(i + 1) * scale - 1 for i in indices])
+        for t in range(len(tables)):
+            blocks = tables[t]
+            g: i64 = group_ids[t]
+            for j in range(len(indices)):
+                i = indices[j]
+                if not blocks[i].is_null:
+                    self._put((block_keys[j] << GROUP_BITS) | g, (i + 1) * block_size)
+
+    def stored_partial(self, req: CacheRequest, unit_hash: int, end: int, unit: int,
+                       group: int) -> None:
+        if self.error is None:
+            self._put((unit_hash << GROUP_BITS) | group, end)
+
+    def add(self, ev: Event) -> None:
+        if self.error is not None:
+            return
+        if isinstance(ev, Stored):
+            g: i64 = ev.group
+            ends = ev.ends
+            for j in range(len(ev.keys)):
+                self._put((ev.keys[j] << GROUP_BITS) | g, ends[j])
+        elif isinstance(ev, Removed):
+            self._put(ev.pool_key, -1)
+        else:
+            self._put(-1, -1)
+
+    def fail(self, type_name: str, message: str, request: str, group: int) -> None:
+        if self.error is not None:
+            return
+        super().fail(type_name, message, request, group)
+        self.keys = self.keys[:self.sealed]
+        self.ends = self.ends[:self.sealed]
+
+
+def _no_sink(step: int, events: list[Event]) -> None:
+    return None
+
+
+def _record_group(key: i64) -> i64:
+    return -1 if key < 0 else key & ((1 << GROUP_BITS) - 1)
 
 
 def _group_of(ev: Event) -> int:

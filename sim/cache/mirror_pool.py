@@ -17,7 +17,7 @@ from typing import Any
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
-from sim.cache.events import Cleared, Removed, Stored
+from sim.cache.events import Cleared, EventRecords, Removed, Stored
 from sim.cache.hashing import PrefixKeys
 
 
@@ -30,7 +30,7 @@ class MirrorPool(BlockPool):
         self.spare: list[Block] = [self.blocks[1]]
         self.free_queue.popleft()   # (no free queue: nothing is ever allocated here)
 
-    def store(self, pool_key: int, end: int) -> None:
+    def store(self, pool_key: i64, end: i64) -> None:
         """A ``BlockStored`` key: held once more, ending at token ``end``."""
         if self.spare:
             b = self.spare.pop()
@@ -39,7 +39,7 @@ class MirrorPool(BlockPool):
             self.blocks.append(b)
         self.insert_key(pool_key, b, end)
 
-    def remove(self, pool_key: int) -> None:
+    def remove(self, pool_key: i64) -> None:
         """A ``BlockRemoved`` key: held once less (a key not held: nothing)."""
         bid = self.key_map.first(pool_key)
         if bid >= 0:
@@ -68,6 +68,37 @@ class MirrorPool(BlockPool):
                     j += 1
             elif isinstance(ev, Cleared):
                 self.clear()
+
+
+def catch_up(pool: MirrorPool, log: EventRecords, now: i64) -> None:
+    """Apply every batch of ``log`` (the replica's events as records) visible by ``now``,
+    in order."""
+    b: i64 = log.bhead
+    nb: i64 = len(log.bat_at)
+    if b == nb or log.bat_at[b] > now:
+        return
+    keys = log.keys
+    ends = log.ends
+    j: i64 = log.head
+    while b < nb and log.bat_at[b] <= now:
+        stop = log.bat_end[b]
+        while j < stop:
+            e = ends[j]
+            if e >= 0:
+                pool.store(keys[j], e)
+            elif keys[j] >= 0:
+                pool.remove(keys[j])
+            else:
+                pool.clear()
+            j += 1
+        b += 1
+    log.taken(b, j)
+
+
+def catch_up_each(pools: list[MirrorPool], logs: list[EventRecords], now: i64) -> None:
+    """``catch_up`` of every replica, in one call."""
+    for i in range(len(pools)):
+        catch_up(pools[i], logs[i], now)
 
 
 def leading_blocks(pool: BlockPool, keys: PrefixKeys, group: int, scale: int, n: int) -> int:

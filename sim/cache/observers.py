@@ -32,7 +32,7 @@ class's method table.  The hooks, in the order a step meets them:
 * ``stored_full(...)``: a manager keyed full blocks (``cache_full_blocks``);
 * ``stored_partial(...)``: a manager keyed a partial block (``cache_partial_block``) that
   did not hold the key;
-* ``flush()``: the step's outputs are processed (the scheduler's ``update_from_output``;
+* ``flush(now)``: the step's outputs are processed at ``now`` (the scheduler's ``update_from_output``;
   vLLM's engine core calls ``take_events`` there).
 """
 from __future__ import annotations
@@ -95,5 +95,5 @@ class PoolObserver:
         """Group ``group`` keyed ``unit_hash``, the hash unit ending at token ``end``, on a
         block that did not hold it."""
 
-    def flush(self) -> None:
-        """The step's outputs are processed (vLLM's ``take_events``)."""
+    def flush(self, now: i64 = -1) -> None:
+        """The step's outputs are processed at ``now`` ns (vLLM's ``take_events``)."""

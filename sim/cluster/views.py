@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from sim.cache.mirror_pool import leading_blocks, leading_blocks_each
+from sim.cache.events import EventRecords
+from sim.cache.kv_manager import KVCacheManager
+from sim.cache.mirror_pool import MirrorPool, catch_up_each, leading_blocks, leading_blocks_each
 from sim.engine.record import prompt_of
 
 VIEWS = ("oracle", "events", "approximate")
@@ -152,16 +154,22 @@ class EventsView:
     name = "events"
 
     def __init__(self, replicas: list, lag_ns: int):
-        from sim.cache.kv_manager import KVCacheManager
-        from sim.cache.mirror_pool import MirrorPool
-
         self.lag_ns = lag_ns
         self.mirrors = [KVCacheManager(r.dep.kv.cfg, pool_factory=MirrorPool) for r in replicas]
         self.shapes = [_shape(kv) for kv in self.mirrors]
         self.uniform = _uniform(self.mirrors)
         self.pools = [kv.pool for kv in self.mirrors]
-        self.queue: deque = deque()       # (visible ns, replica, events), in publish order
+        # per replica, the batches published as event objects (the run writes its own
+        # stream too): (visible ns, events), in the replica's publish order.  Replicas
+        # publish out of time order (each is run as far as the fleet needs it), so each
+        # replica's batches are read on their own: none waits behind another replica's
+        self.queues: list[deque] = [deque() for _ in replicas]
+        self.queued = 0
         self.batches = 0
+        # the replicas publishing records (``EventRecords``: no stream of their own) and
+        # their mirrors
+        self.record_logs: list[EventRecords] = []
+        self.record_pools: list[MirrorPool] = []
 
     def _kvs(self) -> list:
         return self.mirrors
@@ -172,14 +180,18 @@ class EventsView:
     def publish(self, i: int, now: int, events: list) -> None:
         """Replica ``i`` published ``events`` at ``now`` (its step's outputs applied)."""
         self.batches += 1
-        self.queue.append((now + self.lag_ns, i, events))
+        self.queued += 1
+        self.queues[i].append((now + self.lag_ns, events))
 
     def advance(self, now: int) -> None:
         """Apply every batch delivered by ``now``."""
-        q = self.queue
-        while q and q[0][0] <= now:
-            _, i, events = q.popleft()
-            self.mirrors[i].pool.apply(events)
+        if self.record_logs:
+            catch_up_each(self.record_pools, self.record_logs, now)
+        if self.queued:
+            for q, kv in zip(self.queues, self.mirrors):
+                while q and q[0][0] <= now:
+                    kv.pool.apply(q.popleft()[1])
+                    self.queued -= 1
 
     def hybrid_hit(self, i: int, prompt: Prompt) -> int:
         kv = self.mirrors[i]
@@ -198,9 +210,9 @@ class EventsView:
 
 def attach_events(view: EventsView, replicas: list, sc) -> None:
     """Have every replica publish its KV events to ``view`` after each step, beside the
-    run's own event stream (``sim run --kv-events``) when there is one."""
-    from sim.cache.events import KVEventLog
-
+    run's own event stream (``sim run --kv-events``) when there is one: as event objects
+    then, else as records (``EventRecords``: the same events in the same order, no object
+    per event)."""
     sec = sc.kv_events
     for i, rep in enumerate(replicas):
         kv = rep.dep.kv
@@ -211,9 +223,11 @@ def attach_events(view: EventsView, replicas: list, sc) -> None:
 
         log = kv.event_log
         if log is None:
-            log = KVEventLog(sink, clock=lambda s=sched: s.sched_time,
-                             report_mode=sec.report_mode, fix_emit=sec.fix_emit)
-            kv.enable_kv_events(log)
+            records = EventRecords(view.lag_ns, report_mode=sec.report_mode,
+                                   fix_emit=sec.fix_emit)
+            kv.enable_kv_events(records)
+            view.record_logs.append(records)
+            view.record_pools.append(view.mirrors[i].pool)
         else:                      # (the run's own stream too: both get every batch)
             first = log.sink
 

@@ -193,7 +193,7 @@ class Scheduler:
         if self.waiting:
             return False
         log = self.kv.event_log   # (the KV event log among the pool's observers)
-        if log is not None and log.pending:
+        if log is not None and log.queued():
             return False
         if self.connector is not None:
             return not self.holding and self.connector.quiet(self.running)
@@ -664,5 +664,5 @@ class Scheduler:
             # at the next step's start otherwise: the same stream)
             self.publish_time = now
             for o in obs:
-                o.flush()
+                o.flush(now)
         return finished

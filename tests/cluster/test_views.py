@@ -1,0 +1,158 @@
+"""The events view's delivery (sim/cluster/views.py) and the records it reads
+(``EventRecords``, sim/cache/events.py).
+
+A replica publishing to a router alone queues its events as machine-integer records; one
+that also writes its own stream (``kv_events``) hands the router event objects.  Both must
+be the same events in the same batches, and a batch must reach the router ``event_lag_ms``
+after its step whatever another replica published meanwhile.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+import sim.commands.steps as steps
+from sim.cache.config import CacheConfig
+from sim.cache.events import GROUP_BITS, Cleared, EventRecords, Removed, Stored
+from sim.cache.kv_manager import KVCacheManager
+from sim.cluster.views import EventsView
+from sim.commands.run import simulate, write_run
+from sim.config.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden" / "events"
+ATHENA_FLEET = ROOT / "scenarios" / "cluster" / "athena-fleet.yaml"
+
+
+def _flat(events: list) -> list[tuple[int, int]]:
+    """A batch of event objects as (pool key, end) records (end -1: removed)."""
+    out: list[tuple[int, int]] = []
+    for ev in events:
+        if isinstance(ev, Stored):
+            out += [((k << GROUP_BITS) | ev.group, e) for k, e in zip(ev.keys, ev.ends)]
+        elif isinstance(ev, Removed):
+            out.append((ev.pool_key, -1))
+        else:
+            assert isinstance(ev, Cleared)
+            out.append((-1, -1))
+    return out
+
+
+def _batches(log: EventRecords) -> list[list[tuple[int, int]]]:
+    out, start = [], 0
+    for end in log.bat_end:
+        out.append([(log.keys[j], log.ends[j]) for j in range(start, end)])
+        start = end
+    return out
+
+
+CASES = sorted(GOLDEN.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_records_are_the_event_objects_batch_for_batch(monkeypatch, path):
+    """Both logs on one pool through a step case (the oracle's event goldens: preemption,
+    partial and checkpoint keys, report mode full, vLLM's IndexError): the records are the
+    objects' keys, batch for batch, and after the IndexError neither keeps anything."""
+    seen = {}
+
+    class Both(steps._StepEvents):
+        def __init__(self, sched, ev_cfg):
+            super().__init__(sched, ev_cfg)
+            self.batches: list[list] = []
+            self.records = EventRecords(0, report_mode=ev_cfg.get("report_mode"),
+                                        fix_emit=ev_cfg.get("kv_events_fix_emit", False))
+            sched.kv._observe(self.records)
+            seen["both"] = self
+
+        def _publish(self, step, events):
+            self.batches.append(_flat(events))
+            super()._publish(step, events)
+
+    monkeypatch.setattr(steps, "_StepEvents", Both)
+    data = yaml.safe_load(path.read_text())
+    got = steps.run_steps_data(data, str(path), kv_events=True)
+    both = seen["both"]
+    want = [b for b in both.batches if b]
+    assert want and _batches(both.records) == want
+    assert (both.records.error is None) == (got["kv_events_error"] is None)
+    assert both.records.published == sum(len(b) for b in want)
+
+
+def _records(n: int) -> tuple[EventsView, list[EventRecords]]:
+    cfg = CacheConfig(groups=("full", "mamba"), block_size=16, hash_block_size=16,
+                      num_blocks=64)
+    reps = [SimpleNamespace(dep=SimpleNamespace(kv=KVCacheManager(cfg))) for _ in range(n)]
+    view = EventsView(reps, 10)
+    logs = [EventRecords(10) for _ in range(n)]
+    view.record_logs += logs
+    view.record_pools += view.pools
+    return view, logs
+
+
+def test_a_replicas_batch_is_not_held_behind_another_replicas():
+    """Replica 0 publishes at 100 ns, then replica 1 (run later by the fleet) at 50 ns;
+    with a lag of 10 ns replica 1's batch is the router's at 60 ns, replica 0's at 110."""
+    view, (a, b) = _records(2)
+    a.evicted((7 << GROUP_BITS) | 0)        # (a removal of a key not held: nothing)
+    a.add(Cleared())
+    a.flush(100)
+    b.dropped([(3 << GROUP_BITS) | 1])
+    b.flush(50)
+    view.pools[1].store((9 << GROUP_BITS) | 0, 16)
+    assert a.bat_at[0] == 110 and b.bat_at[0] == 60
+    view.advance(59)
+    assert view.pools[1].key_map.has((9 << GROUP_BITS) | 0) and len(b.keys) == 1
+    view.pools[1].store((3 << GROUP_BITS) | 1, 32)
+    view.advance(60)                         # replica 1's removal applied, read records dropped
+    assert not view.pools[1].key_map.has((3 << GROUP_BITS) | 1) and len(b.keys) == 0
+    assert len(a.keys) == 2 and a.bhead == 0
+    view.advance(110)
+    assert len(a.keys) == 0
+
+
+def test_object_batches_are_delivered_per_replica_too():
+    view, _ = _records(2)
+    view.record_logs.clear()
+    view.record_pools.clear()
+    view.pools[0].store((4 << GROUP_BITS) | 0, 16)
+    view.pools[1].store((4 << GROUP_BITS) | 0, 16)
+    view.publish(0, 100, [Removed((4 << GROUP_BITS) | 0)])
+    view.publish(1, 50, [Removed((4 << GROUP_BITS) | 0)])
+    view.advance(60)
+    assert view.pools[0].key_map.has((4 << GROUP_BITS) | 0)
+    assert not view.pools[1].key_map.has((4 << GROUP_BITS) | 0)
+    view.advance(110)
+    assert not view.pools[0].key_map.has((4 << GROUP_BITS) | 0)
+
+
+def test_unread_records_survive_a_read_and_a_failed_step_drops_its_own():
+    _, (log,) = _records(1)
+    log.evicted(1 << GROUP_BITS)
+    log.flush(5)                            # sealed, visible at 15
+    log.evicted(2 << GROUP_BITS)            # queued in the next step
+    assert log.queued()
+    log.fail("IndexError", "list index out of range", "r", 1)
+    assert list(log.keys) == [1 << GROUP_BITS] and not log.queued()
+    log.evicted(3 << GROUP_BITS)            # nothing after vLLM's engine died
+    log.flush(6)
+    assert list(log.bat_end) == [1] and log.published == 1
+
+
+@pytest.mark.parametrize("policy, lag", [("kv_router", 20.0), ("hybrid_aware", 5.0)])
+def test_a_fleet_routes_alike_from_records_and_from_objects(tmp_path, policy, lag):
+    """A fleet writing its own event stream (objects to the router) routes exactly as one
+    that does not (records), with a lag that makes replicas publish out of time order."""
+    rows = {}
+    for name, events in (("records", False), ("objects", True)):
+        sc = load_scenario(ATHENA_FLEET, {"workload.num_requests": 300, "cluster.replicas": 4,
+                                          "cluster.router.policy": policy,
+                                          "cluster.router.event_lag_ms": lag,
+                                          "kv_events": events})
+        out = write_run(tmp_path / name, sc, *simulate(sc), report=False)
+        rows[name] = list(csv.reader(open(out / "requests.csv", newline="")))
+    assert rows["records"] == rows["objects"] and len(rows["records"]) == 301
