@@ -29,13 +29,26 @@ MASK_WORKERS: Final = 62      # workers a holder mask has bits for (a positive i
 SEEN_LIMIT: Final = 1 << 16   # keys the distinct-blocks scratch map holds before it starts over
 
 
-def _with_new(active: KeyMap, distinct: list[int]) -> i64:
+def _with_new(active: KeyMap, distinct: vec[i64]) -> i64:
     """Distinct keys ``active`` holds once ``distinct`` (no repeats) is added."""
     n = active.size
     for k in distinct:
         if active.only(k) < 0:
             n += 1
     return n
+
+
+def least(costs: list[float]) -> list[int]:
+    """The workers of least cost, in order."""
+    lo = costs[0]
+    for c in costs:
+        if c < lo:
+            lo = c
+    out: list[int] = []
+    for i in range(len(costs)):
+        if costs[i] == lo:
+            out.append(i)
+    return out
 
 
 class ActiveSequences:
@@ -53,7 +66,7 @@ class ActiveSequences:
             self.pending.append([])
             self.pending_tokens.append(vec[i64]())
             self.active.append(KeyMap(64))
-        self.blocks_of: dict[int, list[int]] = {}     # request index -> its block keys
+        self.blocks_of: dict[int, vec[i64]] = {}      # request index -> its block keys
         # (scratch: a prompt's distinct blocks, each key stamped with the call that saw it)
         self.seen = KeyMap(64)
         self.stamp: i64 = 0
@@ -95,7 +108,7 @@ class ActiveSequences:
         return 1 << i if self.masked else 0
 
     def add(self, i: i64, index: int, sim_req: SimRequest, prefill: i64,
-            blocks: list[int]) -> None:
+            blocks: vec[i64]) -> None:
         """Request ``index`` (``sim_req``) was placed on worker ``i``."""
         self.pending[i].append(sim_req)
         self.pending_tokens[i] = append(self.pending_tokens[i], prefill)
@@ -138,60 +151,73 @@ class ActiveSequences:
                 else:
                     holders.put(k, m & ~bit)
 
-    def _distinct(self, blocks: list[int]) -> list[int]:
+    def _distinct(self, blocks: vec[i64]) -> vec[i64]:
         """``blocks`` without repeats (first occurrences, in order)."""
         seen = self.seen
         if seen.size > SEEN_LIMIT:
             seen = self.seen = KeyMap(64)
         self.stamp += 1
         st = self.stamp
-        out: list[int] = []
+        out = vec[i64]()
         for k in blocks:
             if seen.only(k) != st:
                 seen.put(k, st)
-                out.append(k)
+                out = append(out, k)
         return out
 
-    def decode_blocks(self, i: i64, blocks: list[int]) -> i64:
+    def decode_blocks(self, i: i64, blocks: vec[i64]) -> i64:
         """Distinct active blocks of worker ``i`` with ``blocks`` added."""
         return _with_new(self.active[i], self._distinct(blocks))
 
-    def decode_all(self, blocks: list[int]) -> list[int]:
+    def decode_all(self, blocks: vec[i64]) -> vec[i64]:
         """``decode_blocks`` of every worker (the prompt's distinct blocks found once)."""
         new = self._distinct(blocks)
-        out: list[int] = []
+        counts = vec[i64]()
         if self.masked:
-            counts = vec[i64]()
             for i in range(self.workers):
                 counts = append(counts, self.active[i].size + len(new))
+            # (a prompt's blocks held by one set of workers come in runs -- a prefix's
+            # deeper blocks are held by fewer -- so a mask's bits are walked once a run)
             holders = self.holders
+            run_mask: i64 = 0
+            run: i64 = 0
             for k in new:
                 m = holders.only(k)
-                if m > 0:
-                    for i in range(self.workers):
-                        if (m >> i) & 1:
-                            counts[i] -= 1
-            for i in range(self.workers):
-                out.append(counts[i])
-            return out
+                if m < 0:
+                    m = 0
+                if m != run_mask:
+                    self._held(counts, run_mask, run)
+                    run_mask = m
+                    run = 0
+                run += 1
+            self._held(counts, run_mask, run)
+            return counts
         for i in range(self.workers):
-            out.append(_with_new(self.active[i], new))
-        return out
+            counts = append(counts, _with_new(self.active[i], new))
+        return counts
 
-    def cost(self, i: i64, prompt_tokens: i64, overlap_tokens: float, blocks: list[int],
+    def _held(self, counts: vec[i64], mask: i64, n: i64) -> None:
+        """``n`` new blocks are already held by the workers of ``mask``."""
+        if mask > 0 and n > 0:
+            for i in range(self.workers):
+                if (mask >> i) & 1:
+                    counts[i] -= n
+
+    def cost(self, i: i64, prompt_tokens: i64, overlap_tokens: float, blocks: vec[i64],
              block_size: i64, weight: float) -> float:
         """Dynamo's cost of sending the request to worker ``i``, which holds
         ``overlap_tokens`` of its prompt."""
         prefill = float(self.prefill[i] + prompt_tokens) - overlap_tokens
         return weight * prefill / float(block_size) + float(self.decode_blocks(i, blocks))
 
-    def costs(self, prompt_tokens: i64, overlaps: list[int], blocks: list[int],
+    def costs(self, prompt_tokens: i64, overlaps: list[int], blocks: vec[i64],
               block_size: i64, weight: float) -> list[float]:
-        """``cost`` of every worker (``overlaps``: the tokens each holds)."""
+        """``cost`` of every worker (``overlaps``: the whole blocks of the prompt each
+        holds)."""
         dec = self.decode_all(blocks)
         pre = self.prefill
         out: list[float] = []
         for i in range(self.workers):
-            p: i64 = pre[i] + prompt_tokens - overlaps[i]
+            p: i64 = pre[i] + prompt_tokens - overlaps[i] * block_size
             out.append(weight * float(p) / float(block_size) + float(dec[i]))
         return out

@@ -179,8 +179,14 @@ def test_dynamo_load_counts_prefill_until_first_token_and_distinct_active_blocks
     # Dynamo's ActiveSequences: a worker's prefill tokens count each routed request's
     # uncached prompt until its first token; its decode blocks are the distinct prompt
     # blocks of its active requests (a block two requests share counts once)
-    from sim.engine.active_sequences import ActiveSequences
+    from librt.vecs import vec
+    from mypy_extensions import i64
+
+    from sim.engine.active_sequences import ActiveSequences, least
     from sim.engine.request import SimRequest
+
+    def v(keys):
+        return vec[i64](keys)
 
     kv = Fleet([Load()]).replicas[0].dep.kv
     reqs = [SimRequest(kv.make_request(f"r{k}", [(1, 0, 32)]), 4, k) for k in range(3)]
@@ -188,27 +194,31 @@ def test_dynamo_load_counts_prefill_until_first_token_and_distinct_active_blocks
     rest = workers - 2                                     # (workers holding nothing)
 
     def decode(blocks):
-        got = book.decode_all(blocks)
+        got = list(book.decode_all(v(blocks)))
         assert got[2:] == [len(set(blocks))] * rest
-        assert got == [book.decode_blocks(i, blocks) for i in range(workers)]
+        assert got == [book.decode_blocks(i, v(blocks)) for i in range(workers)]
         return got[:2]
 
-    book.add(0, 0, reqs[0], 100, [11, 12, 13])
-    book.add(0, 1, reqs[1], 40, [11, 12, 14])
-    book.add(1, 2, reqs[2], 7, [21])
+    book.add(0, 0, reqs[0], 100, v([11, 12, 13]))
+    book.add(0, 1, reqs[1], 40, v([11, 12, 14]))
+    book.add(1, 2, reqs[2], 7, v([21]))
     assert list(book.prefill)[:2] == [140, 7]
     assert decode([]) == [4, 1]                            # 11, 12, 13, 14 | 21
     # a new prompt [11, 15, 15]: 15 is new to both (once), 11 new to worker 1 only
     assert decode([11, 15, 15]) == [5, 3]
+    # held by both, by worker 0 alone, by both again, by none: runs of holders
+    assert decode([11, 12, 21, 13, 11, 99]) == [4 + 2, 1 + 4]
     # (a prompt of more distinct blocks than the scratch map keeps: it starts over)
     from sim.engine.active_sequences import SEEN_LIMIT
-    assert book.decode_all(list(range(100, 100 + SEEN_LIMIT + 2)))[:2] == [
+    assert list(book.decode_all(v(list(range(100, 100 + SEEN_LIMIT + 2)))))[:2] == [
         4 + SEEN_LIMIT + 2, 1 + SEEN_LIMIT + 2]
     assert decode([11, 15, 15]) == [5, 3]
-    # costs: weight x (prefill + prompt - overlap) / block size + decode blocks
-    assert book.costs(64, [32, 0] + [0] * rest, [11, 15, 15], 16, 1.0)[:2] == [
-        (140 + 32) / 16 + 5, (7 + 64) / 16 + 3]
-    assert book.cost(1, 64, 8.0, [11], 16, 2.0) == 2.0 * (7 + 64 - 8.0) / 16 + 2
+    # costs: weight x (prefill + prompt - overlap) / block size + decode blocks (the
+    # overlap given in whole blocks: worker 0 holds 2 of 16 tokens)
+    got = book.costs(64, [2, 0] + [0] * rest, v([11, 15, 15]), 16, 1.0)
+    assert got[:2] == [(140 + 32) / 16 + 5, (7 + 64) / 16 + 3]
+    assert least([3.0, 1.0, 2.0, 1.0]) == [1, 3] and least([2.5]) == [0]
+    assert book.cost(1, 64, 8.0, v([11]), 16, 2.0) == 2.0 * (7 + 64 - 8.0) / 16 + 2
     # the first token of request 1 clears its prefill at the next refresh, not before
     reqs[1].first_token_ns = 5
     assert list(book.prefill)[:2] == [140, 7]

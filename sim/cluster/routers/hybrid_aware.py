@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from sim.cluster.routers.base import RouteRequest
 from sim.cluster.routers.kv_router import prompt_blocks
 from sim.cluster.routers.selection import pick_by_cost
-from sim.engine.active_sequences import ActiveSequences
+from sim.engine.active_sequences import ActiveSequences, least
 from sim.errors import ConfigError
 
 VIEWS = ("events", "oracle")
@@ -73,24 +73,25 @@ class _HybridAware:
         self.kv0 = fleet.replicas[0].dep.kv
         self.bs = block_size_of(self.kv0)
         self.view = fleet.view(opts.view, opts.event_lag_ms)
-        self._blocks: list[int] = []
+        self._blocks = None
         self._over = 0.0
 
     def choose(self, req: RouteRequest) -> int:
         keys = req.prompt.keys_for(self.kv0)
         blocks = prompt_blocks(self.kv0, keys, req.prompt_tokens, self.bs)
-        self.book.refresh()
+        book = self.book
+        book.refresh()
         view = self.view
         view.advance(req.arrival_ns)
         n = self.n
         bs = self.bs
         w = float(self.o.overlap_score_weight)
         credit = self.o.attention_credit
-        att = [a * bs for a in view.attention_each(req.prompt)]
+        att = view.attention_each(req.prompt)      # (whole attention blocks held)
         # the overlap scored is credit x att + (1 - credit) x h, h the resumable hit
         # (0 <= h <= att): the cost with the attention overlap is a lower bound, exact at
         # credit 1 (Dynamo's arithmetic, as kv_router's)
-        bound = self.book.costs(req.prompt_tokens, att, blocks, bs, w)
+        bound = book.costs(req.prompt_tokens, att, blocks, bs, w)
         hits: list[int | None] = [None] * n
 
         def hit(i: int) -> int:
@@ -102,8 +103,8 @@ class _HybridAware:
         def cost(i: int) -> float:
             if credit >= 1:
                 return bound[i]
-            over = credit * att[i] + (1 - credit) * hit(i)
-            return self.book.cost(i, req.prompt_tokens, over, blocks, bs, w)
+            over = credit * (att[i] * bs) + (1 - credit) * hit(i)
+            return book.cost(i, req.prompt_tokens, over, blocks, bs, w)
 
         if self.o.router_temperature > 0:
             costs = [cost(i) for i in range(n)]
@@ -112,8 +113,7 @@ class _HybridAware:
         else:
             # least cost; ties to the larger hit, then Dynamo's smaller index, then at random
             if credit >= 1:
-                best = min(bound)                     # (every cost is its bound)
-                tied = [k for k in range(n) if bound[k] == best]
+                tied = least(bound)                   # (every cost is its bound)
             else:
                 # the best bound first (h = att), exact costs (a lookup each) only while a
                 # bound can still beat the best found
@@ -136,7 +136,7 @@ class _HybridAware:
                 tied = [k for k in tied if view.size(k) == small]
             i = tied[0] if len(tied) == 1 else tied[self.rng.randrange(len(tied))]
         req.predicted = hit(i)
-        self._over = credit * att[i] + (1 - credit) * req.predicted
+        self._over = credit * (att[i] * bs) + (1 - credit) * req.predicted
         self._blocks = blocks
         return i
 

@@ -57,14 +57,13 @@ class KvRouterOptions:
             raise ConfigError(prefix + "router_prune_target_ratio", "must be in (0, 1]")
 
 
-def prompt_blocks(kv, keys, tokens: int, bs: int = 0) -> list[int]:
-    """The prompt's whole attention blocks' keys (what Dynamo hashes and indexes);
-    ``bs``: ``kv``'s attention block size, when known."""
+def prompt_blocks(kv, keys, tokens: int, bs: int = 0):
+    """The prompt's whole attention blocks' keys (what Dynamo hashes and indexes), in a
+    ``vec[i64]``; ``bs``: ``kv``'s attention block size, when known."""
     if not bs:
         bs = block_size_of(kv)
     scale = bs // kv.coordinator.hash_block_size
-    n = min(tokens // bs, keys.count // scale)
-    return keys.keys_at([(j + 1) * scale - 1 for j in range(n)])
+    return keys.block_keys(0, min(tokens // bs, keys.count // scale), scale)
 
 
 class _KvRouter:
@@ -86,7 +85,7 @@ class _KvRouter:
                                      int(opts.router_ttl_secs * 1e9),
                                      opts.router_prune_target_ratio)
                         if opts.view == "approximate" else None)
-        self._blocks: list[int] = []
+        self._blocks = None
 
     def overlaps(self, req: RouteRequest, blocks: list[int]) -> list[int]:
         if self.view is not None:
@@ -105,8 +104,8 @@ class _KvRouter:
         blocks = prompt_blocks(self.kv0, keys, req.prompt_tokens, self.bs)
         self.book.refresh()
         over = self.overlaps(req, blocks)
-        costs = self.book.costs(req.prompt_tokens, [o * self.bs for o in over], blocks,
-                                self.bs, float(self.o.overlap_score_weight))
+        costs = self.book.costs(req.prompt_tokens, over, blocks, self.bs,
+                                float(self.o.overlap_score_weight))
         i = pick_by_cost(costs, self.size, self.o.router_temperature, self.rng)
         req.predicted = over[i] * self.bs
         self._blocks = blocks

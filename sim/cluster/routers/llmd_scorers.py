@@ -94,7 +94,8 @@ class _Llmd(Stateless):
         o = self.o
         now = req.arrival_ns
         keys = req.prompt.keys_for(self.kv0)
-        blocks = prompt_blocks(self.kv0, keys, req.prompt_tokens, self.bs)[:o.max_prefix_blocks]
+        blocks = list(prompt_blocks(self.kv0, keys, req.prompt_tokens,
+                                    self.bs)[:o.max_prefix_blocks])
         nb = len(blocks)
         if self.view is not None:
             self.view.advance(now)
