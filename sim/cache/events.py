@@ -358,9 +358,18 @@ class EventRecords(KVEventLog):
                     num_full: int, unit: int) -> None:
         if self.error is not None:
             return
-        if indices is None:
-            indices = [i for i in range(num_cached, num_full)]
         scale = block_size // unit
+        if indices is None:
+            # (every block from num_cached: their keys walked once, into a vec)
+            keys = req.block_hashes.block_keys(num_cached, num_full, scale)
+            for t in range(len(tables)):
+                blocks = tables[t]
+                g0: i64 = group_ids[t]
+                for i in range(num_cached, num_full):
+                    if not blocks[i].is_null:
+                        self._put((keys[i - num_cached] << GROUP_BITS) | g0,
+                                  (i + 1) * block_size)
+            return
         block_keys = req.block_hashes.keys_at([(i + 1) * scale - 1 for i in indices])
         for t in range(len(tables)):
             blocks = tables[t]

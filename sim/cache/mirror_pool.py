@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from librt.vecs import vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
@@ -118,4 +119,19 @@ def leading_blocks_each(pools: list[BlockPool], keys: PrefixKeys, group: int, sc
     out: list[int] = []
     for pool in pools:
         out.append(leading_blocks(pool, keys, group, scale, n))
+    return out
+
+
+def leading_held_each(pools: list[BlockPool], blocks: vec[i64], group: i64) -> list[int]:
+    """``leading_blocks_each`` from the prompt's block keys already built (``blocks``:
+    the keys ending its first whole blocks, ``PrefixKeys.block_keys``): no key is built
+    again per pool."""
+    out: list[int] = []
+    n = len(blocks)
+    for pool in pools:
+        km = pool.key_map
+        j: i64 = 0
+        while j < n and km.has((blocks[j] << GROUP_BITS) | group):
+            j += 1
+        out.append(j)
     return out

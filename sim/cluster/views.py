@@ -24,7 +24,8 @@ from typing import Any
 
 from sim.cache.events import EventRecords
 from sim.cache.kv_manager import KVCacheManager
-from sim.cache.mirror_pool import MirrorPool, catch_up_each, leading_blocks, leading_blocks_each
+from sim.cache.mirror_pool import (MirrorPool, catch_up_each, leading_blocks,
+                                    leading_blocks_each, leading_held_each)
 from sim.engine.record import prompt_of
 
 VIEWS = ("oracle", "events", "approximate")
@@ -94,11 +95,16 @@ def block_size_of(kv: Any) -> int:
     return c.manager_of[0].block_size
 
 
-def _attention_each(view: Any, prompt: Prompt) -> list[int]:
+def _attention_each(view: Any, prompt: Prompt, blocks: Any = None) -> list[int]:
     """``attention_blocks`` of every replica: one compiled call when the replicas share
-    one configuration (one set of keys, one group layout), else replica by replica."""
+    one configuration (one set of keys, one group layout), else replica by replica.
+    ``blocks``: the prompt's whole attention blocks' keys under the first replica's
+    configuration, when the caller built them (``kv_router.prompt_blocks``)."""
     kvs = view._kvs()
     if view.uniform:
+        if blocks is not None:
+            g = view.shapes[0][0]
+            return leading_held_each(view.pools, blocks, g) if g >= 0 else [0] * len(kvs)
         g, scale, unit = view.shapes[0]
         if g < 0:
             return [0] * len(kvs)
@@ -127,8 +133,8 @@ class OracleView:
     def _kvs(self) -> list:
         return self.kvs
 
-    def attention_each(self, prompt: Prompt) -> list[int]:
-        return _attention_each(self, prompt)
+    def attention_each(self, prompt: Prompt, blocks: Any = None) -> list[int]:
+        return _attention_each(self, prompt, blocks)
 
     def advance(self, now: int) -> None:
         pass
@@ -174,8 +180,8 @@ class EventsView:
     def _kvs(self) -> list:
         return self.mirrors
 
-    def attention_each(self, prompt: Prompt) -> list[int]:
-        return _attention_each(self, prompt)
+    def attention_each(self, prompt: Prompt, blocks: Any = None) -> list[int]:
+        return _attention_each(self, prompt, blocks)
 
     def publish(self, i: int, now: int, events: list) -> None:
         """Replica ``i`` published ``events`` at ``now`` (its step's outputs applied)."""

@@ -57,7 +57,7 @@ class View:
     def attention_blocks(self, i, prompt):
         return self.blocks[i]
 
-    def attention_each(self, prompt):
+    def attention_each(self, prompt, blocks=None):
         return list(self.blocks)
 
     def size(self, i):

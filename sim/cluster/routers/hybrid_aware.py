@@ -87,7 +87,7 @@ class _HybridAware:
         bs = self.bs
         w = float(self.o.overlap_score_weight)
         credit = self.o.attention_credit
-        att = view.attention_each(req.prompt)      # (whole attention blocks held)
+        att = view.attention_each(req.prompt, blocks)   # (whole attention blocks held)
         # the overlap scored is credit x att + (1 - credit) x h, h the resumable hit
         # (0 <= h <= att): the cost with the attention overlap is a lower bound, exact at
         # credit 1 (Dynamo's arithmetic, as kv_router's)

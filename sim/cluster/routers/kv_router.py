@@ -90,7 +90,7 @@ class _KvRouter:
     def overlaps(self, req: RouteRequest, blocks: list[int]) -> list[int]:
         if self.view is not None:
             self.view.advance(req.arrival_ns)
-            return self.view.attention_each(req.prompt)
+            return self.view.attention_each(req.prompt, blocks)
         return [self.history.overlap(i, blocks, req.arrival_ns) for i in range(self.n)]
 
     def size(self, i: int) -> int:
