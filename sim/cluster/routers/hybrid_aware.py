@@ -75,23 +75,43 @@ class _HybridAware:
         self.view = fleet.view(opts.view, opts.event_lag_ms)
         self._blocks = None
         self._over = 0.0
+        self.weight = float(opts.overlap_score_weight)
+        # every cost is its bound and the least one wins (no draw)
+        self.bound_exact = opts.attention_credit >= 1 and opts.router_temperature <= 0
 
     def choose(self, req: RouteRequest) -> int:
-        keys = req.prompt.keys_for(self.kv0)
-        blocks = prompt_blocks(self.kv0, keys, req.prompt_tokens, self.bs)
+        prompt = req.prompt
+        tokens = req.prompt_tokens
+        blocks = prompt_blocks(self.kv0, prompt.keys_for(self.kv0), tokens, self.bs)
         book = self.book
         book.refresh()
         view = self.view
         view.advance(req.arrival_ns)
-        n = self.n
-        bs = self.bs
-        w = float(self.o.overlap_score_weight)
-        credit = self.o.attention_credit
-        att = view.attention_each(req.prompt, blocks)   # (whole attention blocks held)
+        att = view.attention_each(prompt, blocks)   # (whole attention blocks held)
         # the overlap scored is credit x att + (1 - credit) x h, h the resumable hit
         # (0 <= h <= att): the cost with the attention overlap is a lower bound, exact at
         # credit 1 (Dynamo's arithmetic, as kv_router's)
-        bound = book.costs(req.prompt_tokens, att, blocks, bs, w)
+        bound = book.costs(tokens, att, blocks, self.bs, self.weight)
+        self._blocks = blocks
+        if self.bound_exact:                        # (credit 1, temperature 0)
+            tied = least(bound)
+            if len(tied) == 1:                      # (no tie to break: one lookup)
+                i = tied[0]
+                req.predicted = view.hybrid_hit(i, prompt)
+                credit = self.o.attention_credit
+                self._over = credit * (att[i] * self.bs) + (1 - credit) * req.predicted
+                return i
+        return self._choose(req, blocks, att, bound)
+
+    def _choose(self, req: RouteRequest, blocks, att: list[int], bound: list[float]) -> int:
+        """The rest: ties, a credit below 1 (exact costs where a bound can still win), a
+        temperature."""
+        n = self.n
+        bs = self.bs
+        w = self.weight
+        credit = self.o.attention_credit
+        book = self.book
+        view = self.view
         hits: list[int | None] = [None] * n
 
         def hit(i: int) -> int:
@@ -137,7 +157,6 @@ class _HybridAware:
             i = tied[0] if len(tied) == 1 else tied[self.rng.randrange(len(tied))]
         req.predicted = hit(i)
         self._over = credit * (att[i] * bs) + (1 - credit) * req.predicted
-        self._blocks = blocks
         return i
 
     def placed(self, i: int, req: RouteRequest, sim_req, ok: bool) -> None:
