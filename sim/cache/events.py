@@ -340,18 +340,28 @@ class EventRecords(KVEventLog):
         keys = self.keys
         ends = self.ends
         start: i64 = self._mark
-        for j in range(start + 1, len(keys)):
+        n: i64 = len(keys)
+        if n - start < 2:
+            return
+        mask: i64 = (1 << GROUP_BITS) - 1
+        prev: i64 = keys[start] & mask if keys[start] >= 0 else -1
+        for j in range(start + 1, n):
             k = keys[j]
+            g: i64 = k & mask if k >= 0 else -1
+            if g >= prev:              # (in order so far: the common case)
+                prev = g
+                continue
             e = ends[j]
-            g = _record_group(k)
             i: i64 = j
-            while i > start and _record_group(keys[i - 1]) > g:
-                keys[i] = keys[i - 1]
+            while i > start:
+                q = keys[i - 1]
+                if (q & mask if q >= 0 else -1) <= g:
+                    break
+                keys[i] = q
                 ends[i] = ends[i - 1]
                 i -= 1
-            if i != j:
-                keys[i] = k
-                ends[i] = e
+            keys[i] = k
+            ends[i] = e
 
     def stored_full(self, req: CacheRequest, tables: list[list[Block]], group_ids: list[int],
                     indices: list[int] | None, block_size: int, num_cached: int,
@@ -407,10 +417,6 @@ class EventRecords(KVEventLog):
 
 def _no_sink(step: int, events: list[Event]) -> None:
     return None
-
-
-def _record_group(key: i64) -> i64:
-    return -1 if key < 0 else key & ((1 << GROUP_BITS) - 1)
 
 
 def _group_of(ev: Event) -> int:
