@@ -109,6 +109,138 @@ class Cleared:
 Event = Stored | Removed | Cleared
 
 
+class EventRecords:
+    """The events of one pool as machine-integer records, for a reader in this process (a
+    router's ``MirrorPool``, ``sim/cluster/views.py``): what a ``KVEventLog`` given it
+    queues instead of event objects.
+
+    Record ``j`` is ``(keys[j], ends[j])``: a ``BlockStored`` pool key ending at token
+    ``ends[j]``, a ``BlockRemoved`` pool key (end -1), or ``AllBlocksCleared`` (key -1),
+    in the order the log publishes its events (a ``BlockStored`` of several keys is one
+    record each, in its order).  A published batch is ``(visible ns, end record)``:
+    ``lag_ns`` after the step's outputs were processed.  The reader (``MirrorPool``'s
+    ``catch_up``) applies the batches visible by a time and hands back what it read
+    (``taken``)."""
+
+    def __init__(self, lag_ns: i64 = 0) -> None:
+        self.lag_ns: i64 = lag_ns
+        self.keys = vec[i64]()
+        self.ends = vec[i64]()
+        self.bat_at = vec[i64]()      # per batch: visible from (ns)
+        self.bat_end = vec[i64]()     # per batch: its records end here
+        self.head: i64 = 0            # records read
+        self.bhead: i64 = 0           # batches read
+        self.sealed: i64 = 0          # records in batches
+        self.last_ns: i64 = 0         # when the latest batch was published
+        self.published: i64 = 0       # records in batches so far
+        self.mark: i64 = 0            # (``caching_starts``: the records' count then)
+
+    def put(self, key: i64, end: i64) -> None:
+        self.keys = append(self.keys, key)
+        self.ends = append(self.ends, end)
+
+    def seal(self, now: i64) -> None:
+        """The step's records are published at ``now`` (-1: at the last publication's
+        time, for what a step left)."""
+        if now >= 0:
+            self.last_ns = now
+        n: i64 = len(self.keys)
+        if n > self.sealed:
+            self.bat_at = append(self.bat_at, self.last_ns + self.lag_ns)
+            self.bat_end = append(self.bat_end, n)
+            self.published += n - self.sealed
+            self.sealed = n
+
+    def queued(self) -> bool:
+        return len(self.keys) > self.sealed
+
+    def drop_queued(self) -> None:
+        """The step's records are not published (vLLM's engine died in the step)."""
+        self.keys = self.keys[:self.sealed]
+        self.ends = self.ends[:self.sealed]
+
+    def taken(self, bhead: i64, head: i64) -> None:
+        """The reader read ``bhead`` batches, ``head`` records: once every batch is read,
+        the read records are dropped."""
+        self.head = head
+        self.bhead = bhead
+        if bhead == len(self.bat_at):
+            self.keys = self.keys[head:]
+            self.ends = self.ends[head:]
+            self.sealed -= head
+            self.head = 0
+            self.bhead = 0
+            self.bat_at = vec[i64]()
+            self.bat_end = vec[i64]()
+
+    def sort_groups(self) -> None:
+        """``KVEventLog.caching_ends`` on the records since ``mark``: a stable sort by
+        group (each event's records share its group, so the order is that of the events
+        sorted); the group read inline, a record moved only when out of order."""
+        keys = self.keys
+        ends = self.ends
+        start: i64 = self.mark
+        n: i64 = len(keys)
+        if n - start < 2:
+            return
+        mask: i64 = (1 << GROUP_BITS) - 1
+        prev: i64 = keys[start] & mask if keys[start] >= 0 else -1
+        for j in range(start + 1, n):
+            k = keys[j]
+            g: i64 = k & mask if k >= 0 else -1
+            if g >= prev:              # (in order so far: the common case)
+                prev = g
+                continue
+            e = ends[j]
+            i: i64 = j
+            while i > start:
+                q = keys[i - 1]
+                if (q & mask if q >= 0 else -1) <= g:
+                    break
+                keys[i] = q
+                ends[i] = ends[i - 1]
+                i -= 1
+            keys[i] = k
+            ends[i] = e
+
+    def full_blocks(self, req: CacheRequest, tables: list[list[Block]],
+                    group_ids: list[int], indices: list[int] | None, block_size: int,
+                    num_cached: int, num_full: int, unit: int) -> None:
+        """``KVEventLog.stored_full`` as records."""
+        scale = block_size // unit
+        if indices is None:
+            # (every block from num_cached: their keys walked once, into a vec)
+            keys = req.block_hashes.block_keys(num_cached, num_full, scale)
+            for t in range(len(tables)):
+                blocks = tables[t]
+                g0: i64 = group_ids[t]
+                for i in range(num_cached, num_full):
+                    if not blocks[i].is_null:
+                        self.put((keys[i - num_cached] << GROUP_BITS) | g0,
+                                 (i + 1) * block_size)
+            return
+        block_keys = req.block_hashes.keys_at([(i + 1) * scale - 1 for i in indices])
+        for t in range(len(tables)):
+            blocks = tables[t]
+            g: i64 = group_ids[t]
+            for j in range(len(indices)):
+                i = indices[j]
+                if not blocks[i].is_null:
+                    self.put((block_keys[j] << GROUP_BITS) | g, (i + 1) * block_size)
+
+    def event(self, ev: Event) -> None:
+        """One event object's records."""
+        if isinstance(ev, Stored):
+            g: i64 = ev.group
+            ends = ev.ends
+            for j in range(len(ev.keys)):
+                self.put((ev.keys[j] << GROUP_BITS) | g, ends[j])
+        elif isinstance(ev, Removed):
+            self.put(ev.pool_key, -1)
+        else:
+            self.put(-1, -1)
+
+
 class KVEventLog(PoolObserver):
     """The event queue of one block pool, published once per step: a pool observer
     (``sim/cache/observers.py``) whose hooks queue what vLLM queues there.
@@ -117,12 +249,15 @@ class KVEventLog(PoolObserver):
     receives each step's non-empty batch, as vLLM's publisher does.  ``report_mode`` is
     the default ``kv_cache_report_mode`` of requests that set none.  After ``fail`` (the
     ``IndexError`` vLLM raises while announcing a hit) nothing more is recorded: vLLM's
-    engine died there."""
+    engine died there.  Given ``records`` (an ``EventRecords``), the log queues its events
+    there as machine-integer records instead (no sink, no object; ``unpublished`` stays
+    empty)."""
 
     def __init__(self, sink: Callable[[int, list[Event]], None],
                  clock: Callable[[], int] | None = None, report_mode: str | None = None,
-                 fix_emit: bool = False):
+                 fix_emit: bool = False, records: EventRecords | None = None):
         super().__init__()
+        self.records = records
         self.watch = -1             # (every evicted key is a BlockRemoved)
         self.hears_keys = True
         self.sink = sink
@@ -150,6 +285,10 @@ class KVEventLog(PoolObserver):
     def flush(self, now: i64 = -1) -> None:
         """Publish what this step queued (``take_events`` + ``publish``); ``now``: when
         (the step's outputs were processed; -1: at a step's start, for what was left)."""
+        r = self.records
+        if r is not None:
+            r.seal(now)
+            return
         if self.pending:
             events = self.pending
             self.pending = []
@@ -158,7 +297,8 @@ class KVEventLog(PoolObserver):
 
     def queued(self) -> bool:
         """Whether events wait to be published at the step's end."""
-        return len(self.pending) > 0
+        r = self.records
+        return r.queued() if r is not None else len(self.pending) > 0
 
     # -- the pool's hooks ----------------------------------------------------------
     def looked_up(self, req: CacheRequest, hit: int, blocks: list[list[Block]],
@@ -178,22 +318,38 @@ class KVEventLog(PoolObserver):
     def evicted(self, key: i64) -> None:
         """``get_new_blocks`` reused a block holding ``key``: a ``BlockRemoved``."""
         if self.error is None:
-            self.pending.append(Removed(key))
+            r = self.records
+            if r is not None:
+                r.put(key, -1)
+            else:
+                self.pending.append(Removed(key))
 
     def dropped(self, keys: list[int]) -> None:
         """A block's keys were dropped (vLLM's ``_remove_cached_block_hashes`` +
         ``_emit_block_removed_events``): a ``BlockRemoved`` each, primary first."""
         if self.error is None:
+            r = self.records
             for k in keys:
-                self.pending.append(Removed(k))
+                if r is not None:
+                    r.put(k, -1)
+                else:
+                    self.pending.append(Removed(k))
 
     def caching_starts(self) -> None:
-        self._mark = len(self.pending)
+        r = self.records
+        if r is not None:
+            r.mark = len(r.keys)
+        else:
+            self._mark = len(self.pending)
 
     def caching_ends(self) -> None:
         """Order the events queued by this ``cache_blocks`` by group, stably.  A manager
         serving several identical groups caches them together (full blocks of every group,
         then the partial entries); vLLM caches group after group."""
+        r = self.records
+        if r is not None:
+            r.sort_groups()
+            return
         pending = self.pending
         start = self._mark
         # (a stable insertion sort in place: a few events, mostly in order already)
@@ -213,6 +369,11 @@ class KVEventLog(PoolObserver):
         """``cache_full_blocks`` of each member group: blocks ``[num_cached, num_full)``
         were cached, those at ``indices`` (the unmasked ones; None: all) keyed."""
         if self.error is not None:
+            return
+        r = self.records
+        if r is not None:
+            r.full_blocks(req, tables, group_ids, indices, block_size, num_cached, num_full,
+                          unit)
             return
         if indices is None:
             indices = [i for i in range(num_cached, num_full)]
@@ -239,6 +400,10 @@ class KVEventLog(PoolObserver):
         """``cache_partial_block``: one key, the last hash unit before ``end``."""
         if self.error is not None:
             return
+        r = self.records
+        if r is not None:
+            r.put((unit_hash << GROUP_BITS) | group, end)
+            return
         parent_key = -1
         parent_end = None
         if end > unit:
@@ -250,7 +415,11 @@ class KVEventLog(PoolObserver):
     # -- queueing ------------------------------------------------------------------------
     def add(self, ev: Event) -> None:
         if self.error is None:
-            self.pending.append(ev)
+            r = self.records
+            if r is not None:
+                r.event(ev)
+            else:
+                self.pending.append(ev)
 
     def fail(self, type_name: str, message: str, request: str, group: int) -> None:
         """vLLM raised here (its engine dies): keep what this step queued as unpublished
@@ -261,162 +430,8 @@ class KVEventLog(PoolObserver):
                       "request": request, "group": group}
         self.unpublished = self.pending
         self.pending = []
-
-
-class EventRecords(KVEventLog):
-    """The same queue as machine-integer records, for an index in this process (a
-    router's ``MirrorPool``, ``sim/cluster/views.py``): no object per event.
-
-    Record ``j`` is ``(keys[j], ends[j])``: a ``BlockStored`` pool key ending at token
-    ``ends[j]``, a ``BlockRemoved`` pool key (end -1), or ``AllBlocksCleared`` (key -1),
-    in the order ``KVEventLog`` publishes its events (a ``BlockStored`` of several keys is
-    one record each, in its order).  A published batch is ``(visible ns, end record)``:
-    ``lag_ns`` after the step's outputs were processed.  The reader (``MirrorPool``'s
-    ``catch_up``) applies the batches visible by a time and hands back what it read
-    (``taken``).  After ``fail`` the step's records are dropped, as vLLM's engine dies
-    with them (``unpublished`` stays empty: no object is kept)."""
-
-    def __init__(self, lag_ns: i64, report_mode: str | None = None, fix_emit: bool = False):
-        super().__init__(_no_sink, None, report_mode, fix_emit)
-        self.lag_ns: i64 = lag_ns
-        self.keys = vec[i64]()
-        self.ends = vec[i64]()
-        self.bat_at = vec[i64]()      # per batch: visible from (ns)
-        self.bat_end = vec[i64]()     # per batch: its records end here
-        self.head: i64 = 0            # records read
-        self.bhead: i64 = 0           # batches read
-        self.sealed: i64 = 0          # records in batches
-        self.last_ns: i64 = 0         # when the latest batch was published
-
-    def _put(self, key: i64, end: i64) -> None:
-        self.keys = append(self.keys, key)
-        self.ends = append(self.ends, end)
-
-    def new_step(self, now: int) -> None:
-        self.flush(-1)
-
-    def flush(self, now: i64 = -1) -> None:
-        if now >= 0:
-            self.last_ns = now
-        n: i64 = len(self.keys)
-        if n > self.sealed:
-            self.bat_at = append(self.bat_at, self.last_ns + self.lag_ns)
-            self.bat_end = append(self.bat_end, n)
-            self.published += n - self.sealed
-            self.sealed = n
-
-    def queued(self) -> bool:
-        return len(self.keys) > self.sealed
-
-    def taken(self, bhead: i64, head: i64) -> None:
-        """The reader read ``bhead`` batches, ``head`` records: once every batch is read,
-        the read records are dropped."""
-        self.head = head
-        self.bhead = bhead
-        if bhead == len(self.bat_at):
-            self.keys = self.keys[head:]
-            self.ends = self.ends[head:]
-            self.sealed -= head
-            self.head = 0
-            self.bhead = 0
-            self.bat_at = vec[i64]()
-            self.bat_end = vec[i64]()
-
-    def evicted(self, key: i64) -> None:
-        if self.error is None:
-            self._put(key, -1)
-
-    def dropped(self, keys: list[int]) -> None:
-        if self.error is None:
-            for k in keys:
-                self._put(k, -1)
-
-    def caching_starts(self) -> None:
-        self._mark = len(self.keys)
-
-    def caching_ends(self) -> None:
-        """``KVEventLog.caching_ends`` on records: a stable sort by group (each event's
-        records share its group, so the order is that of the events sorted)."""
-        keys = self.keys
-        ends = self.ends
-        start: i64 = self._mark
-        n: i64 = len(keys)
-        if n - start < 2:
-            return
-        mask: i64 = (1 << GROUP_BITS) - 1
-        prev: i64 = keys[start] & mask if keys[start] >= 0 else -1
-        for j in range(start + 1, n):
-            k = keys[j]
-            g: i64 = k & mask if k >= 0 else -1
-            if g >= prev:              # (in order so far: the common case)
-                prev = g
-                continue
-            e = ends[j]
-            i: i64 = j
-            while i > start:
-                q = keys[i - 1]
-                if (q & mask if q >= 0 else -1) <= g:
-                    break
-                keys[i] = q
-                ends[i] = ends[i - 1]
-                i -= 1
-            keys[i] = k
-            ends[i] = e
-
-    def stored_full(self, req: CacheRequest, tables: list[list[Block]], group_ids: list[int],
-                    indices: list[int] | None, block_size: int, num_cached: int,
-                    num_full: int, unit: int) -> None:
-        if self.error is not None:
-            return
-        scale = block_size // unit
-        if indices is None:
-            # (every block from num_cached: their keys walked once, into a vec)
-            keys = req.block_hashes.block_keys(num_cached, num_full, scale)
-            for t in range(len(tables)):
-                blocks = tables[t]
-                g0: i64 = group_ids[t]
-                for i in range(num_cached, num_full):
-                    if not blocks[i].is_null:
-                        self._put((keys[i - num_cached] << GROUP_BITS) | g0,
-                                  (i + 1) * block_size)
-            return
-        block_keys = req.block_hashes.keys_at([(i + 1) * scale - 1 for i in indices])
-        for t in range(len(tables)):
-            blocks = tables[t]
-            g: i64 = group_ids[t]
-            for j in range(len(indices)):
-                i = indices[j]
-                if not blocks[i].is_null:
-                    self._put((block_keys[j] << GROUP_BITS) | g, (i + 1) * block_size)
-
-    def stored_partial(self, req: CacheRequest, unit_hash: int, end: int, unit: int,
-                       group: int) -> None:
-        if self.error is None:
-            self._put((unit_hash << GROUP_BITS) | group, end)
-
-    def add(self, ev: Event) -> None:
-        if self.error is not None:
-            return
-        if isinstance(ev, Stored):
-            g: i64 = ev.group
-            ends = ev.ends
-            for j in range(len(ev.keys)):
-                self._put((ev.keys[j] << GROUP_BITS) | g, ends[j])
-        elif isinstance(ev, Removed):
-            self._put(ev.pool_key, -1)
-        else:
-            self._put(-1, -1)
-
-    def fail(self, type_name: str, message: str, request: str, group: int) -> None:
-        if self.error is not None:
-            return
-        super().fail(type_name, message, request, group)
-        self.keys = self.keys[:self.sealed]
-        self.ends = self.ends[:self.sealed]
-
-
-def _no_sink(step: int, events: list[Event]) -> None:
-    return None
+        if self.records is not None:
+            self.records.drop_queued()
 
 
 def _group_of(ev: Event) -> int:

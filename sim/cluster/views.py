@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from sim.cache.events import EventRecords
+from sim.cache.events import EventRecords, KVEventLog
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.mirror_pool import (MirrorPool, catch_up_each, leading_blocks,
                                     leading_blocks_each, leading_held_each)
@@ -214,11 +214,15 @@ class EventsView:
         return len(self.mirrors[i].pool.key_map)
 
 
+def _no_sink(step: int, events: list) -> None:
+    """(a log queueing records hands no batch to a sink)"""
+
+
 def attach_events(view: EventsView, replicas: list, sc) -> None:
     """Have every replica publish its KV events to ``view`` after each step, beside the
     run's own event stream (``sim run --kv-events``) when there is one: as event objects
-    then, else as records (``EventRecords``: the same events in the same order, no object
-    per event)."""
+    then, else as records (a ``KVEventLog`` queueing into ``EventRecords``: the same
+    events in the same order, no object per event)."""
     sec = sc.kv_events
     for i, rep in enumerate(replicas):
         kv = rep.dep.kv
@@ -229,9 +233,9 @@ def attach_events(view: EventsView, replicas: list, sc) -> None:
 
         log = kv.event_log
         if log is None:
-            records = EventRecords(view.lag_ns, report_mode=sec.report_mode,
-                                   fix_emit=sec.fix_emit)
-            kv.enable_kv_events(records)
+            records = EventRecords(view.lag_ns)
+            kv.enable_kv_events(KVEventLog(_no_sink, report_mode=sec.report_mode,
+                                           fix_emit=sec.fix_emit, records=records))
             view.record_logs.append(records)
             view.record_pools.append(view.mirrors[i].pool)
         else:                      # (the run's own stream too: both get every batch)

@@ -17,7 +17,7 @@ import yaml
 
 import sim.commands.steps as steps
 from sim.cache.config import CacheConfig
-from sim.cache.events import GROUP_BITS, Cleared, EventRecords, Removed, Stored
+from sim.cache.events import GROUP_BITS, Cleared, EventRecords, KVEventLog, Removed, Stored
 from sim.cache.kv_manager import KVCacheManager
 from sim.cluster.views import EventsView
 from sim.commands.run import simulate, write_run
@@ -64,9 +64,12 @@ def test_records_are_the_event_objects_batch_for_batch(monkeypatch, path):
         def __init__(self, sched, ev_cfg):
             super().__init__(sched, ev_cfg)
             self.batches: list[list] = []
-            self.records = EventRecords(0, report_mode=ev_cfg.get("report_mode"),
-                                        fix_emit=ev_cfg.get("kv_events_fix_emit", False))
-            sched.kv._observe(self.records)
+            self.records = EventRecords()
+            self.rlog = KVEventLog(lambda step, events: None,
+                                   report_mode=ev_cfg.get("report_mode"),
+                                   fix_emit=ev_cfg.get("kv_events_fix_emit", False),
+                                   records=self.records)
+            sched.kv._observe(self.rlog)
             seen["both"] = self
 
         def _publish(self, step, events):
@@ -79,17 +82,20 @@ def test_records_are_the_event_objects_batch_for_batch(monkeypatch, path):
     both = seen["both"]
     want = [b for b in both.batches if b]
     assert want and _batches(both.records) == want
-    assert (both.records.error is None) == (got["kv_events_error"] is None)
+    assert (both.rlog.error is None) == (got["kv_events_error"] is None)
+    if both.log.error is not None:       # (the same failure; a records log keeps no clock)
+        assert {**both.rlog.error, "step": None} == {**both.log.error, "step": None}
     assert both.records.published == sum(len(b) for b in want)
 
 
-def _records(n: int) -> tuple[EventsView, list[EventRecords]]:
+def _records(n: int) -> tuple[EventsView, list[KVEventLog]]:
     cfg = CacheConfig(groups=("full", "mamba"), block_size=16, hash_block_size=16,
                       num_blocks=64)
     reps = [SimpleNamespace(dep=SimpleNamespace(kv=KVCacheManager(cfg))) for _ in range(n)]
     view = EventsView(reps, 10)
-    logs = [EventRecords(10) for _ in range(n)]
-    view.record_logs += logs
+    logs = [KVEventLog(lambda step, events: None, records=EventRecords(10))
+            for _ in range(n)]
+    view.record_logs += [log.records for log in logs]
     view.record_pools += view.pools
     return view, logs
 
@@ -104,15 +110,15 @@ def test_a_replicas_batch_is_not_held_behind_another_replicas():
     b.dropped([(3 << GROUP_BITS) | 1])
     b.flush(50)
     view.pools[1].store((9 << GROUP_BITS) | 0, 16)
-    assert a.bat_at[0] == 110 and b.bat_at[0] == 60
+    assert a.records.bat_at[0] == 110 and b.records.bat_at[0] == 60
     view.advance(59)
-    assert view.pools[1].key_map.has((9 << GROUP_BITS) | 0) and len(b.keys) == 1
+    assert view.pools[1].key_map.has((9 << GROUP_BITS) | 0) and len(b.records.keys) == 1
     view.pools[1].store((3 << GROUP_BITS) | 1, 32)
     view.advance(60)                         # replica 1's removal applied, read records dropped
-    assert not view.pools[1].key_map.has((3 << GROUP_BITS) | 1) and len(b.keys) == 0
-    assert len(a.keys) == 2 and a.bhead == 0
+    assert not view.pools[1].key_map.has((3 << GROUP_BITS) | 1) and len(b.records.keys) == 0
+    assert len(a.records.keys) == 2 and a.records.bhead == 0
     view.advance(110)
-    assert len(a.keys) == 0
+    assert len(a.records.keys) == 0
 
 
 def test_object_batches_are_delivered_per_replica_too():
@@ -137,10 +143,10 @@ def test_unread_records_survive_a_read_and_a_failed_step_drops_its_own():
     log.evicted(2 << GROUP_BITS)            # queued in the next step
     assert log.queued()
     log.fail("IndexError", "list index out of range", "r", 1)
-    assert list(log.keys) == [1 << GROUP_BITS] and not log.queued()
+    assert list(log.records.keys) == [1 << GROUP_BITS] and not log.queued()
     log.evicted(3 << GROUP_BITS)            # nothing after vLLM's engine died
     log.flush(6)
-    assert list(log.bat_end) == [1] and log.published == 1
+    assert list(log.records.bat_end) == [1] and log.records.published == 1
 
 
 @pytest.mark.parametrize("policy, lag", [("kv_router", 20.0), ("hybrid_aware", 5.0)])
