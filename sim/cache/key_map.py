@@ -177,6 +177,56 @@ class KeyMap:
         if 10 * self.size > 7 * (mask + 1):
             self._grow()
 
+    def swap(self, key: i64, value: i64) -> i64:
+        """``put``, returning the value ``key`` had (``EMPTY`` if none): one probe."""
+        mask = self.mask
+        keys = self.keys
+        i = ((key >> 5) ^ ((key & 31) * MIX)) & mask   # (_home)
+        while True:
+            k = keys[i]
+            if k == key:
+                old = self.vals[i]
+                self.vals[i] = value
+                return old
+            if k == EMPTY:
+                break
+            i = (i + 1) & mask
+        keys[i] = key
+        self.vals[i] = value
+        self.size += 1
+        if 10 * self.size > 7 * (mask + 1):
+            self._grow()
+        return EMPTY
+
+    def bump(self, key: i64, delta: i64) -> i64:
+        """Add ``delta`` to ``key``'s value in one probe, for a table of positive counts
+        (or bit masks kept as sums of distinct bits): an absent key is inserted with
+        ``delta`` (which must then be positive: KeyError otherwise), a key whose value
+        reaches 0 is removed.  Returns the new value."""
+        mask = self.mask
+        keys = self.keys
+        i = ((key >> 5) ^ ((key & 31) * MIX)) & mask   # (_home)
+        while True:
+            k = keys[i]
+            if k == key:
+                v = self.vals[i] + delta
+                if v == 0:
+                    self._delete(i)
+                else:
+                    self.vals[i] = v
+                return v
+            if k == EMPTY:
+                break
+            i = (i + 1) & mask
+        if delta <= 0:
+            raise KeyError(key)
+        keys[i] = key
+        self.vals[i] = delta
+        self.size += 1
+        if 10 * self.size > 7 * (mask + 1):
+            self._grow()
+        return delta
+
     def repoint(self, key: i64, block_id: i64) -> None:
         """The one block holding ``key`` is now ``block_id`` (the caller checked
         with ``only`` that exactly one block held it)."""

@@ -117,14 +117,11 @@ class ActiveSequences:
         holders = self.holders
         bit = self._bit(i)
         for k in blocks:
-            c = act.only(k)
-            if c < 0:
-                act.put(k, 1)
-                if bit:
-                    m = holders.only(k)
-                    holders.put(k, bit if m < 0 else m | bit)
-            else:
-                act.put(k, c + 1)
+            # (one probe each: the worker's count of active requests holding k, and, when
+            # it starts holding k, its bit added to k's holder mask -- a bit not set yet,
+            # so the sum is the union)
+            if act.bump(k, 1) == 1 and bit:
+                holders.bump(k, bit)
         self.blocks_of[index] = blocks
 
     def finish(self, i: i64, index: int) -> None:
@@ -137,19 +134,10 @@ class ActiveSequences:
         holders = self.holders
         act = self.active[i]
         for k in blocks:
-            c = act.only(k)
-            if c < 0:
-                raise KeyError(k)
-            if c > 1:
-                act.put(k, c - 1)
-                continue
-            act.remove(k, c)
-            if bit:
-                m = holders.only(k)
-                if m == bit:
-                    holders.remove(k, m)
-                else:
-                    holders.put(k, m & ~bit)
+            # (KeyError for a block the worker does not hold; at 0 the key is dropped,
+            # and the worker's bit, set, taken out of the mask)
+            if act.bump(k, -1) == 0 and bit:
+                holders.bump(k, -bit)
 
     def _distinct(self, blocks: vec[i64]) -> vec[i64]:
         """``blocks`` without repeats (first occurrences, in order)."""
@@ -160,8 +148,7 @@ class ActiveSequences:
         st = self.stamp
         out = vec[i64]()
         for k in blocks:
-            if seen.only(k) != st:
-                seen.put(k, st)
+            if seen.swap(k, st) != st:
                 out = append(out, k)
         return out
 

@@ -28,3 +28,39 @@ def test_put_equals_a_dict_assignment():
         for k in universe:
             assert km.first(k) == model.get(k, -1)
             assert km.only(k) == model.get(k, -1)
+
+
+def test_swap_and_bump_equal_a_dict_of_counts():
+    """``swap`` (put, returning the old value) and ``bump`` (add, inserting a positive
+    delta, dropping the key at 0) against a dict, with colliding keys and growth."""
+    import pytest
+
+    rng = random.Random(5)
+    for trial in range(30):
+        km = KeyMap(rng.choice([1, 4, 16]))
+        model: dict[int, int] = {}
+        universe = [(rng.randint(0, 60) << 5) | rng.randint(0, 6) for _ in range(200)]
+        for step in range(1000):
+            k = rng.choice(universe)
+            r = rng.random()
+            if r < 0.3:
+                v = rng.randint(1, 10_000)
+                assert km.swap(k, v) == model.get(k, -1)
+                model[k] = v
+            elif r < 0.6 or k not in model:
+                d = rng.randint(1, 5)
+                model[k] = model.get(k, 0) + d
+                assert km.bump(k, d) == model[k]
+            else:
+                d = -rng.randint(1, model[k])
+                model[k] += d
+                assert km.bump(k, d) == model[k]
+                if model[k] == 0:
+                    del model[k]
+            if step % 100 == 0:
+                assert km.items() == {key: [val] for key, val in model.items()}
+        assert len(km) == len(model)
+        absent = next(k for k in universe + [1 << 40] if k not in model)
+        with pytest.raises(KeyError):
+            km.bump(absent, -1)
+        assert km.bump(absent, 0 + 1) == 1 and km.only(absent) == 1
