@@ -375,10 +375,16 @@ class KVEventLog(PoolObserver):
             r.full_blocks(req, tables, group_ids, indices, block_size, num_cached, num_full,
                           unit)
             return
-        if indices is None:
-            indices = [i for i in range(num_cached, num_full)]
         scale = block_size // unit
-        block_keys = req.block_hashes.keys_at([(i + 1) * scale - 1 for i in indices])
+        block_keys: list[int] = []
+        if indices is None:
+            # (every block from num_cached: their keys walked once)
+            indices = [i for i in range(num_cached, num_full)]
+            walked = req.block_hashes.block_keys(num_cached, num_full, scale)
+            for j in range(len(walked)):
+                block_keys.append(walked[j])
+        else:
+            block_keys = req.block_hashes.keys_at([(i + 1) * scale - 1 for i in indices])
         parent_key = -1
         parent_end = None
         if num_cached > 0:
