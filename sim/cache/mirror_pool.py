@@ -12,13 +12,11 @@ events allow, every group and the Mamba states included.  It never allocates.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from librt.vecs import vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
-from sim.cache.events import Cleared, EventRecords, Removed, Stored
+from sim.cache.events import EventRecords
 from sim.cache.hashing import PrefixKeys
 
 
@@ -54,21 +52,6 @@ class MirrorPool(BlockPool):
             if b.key >= 0:
                 self._unmap_keys(b, None)
                 self.spare.append(b)
-
-    def apply(self, events: list[Any]) -> None:
-        """One published batch of the replica's events, in order."""
-        for ev in events:
-            if isinstance(ev, Removed):
-                self.remove(ev.pool_key)
-            elif isinstance(ev, Stored):
-                g: i64 = ev.group
-                ends = ev.ends
-                j = 0
-                for k in ev.keys:
-                    self.store((k << GROUP_BITS) | g, ends[j])
-                    j += 1
-            elif isinstance(ev, Cleared):
-                self.clear()
 
 
 def catch_up(pool: MirrorPool, log: EventRecords, now: i64) -> None:

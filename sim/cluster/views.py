@@ -19,7 +19,6 @@ computes: the leading whole attention blocks of the prompt the replica holds.
 """
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 from sim.cache.events import EventRecords, KVEventLog
@@ -165,39 +164,19 @@ class EventsView:
         self.shapes = [_shape(kv) for kv in self.mirrors]
         self.uniform = _uniform(self.mirrors)
         self.pools = [kv.pool for kv in self.mirrors]
-        # per replica, the batches published as event objects (the run writes its own
-        # stream too): (visible ns, events), in the replica's publish order.  Replicas
-        # publish out of time order (each is run as far as the fleet needs it), so each
-        # replica's batches are read on their own: none waits behind another replica's
-        self.queues: list[deque] = [deque() for _ in replicas]
-        self.queued = 0
-        self.batches = 0
-        # the replicas publishing records (``EventRecords``: no stream of their own) and
-        # their mirrors
-        self.record_logs: list[EventRecords] = []
-        self.record_pools: list[MirrorPool] = []
-
+        # each replica's events as records (``EventRecords``), in its publish order, and
+        # read replica by replica: replicas publish out of time order (each is run as far
+        # as the fleet needs it), and none waits behind another replica's later batch
+        self.records = [EventRecords(lag_ns) for _ in replicas]
     def _kvs(self) -> list:
         return self.mirrors
 
     def attention_each(self, prompt: Prompt, blocks: Any = None) -> list[int]:
         return _attention_each(self, prompt, blocks)
 
-    def publish(self, i: int, now: int, events: list) -> None:
-        """Replica ``i`` published ``events`` at ``now`` (its step's outputs applied)."""
-        self.batches += 1
-        self.queued += 1
-        self.queues[i].append((now + self.lag_ns, events))
-
     def advance(self, now: int) -> None:
         """Apply every batch delivered by ``now``."""
-        if self.record_logs:
-            catch_up_each(self.record_pools, self.record_logs, now)
-        if self.queued:
-            for q, kv in zip(self.queues, self.mirrors):
-                while q and q[0][0] <= now:
-                    kv.pool.apply(q.popleft()[1])
-                    self.queued -= 1
+        catch_up_each(self.pools, self.records, now)
 
     def hybrid_hit(self, i: int, prompt: Prompt) -> int:
         kv = self.mirrors[i]
@@ -219,30 +198,25 @@ def _no_sink(step: int, events: list) -> None:
 
 
 def attach_events(view: EventsView, replicas: list, sc) -> None:
-    """Have every replica publish its KV events to ``view`` after each step, beside the
-    run's own event stream (``sim run --kv-events``) when there is one: as event objects
-    then, else as records (a ``KVEventLog`` queueing into ``EventRecords``: the same
-    events in the same order, no object per event)."""
+    """Have every replica publish its KV events to ``view`` after each step as records:
+    its log queues them there (``KVEventLog(records=...)``: no object per event), or,
+    when the run writes its own stream (``sim run --kv-events``), each published batch of
+    event objects is turned into records too (``EventRecords.event``)."""
     sec = sc.kv_events
-    for i, rep in enumerate(replicas):
+    for rep, records in zip(replicas, view.records):
         kv = rep.dep.kv
-        sched = rep.sched
-
-        def sink(step: int, events: list, i=i, sched=sched, prev=None) -> None:
-            view.publish(i, sched.publish_time, events)
-
         log = kv.event_log
         if log is None:
-            records = EventRecords(view.lag_ns)
             kv.enable_kv_events(KVEventLog(_no_sink, report_mode=sec.report_mode,
                                            fix_emit=sec.fix_emit, records=records))
-            view.record_logs.append(records)
-            view.record_pools.append(view.mirrors[i].pool)
-        else:                      # (the run's own stream too: both get every batch)
-            first = log.sink
+            continue
+        first = log.sink          # (the run's own stream too: both get every batch)
 
-            def tee(step: int, events: list, first=first, sink=sink) -> None:
-                first(step, events)
-                sink(step, events)
+        def tee(step: int, events: list, first=first, records=records,
+                sched=rep.sched) -> None:
+            first(step, events)
+            for ev in events:
+                records.event(ev)
+            records.seal(sched.publish_time)
 
-            log.sink = tee
+        log.sink = tee

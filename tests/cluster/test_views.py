@@ -2,8 +2,8 @@
 (``EventRecords``, sim/cache/events.py).
 
 A replica publishing to a router alone queues its events as machine-integer records; one
-that also writes its own stream (``kv_events``) hands the router event objects.  Both must
-be the same events in the same batches, and a batch must reach the router ``event_lag_ms``
+that also writes its own stream (``kv_events``) publishes event objects, which become
+records for the router.  Both must be the same events in the same batches, and a batch must reach the router ``event_lag_ms``
 after its step whatever another replica published meanwhile.
 """
 from __future__ import annotations
@@ -89,14 +89,13 @@ def test_records_are_the_event_objects_batch_for_batch(monkeypatch, path):
 
 
 def _records(n: int) -> tuple[EventsView, list[KVEventLog]]:
+    """A view of ``n`` replicas, lag 10 ns, and a log queueing into each replica's
+    records."""
     cfg = CacheConfig(groups=("full", "mamba"), block_size=16, hash_block_size=16,
                       num_blocks=64)
     reps = [SimpleNamespace(dep=SimpleNamespace(kv=KVCacheManager(cfg))) for _ in range(n)]
     view = EventsView(reps, 10)
-    logs = [KVEventLog(lambda step, events: None, records=EventRecords(10))
-            for _ in range(n)]
-    view.record_logs += [log.records for log in logs]
-    view.record_pools += view.pools
+    logs = [KVEventLog(lambda step, events: None, records=r) for r in view.records]
     return view, logs
 
 
@@ -121,19 +120,19 @@ def test_a_replicas_batch_is_not_held_behind_another_replicas():
     assert len(a.records.keys) == 0
 
 
-def test_object_batches_are_delivered_per_replica_too():
-    view, _ = _records(2)
-    view.record_logs.clear()
-    view.record_pools.clear()
-    view.pools[0].store((4 << GROUP_BITS) | 0, 16)
-    view.pools[1].store((4 << GROUP_BITS) | 0, 16)
-    view.publish(0, 100, [Removed((4 << GROUP_BITS) | 0)])
-    view.publish(1, 50, [Removed((4 << GROUP_BITS) | 0)])
-    view.advance(60)
-    assert view.pools[0].key_map.has((4 << GROUP_BITS) | 0)
-    assert not view.pools[1].key_map.has((4 << GROUP_BITS) | 0)
-    view.advance(110)
-    assert not view.pools[0].key_map.has((4 << GROUP_BITS) | 0)
+def test_event_objects_become_the_same_records():
+    """A run writing its own stream hands the view event objects: each becomes its
+    records (a Stored one per key, in order)."""
+    cfg = CacheConfig(groups=("full", "mamba"), block_size=16, hash_block_size=16,
+                      num_blocks=64)
+    req = KVCacheManager(cfg).make_request("r", [(1, 0, 64)])
+    rec = EventRecords()
+    rec.event(Stored(2, req, [7, 8], [16, 32], 16, 0, 32, -1, None, "full"))
+    rec.event(Removed((7 << GROUP_BITS) | 2))
+    rec.event(Cleared())
+    assert list(rec.keys) == [(7 << GROUP_BITS) | 2, (8 << GROUP_BITS) | 2,
+                              (7 << GROUP_BITS) | 2, -1]
+    assert list(rec.ends) == [16, 32, -1, -1]
 
 
 def test_unread_records_survive_a_read_and_a_failed_step_drops_its_own():
