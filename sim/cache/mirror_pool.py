@@ -96,19 +96,10 @@ def leading_blocks(pool: BlockPool, keys: PrefixKeys, group: int, scale: int, n:
     return j
 
 
-def leading_blocks_each(pools: list[BlockPool], keys: PrefixKeys, group: int, scale: int,
-                        n: int) -> list[int]:
-    """``leading_blocks`` of each pool (replicas of one configuration), in one call."""
-    out: list[int] = []
-    for pool in pools:
-        out.append(leading_blocks(pool, keys, group, scale, n))
-    return out
-
-
 def leading_held_each(pools: list[BlockPool], blocks: vec[i64], group: i64) -> list[int]:
-    """``leading_blocks_each`` from the prompt's block keys already built (``blocks``:
-    the keys ending its first whole blocks, ``PrefixKeys.block_keys``): no key is built
-    again per pool."""
+    """``leading_blocks`` of each pool (replicas of one configuration) in one call, from
+    the prompt's block keys built once (``blocks``: the keys ending its first whole
+    blocks, ``PrefixKeys.block_keys``)."""
     out: list[int] = []
     n = len(blocks)
     for pool in pools:

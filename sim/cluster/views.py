@@ -23,8 +23,7 @@ from typing import Any
 
 from sim.cache.events import EventRecords, KVEventLog
 from sim.cache.kv_manager import KVCacheManager
-from sim.cache.mirror_pool import (MirrorPool, catch_up_each, leading_blocks,
-                                    leading_blocks_each, leading_held_each)
+from sim.cache.mirror_pool import MirrorPool, catch_up_each, leading_blocks, leading_held_each
 from sim.engine.record import prompt_of
 
 VIEWS = ("oracle", "events", "approximate")
@@ -101,15 +100,14 @@ def _attention_each(view: Any, prompt: Prompt, blocks: Any = None) -> list[int]:
     configuration, when the caller built them (``kv_router.prompt_blocks``)."""
     kvs = view._kvs()
     if view.uniform:
-        if blocks is not None:
-            g = view.shapes[0][0]
-            return leading_held_each(view.pools, blocks, g) if g >= 0 else [0] * len(kvs)
         g, scale, unit = view.shapes[0]
         if g < 0:
             return [0] * len(kvs)
-        keys = prompt.keys_for(kvs[0])
-        n = min(prompt.tokens // (scale * unit), keys.count // scale)
-        return leading_blocks_each(view.pools, keys, g, scale, n)
+        if blocks is None:       # (the keys walked once for every pool)
+            keys = prompt.keys_for(kvs[0])
+            blocks = keys.block_keys(0, min(prompt.tokens // (scale * unit),
+                                            keys.count // scale), scale)
+        return leading_held_each(view.pools, blocks, g)
     return [view.attention_blocks(i, prompt) for i in range(len(kvs))]
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from sim.cluster.routers.base import RouteRequest
 from sim.cluster.routers.selection import pick_by_cost
 from sim.cluster.views import block_size_of
-from sim.engine.active_sequences import ActiveSequences, least
+from sim.engine.active_sequences import ActiveSequences
 from sim.errors import ConfigError
 
 VIEWS = ("events", "approximate")
@@ -106,11 +106,7 @@ class _KvRouter:
         over = self.overlaps(req, blocks)
         costs = self.book.costs(req.prompt_tokens, over, blocks, self.bs,
                                 float(self.o.overlap_score_weight))
-        tied = least(costs) if self.o.router_temperature <= 0 else None
-        if tied is not None and len(tied) == 1:
-            i = tied[0]
-        else:
-            i = pick_by_cost(costs, self.size, self.o.router_temperature, self.rng)
+        i = pick_by_cost(costs, self.size, self.o.router_temperature, self.rng)
         req.predicted = over[i] * self.bs
         self._blocks = blocks
         if self.history is not None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from sim.engine.active_sequences import least
+
 
 def pick_by_cost(costs: list[float], size_of: Callable[[int], Any], temperature: float,
                  rng) -> int:
@@ -16,14 +18,14 @@ def pick_by_cost(costs: list[float], size_of: Callable[[int], Any], temperature:
     tree (``size_of(i)``: worker i's, asked of the tied workers only), then uniformly at
     random; above 0 a draw with probability proportional to
     ``exp(-(cost - min) / ((max - min) x temperature))`` (uniform when all are equal)."""
-    lo = min(costs)
     if temperature <= 0:
-        tied = [i for i, c in enumerate(costs) if c == lo]
+        tied = least(costs)
         if len(tied) > 1:
             sizes = [size_of(i) for i in tied]
             small = min(sizes)
             tied = [i for i, s in zip(tied, sizes) if s == small]
         return tied[0] if len(tied) == 1 else tied[rng.randrange(len(tied))]
+    lo = min(costs)
     hi = max(costs)
     if hi == lo:
         return rng.randrange(len(costs))
