@@ -93,18 +93,25 @@ class _HybridAware:
         # credit 1 (Dynamo's arithmetic, as kv_router's)
         bound = book.costs(tokens, att, blocks, self.bs, self.weight)
         self._blocks = blocks
+        tied = None
         if self.bound_exact:                        # (credit 1, temperature 0)
             tied = least(bound)
             if len(tied) == 1:                      # (no tie to break: one lookup)
-                i = tied[0]
-                req.predicted = view.hybrid_hit(i, prompt)
-                credit = self.o.attention_credit
-                self._over = credit * (att[i] * self.bs) + (1 - credit) * req.predicted
-                return i
-        return self._choose(req, blocks, att, bound)
+                return self._believe(req, tied[0], att, view.hybrid_hit(tied[0], prompt))
+        return self._choose(req, blocks, att, bound, tied)
 
-    def _choose(self, req: RouteRequest, blocks, att: list[int], bound: list[float]) -> int:
-        """The rest: ties, a credit below 1 (exact costs where a bound can still win), a
+    def _believe(self, req: RouteRequest, i: int, att: list[int], h: int) -> int:
+        """Replica ``i`` chosen: the router believes its resumable hit ``h``
+        (``routed_hit_tokens``) and scored ``_over`` tokens of overlap there."""
+        credit = self.o.attention_credit
+        req.predicted = h
+        self._over = credit * (att[i] * self.bs) + (1 - credit) * h
+        return i
+
+    def _choose(self, req: RouteRequest, blocks, att: list[int], bound: list[float],
+                tied: list[int] | None) -> int:
+        """The rest: ties (``tied``: the least-cost workers, when every cost is its
+        bound), a credit below 1 (exact costs where a bound can still win), a
         temperature."""
         n = self.n
         bs = self.bs
@@ -132,11 +139,9 @@ class _HybridAware:
                              self.o.router_temperature, self.rng)
         else:
             # least cost; ties to the larger hit, then Dynamo's smaller index, then at random
-            if credit >= 1:
-                tied = least(bound)                   # (every cost is its bound)
-            else:
-                # the best bound first (h = att), exact costs (a lookup each) only while a
-                # bound can still beat the best found
+            if tied is None:
+                # (a credit below 1) the best bound first (h = att), exact costs (a lookup
+                # each) only while a bound can still beat the best found
                 order = sorted(range(n), key=lambda k: bound[k])
                 best = float("inf")
                 tied = []
@@ -155,9 +160,7 @@ class _HybridAware:
                 small = min(view.size(k) for k in tied)
                 tied = [k for k in tied if view.size(k) == small]
             i = tied[0] if len(tied) == 1 else tied[self.rng.randrange(len(tied))]
-        req.predicted = hit(i)
-        self._over = credit * (att[i] * bs) + (1 - credit) * req.predicted
-        return i
+        return self._believe(req, i, att, hit(i))
 
     def placed(self, i: int, req: RouteRequest, sim_req, ok: bool) -> None:
         if ok:
