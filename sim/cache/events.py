@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Final
 
-from librt.vecs import append, vec
+from librt.vecs import append, extend, vec
 from mypy_extensions import i64
 
 from sim.cache.observers import PoolObserver
@@ -124,8 +124,11 @@ class EventRecords:
 
     def __init__(self, lag_ns: i64 = 0) -> None:
         self.lag_ns: i64 = lag_ns
-        self.keys = vec[i64]()
-        self.ends = vec[i64]()
+        # the records held are the first ``n`` of two buffers, doubled when full (a record
+        # is two stores, not two vec appends)
+        self.keys = vec[i64]([0] * 64)
+        self.ends = vec[i64]([0] * 64)
+        self.n: i64 = 0
         self.bat_at = vec[i64]()      # per batch: visible from (ns)
         self.bat_end = vec[i64]()     # per batch: its records end here
         self.head: i64 = 0            # records read
@@ -136,15 +139,24 @@ class EventRecords:
         self.mark: i64 = 0            # (``caching_starts``: the records' count then)
 
     def put(self, key: i64, end: i64) -> None:
-        self.keys = append(self.keys, key)
-        self.ends = append(self.ends, end)
+        n = self.n
+        if n == len(self.keys):
+            self.keys = extend(self.keys, self.keys)
+            self.ends = extend(self.ends, self.ends)
+        self.keys[n] = key
+        self.ends[n] = end
+        self.n = n + 1
+
+    def held(self) -> list[tuple[int, int]]:
+        """The records held, read or not: (key, end) each (tests, tools)."""
+        return [(self.keys[j], self.ends[j]) for j in range(self.n)]
 
     def seal(self, now: i64) -> None:
         """The step's records are published at ``now`` (-1: at the last publication's
         time, for what a step left)."""
         if now >= 0:
             self.last_ns = now
-        n: i64 = len(self.keys)
+        n: i64 = self.n
         if n > self.sealed:
             self.bat_at = append(self.bat_at, self.last_ns + self.lag_ns)
             self.bat_end = append(self.bat_end, n)
@@ -152,12 +164,11 @@ class EventRecords:
             self.sealed = n
 
     def queued(self) -> bool:
-        return len(self.keys) > self.sealed
+        return self.n > self.sealed
 
     def drop_queued(self) -> None:
         """The step's records are not published (vLLM's engine died in the step)."""
-        self.keys = self.keys[:self.sealed]
-        self.ends = self.ends[:self.sealed]
+        self.n = self.sealed
 
     def taken(self, bhead: i64, head: i64) -> None:
         """The reader read ``bhead`` batches, ``head`` records: once every batch is read,
@@ -165,8 +176,15 @@ class EventRecords:
         self.head = head
         self.bhead = bhead
         if bhead == len(self.bat_at):
-            self.keys = self.keys[head:]
-            self.ends = self.ends[head:]
+            keys = self.keys
+            ends = self.ends
+            n = self.n
+            j: i64 = head
+            while j < n:              # (the step's unsealed records, if any, to the front)
+                keys[j - head] = keys[j]
+                ends[j - head] = ends[j]
+                j += 1
+            self.n = n - head
             self.sealed -= head
             self.head = 0
             self.bhead = 0
@@ -180,7 +198,7 @@ class EventRecords:
         keys = self.keys
         ends = self.ends
         start: i64 = self.mark
-        n: i64 = len(keys)
+        n: i64 = self.n
         if n - start < 2:
             return
         mask: i64 = (1 << GROUP_BITS) - 1
@@ -204,13 +222,12 @@ class EventRecords:
             ends[i] = e
 
     def full_blocks(self, req: CacheRequest, tables: list[list[Block]],
-                    group_ids: list[int], indices: list[int] | None, block_size: int,
-                    num_cached: int, num_full: int, unit: int) -> None:
-        """``KVEventLog.stored_full`` as records."""
+                    group_ids: list[int], indices: list[int] | None, keys: vec[i64],
+                    block_size: int, num_cached: int, num_full: int, unit: int) -> None:
+        """``KVEventLog.stored_full`` as records (``keys``: those of blocks
+        ``[num_cached, num_full)`` when ``indices`` is None, as the manager walked them)."""
         scale = block_size // unit
         if indices is None:
-            # (every block from num_cached: their keys walked once, into a vec)
-            keys = req.block_hashes.block_keys(num_cached, num_full, scale)
             for t in range(len(tables)):
                 blocks = tables[t]
                 g0: i64 = group_ids[t]
@@ -338,7 +355,7 @@ class KVEventLog(PoolObserver):
     def caching_starts(self) -> None:
         r = self.records
         if r is not None:
-            r.mark = len(r.keys)
+            r.mark = r.n
         else:
             self._mark = len(self.pending)
 
@@ -364,23 +381,22 @@ class KVEventLog(PoolObserver):
                 pending[i] = ev
 
     def stored_full(self, req: CacheRequest, tables: list[list[Block]], group_ids: list[int],
-                    indices: list[int] | None, block_size: int, num_cached: int,
-                    num_full: int, unit: int) -> None:
+                    indices: list[int] | None, walked: vec[i64], block_size: int,
+                    num_cached: int, num_full: int, unit: int) -> None:
         """``cache_full_blocks`` of each member group: blocks ``[num_cached, num_full)``
-        were cached, those at ``indices`` (the unmasked ones; None: all) keyed."""
+        were cached, those at ``indices`` (the unmasked ones; None: all, their keys
+        ``walked``) keyed."""
         if self.error is not None:
             return
         r = self.records
         if r is not None:
-            r.full_blocks(req, tables, group_ids, indices, block_size, num_cached, num_full,
-                          unit)
+            r.full_blocks(req, tables, group_ids, indices, walked, block_size, num_cached,
+                          num_full, unit)
             return
         scale = block_size // unit
         block_keys: list[int] = []
         if indices is None:
-            # (every block from num_cached: their keys walked once)
             indices = [i for i in range(num_cached, num_full)]
-            walked = req.block_hashes.block_keys(num_cached, num_full, scale)
             for j in range(len(walked)):
                 block_keys.append(walked[j])
         else:

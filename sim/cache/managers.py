@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from librt.vecs import vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS, Block, BlockPool
@@ -247,6 +248,7 @@ class SingleTypeManager:
         self._last_rid: str | None = None
         self._last_st: ReqState | None = None
         self._no_boundaries: tuple[int, ...] = ()   # (no sparse retention)
+        self._no_keys = vec[i64]()   # (``stored_full``'s keys when blocks are listed)
         self.pending_cow: list[list[tuple[Block, Block]]] = [[] for _g in self.group_ids]
         self.has_pending_cow = False
 
@@ -483,6 +485,7 @@ class SingleTypeManager:
         indices = self.cache_indices(num_cached, num_full, retention, boundaries)
         pool = self.pool
         scale = self.block_size // pool.hash_block_size
+        block_keys = self._no_keys
         if indices is None:
             # every block: keys in a vec, registered as a range (no index list)
             t = st.table
@@ -507,8 +510,8 @@ class SingleTypeManager:
             if t is None:
                 raise KeyError(rid)
             for o in obs:
-                o.stored_full(req, t, self.group_ids, indices, self.block_size, num_cached,
-                              num_full, pool.hash_block_size)
+                o.stored_full(req, t, self.group_ids, indices, block_keys, self.block_size,
+                              num_cached, num_full, pool.hash_block_size)
         st.num_cached = num_full
 
     # freeing -----------------------------------------------------------------

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from librt.vecs import vec
 from mypy_extensions import i64
 
 if TYPE_CHECKING:
@@ -85,10 +86,11 @@ class PoolObserver:
         """That ``cache_blocks`` is done."""
 
     def stored_full(self, req: CacheRequest, tables: list[list[Block]], group_ids: list[int],
-                    indices: list[int] | None, block_size: int, num_cached: int,
-                    num_full: int, unit: int) -> None:
+                    indices: list[int] | None, block_keys: vec[i64], block_size: int,
+                    num_cached: int, num_full: int, unit: int) -> None:
         """Each member group (``tables[i]``: group ``group_ids[i]``'s blocks) keyed its
-        blocks ``[num_cached, num_full)``, those at ``indices`` only (None: every one)."""
+        blocks ``[num_cached, num_full)``, those at ``indices`` only (None: every one, with
+        their keys in ``block_keys``, as the manager walked them; empty otherwise)."""
 
     def stored_partial(self, req: CacheRequest, unit_hash: int, end: int, unit: int,
                        group: int) -> None:

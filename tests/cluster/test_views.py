@@ -111,13 +111,13 @@ def test_a_replicas_batch_is_not_held_behind_another_replicas():
     view.pools[1].store((9 << GROUP_BITS) | 0, 16)
     assert a.records.bat_at[0] == 110 and b.records.bat_at[0] == 60
     view.advance(59)
-    assert view.pools[1].key_map.has((9 << GROUP_BITS) | 0) and len(b.records.keys) == 1
+    assert view.pools[1].key_map.has((9 << GROUP_BITS) | 0) and b.records.n == 1
     view.pools[1].store((3 << GROUP_BITS) | 1, 32)
     view.advance(60)                         # replica 1's removal applied, read records dropped
-    assert not view.pools[1].key_map.has((3 << GROUP_BITS) | 1) and len(b.records.keys) == 0
-    assert len(a.records.keys) == 2 and a.records.bhead == 0
+    assert not view.pools[1].key_map.has((3 << GROUP_BITS) | 1) and b.records.n == 0
+    assert a.records.n == 2 and a.records.bhead == 0
     view.advance(110)
-    assert len(a.records.keys) == 0
+    assert a.records.n == 0
 
 
 def test_event_objects_become_the_same_records():
@@ -130,9 +130,8 @@ def test_event_objects_become_the_same_records():
     rec.event(Stored(2, req, [7, 8], [16, 32], 16, 0, 32, -1, None, "full"))
     rec.event(Removed((7 << GROUP_BITS) | 2))
     rec.event(Cleared())
-    assert list(rec.keys) == [(7 << GROUP_BITS) | 2, (8 << GROUP_BITS) | 2,
-                              (7 << GROUP_BITS) | 2, -1]
-    assert list(rec.ends) == [16, 32, -1, -1]
+    assert rec.held() == [((7 << GROUP_BITS) | 2, 16), ((8 << GROUP_BITS) | 2, 32),
+                          ((7 << GROUP_BITS) | 2, -1), (-1, -1)]
 
 
 def test_unread_records_survive_a_read_and_a_failed_step_drops_its_own():
@@ -142,7 +141,7 @@ def test_unread_records_survive_a_read_and_a_failed_step_drops_its_own():
     log.evicted(2 << GROUP_BITS)            # queued in the next step
     assert log.queued()
     log.fail("IndexError", "list index out of range", "r", 1)
-    assert list(log.records.keys) == [1 << GROUP_BITS] and not log.queued()
+    assert log.records.held() == [(1 << GROUP_BITS, -1)] and not log.queued()
     log.evicted(3 << GROUP_BITS)            # nothing after vLLM's engine died
     log.flush(6)
     assert list(log.records.bat_end) == [1] and log.records.published == 1
