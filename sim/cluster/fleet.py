@@ -238,16 +238,14 @@ class _Splitter:
 
 
 class _FinishWatch:
-    """An engine observer: a replica's finished requests reach the router's counters."""
+    """An engine's finish observer: a replica's finished requests reach the router's
+    counters."""
 
     __slots__ = ("door", "replica")
 
     def __init__(self, door: _Door, replica: int):
         self.door = door
         self.replica = replica
-
-    def on_step(self, items, start: int, end: int, k: int) -> None:
-        pass
 
     def on_finish(self, req, now: int) -> None:
         self.door.finished(self.replica, req)
@@ -356,7 +354,7 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
             # tier's replicas step to each arrival as before
             eng.cuttable = eng.jump and not closed and eng.sched.connector is None
             gate.add(eng.inlet)
-            eng.observers.append(_FinishWatch(door, rep.index))
+            eng.finish_observers.append(_FinishWatch(door, rep.index))
             if progress is not None:
                 eng.progress = count
         arrivals.start(iter(traces), engines=len(replicas))

@@ -69,6 +69,12 @@ class EngineObserver(Protocol):
     def on_finish(self, req: SimRequest, now: int) -> None: ...
 
 
+class FinishObserver(Protocol):
+    """What watches an engine's finished requests only."""
+
+    def on_finish(self, req: SimRequest, now: int) -> None: ...
+
+
 class Engine:
     def __init__(self, scheduler: Scheduler, backend: StepBackend,
                  make_request: Callable[[Any, int], SimRequest],
@@ -107,6 +113,9 @@ class Engine:
         self.rejected: list[SimRequest] = self.inlet.rejected   # refused on arrival
         self.on_step: Callable[[list[ScheduledItem], int, int, int], None] | None = None
         self.observers: list[EngineObserver] = []   # each step and finish (empty: no cost)
+        # what wants the finished requests alone (a fleet's router counters): never
+        # called per step (a call of a Python method costs ~600 CPU instructions)
+        self.finish_observers: list[FinishObserver] = []
         # ``sim run``'s own request maker, recorder and step sampler, when set, are called
         # natively: instead of ``make_request`` and ``on_finish``, and before ``on_step``
         # (a call through a callable costs ~1,000 CPU instructions in the compiled
@@ -347,6 +356,9 @@ class Engine:
             if self.observers:
                 for o in self.observers:
                     o.on_finish(r, now)
+            if self.finish_observers:
+                for f in self.finish_observers:
+                    f.on_finish(r, now)
             A.done(inlet, now, cast(Turn, r.done_event))
             r.done_event = None   # (the turn holds its record: let it go)
             # (and the request and its step item, which point at each other,
