@@ -147,6 +147,12 @@ class EventRecords:
         self.ends[n] = end
         self.n = n + 1
 
+    def _room(self, more: i64) -> None:
+        """Buffers with room for ``more`` records beyond those held."""
+        while self.n + more > len(self.keys):
+            self.keys = extend(self.keys, self.keys)
+            self.ends = extend(self.ends, self.ends)
+
     def held(self) -> list[tuple[int, int]]:
         """The records held, read or not: (key, end) each (tests, tools)."""
         return [(self.keys[j], self.ends[j]) for j in range(self.n)]
@@ -202,10 +208,16 @@ class EventRecords:
         if n - start < 2:
             return
         mask: i64 = (1 << GROUP_BITS) - 1
-        prev: i64 = keys[start] & mask if keys[start] >= 0 else -1
+        # (a record's group: -1 for AllBlocksCleared; statements, not conditional
+        # expressions, which box machine integers)
+        prev: i64 = -1
+        if keys[start] >= 0:
+            prev = keys[start] & mask
         for j in range(start + 1, n):
             k = keys[j]
-            g: i64 = k & mask if k >= 0 else -1
+            g: i64 = -1
+            if k >= 0:
+                g = k & mask
             if g >= prev:              # (in order so far: the common case)
                 prev = g
                 continue
@@ -213,7 +225,10 @@ class EventRecords:
             i: i64 = j
             while i > start:
                 q = keys[i - 1]
-                if (q & mask if q >= 0 else -1) <= g:
+                qg: i64 = -1
+                if q >= 0:
+                    qg = q & mask
+                if qg <= g:
                     break
                 keys[i] = q
                 ends[i] = ends[i - 1]
@@ -228,13 +243,25 @@ class EventRecords:
         ``[num_cached, num_full)`` when ``indices`` is None, as the manager walked them)."""
         scale = block_size // unit
         if indices is None:
+            # (written into the buffers here: a ``put`` call a record otherwise)
+            n0: i64 = num_cached
+            n1: i64 = num_full
+            bs: i64 = block_size
+            self._room(len(tables) * (n1 - n0))
+            out_keys = self.keys
+            out_ends = self.ends
+            n = self.n
             for t in range(len(tables)):
                 blocks = tables[t]
                 g0: i64 = group_ids[t]
-                for i in range(num_cached, num_full):
+                i: i64 = n0
+                while i < n1:
                     if not blocks[i].is_null:
-                        self.put((keys[i - num_cached] << GROUP_BITS) | g0,
-                                 (i + 1) * block_size)
+                        out_keys[n] = (keys[i - n0] << GROUP_BITS) | g0
+                        out_ends[n] = (i + 1) * bs
+                        n += 1
+                    i += 1
+            self.n = n
             return
         block_keys = req.block_hashes.keys_at([(i + 1) * scale - 1 for i in indices])
         for t in range(len(tables)):

@@ -156,6 +156,30 @@ class KeyMap:
         self._delete(i)
         return True
 
+    def take_first(self, key: i64) -> i64:
+        """Unmap ``key`` from its first holder (``first``'s) in one probe; that holder's
+        id, or -1 if no block held it (a router's mirror dropping one copy of a key)."""
+        mask = self.mask
+        keys = self.keys
+        i = ((key >> 5) ^ ((key & 31) * MIX)) & mask   # (_home)
+        while True:
+            k = keys[i]
+            if k == key:
+                break
+            if k == EMPTY:
+                return -1
+            i = (i + 1) & mask
+        v = self.vals[i]
+        if v == MULTI:
+            ids = self.multi[key]
+            v = ids.pop(0)
+            if len(ids) == 1:   # one holder left: back to a plain slot
+                self.vals[i] = ids[0]
+                del self.multi[key]
+            return v
+        self._delete(i)
+        return v
+
     def put(self, key: i64, value: i64) -> None:
         """Map ``key`` to ``value`` alone, inserting or overwriting in one probe: for
         a table used as a plain key -> value map (``EvictionLog``; never several

@@ -18,6 +18,7 @@ from mypy_extensions import i64
 from sim.cache.block_pool import GROUP_BITS, NO_KEY, Block, BlockPool
 from sim.cache.events import EventRecords
 from sim.cache.hashing import PrefixKeys
+from sim.cache.key_map import KeyMap
 
 
 class MirrorPool(BlockPool):
@@ -34,6 +35,9 @@ class MirrorPool(BlockPool):
     def __init__(self, num_blocks: int, hash_block_size: int, lookahead: int = 0):
         super().__init__(2, hash_block_size, lookahead)   # the null block and the stand-in
         self.free_queue.popleft()   # (no free queue: nothing is ever allocated here)
+        # sized as the replica's own map (its keys are at most about the replica's): never
+        # grown key by key as the replica's cache fills
+        self.key_map = KeyMap(2 * num_blocks)
         self.stand_in: Block = self.blocks[1]
         self.key_of = vec[i64]([NO_KEY, NO_KEY])   # per id: the key it holds (NO_KEY: free)
         self.unit_of = vec[i64]([NO_KEY, NO_KEY])  # per id: that key's hash-unit position
@@ -52,18 +56,25 @@ class MirrorPool(BlockPool):
         u = end // self.hash_block_size
         self.key_of[bid] = pool_key
         self.unit_of[bid] = u
-        self._count_at(pool_key, u, 1)
+        slot = (u << GROUP_BITS) | (pool_key & ((1 << GROUP_BITS) - 1))
+        ix = self.at_unit
+        if slot < len(ix):   # (BlockPool._count_at inline, as insert_key has it)
+            ix[slot] = ix[slot] + 1
+        else:
+            self._count_at(pool_key, u, 1)
 
     def remove(self, pool_key: i64) -> None:
         """A ``BlockRemoved`` key: held once less, by its first holder (a key not held:
         nothing)."""
-        bid = self.key_map.first(pool_key)
+        bid = self.key_map.take_first(pool_key)
         if bid >= 0:
-            self._release(pool_key, bid)
+            self._freed(pool_key, bid)
 
-    def _release(self, pool_key: i64, bid: i64) -> None:
-        self.key_map.remove(pool_key, bid)
-        self._count_at(pool_key, self.unit_of[bid], -1)
+    def _freed(self, pool_key: i64, bid: i64) -> None:
+        """Id ``bid`` no longer holds ``pool_key`` (unmapped already)."""
+        slot = (self.unit_of[bid] << GROUP_BITS) | (pool_key & ((1 << GROUP_BITS) - 1))
+        ix = self.at_unit
+        ix[slot] = ix[slot] - 1   # (counted when stored: the slot exists)
         self.key_of[bid] = NO_KEY
         self.unit_of[bid] = NO_KEY
         self.free_ids = append(self.free_ids, bid)
@@ -74,7 +85,8 @@ class MirrorPool(BlockPool):
         for bid in range(1, len(key_of)):
             k = key_of[bid]
             if k >= 0:
-                self._release(k, bid)
+                self.key_map.remove(k, bid)
+                self._freed(k, bid)
 
 
 def catch_up(pool: MirrorPool, log: EventRecords, now: i64) -> None:

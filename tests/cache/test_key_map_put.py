@@ -1,6 +1,7 @@
-"""KeyMap.put (one-probe insert-or-overwrite, the eviction log's write) against a dict:
+"""KeyMap's one-probe writes against plain models: put (insert-or-overwrite, the eviction
+log's write), swap and bump (counts), take_first (a mirror dropping one copy of a key):
 colliding keys, overwrites, growth past the load limit, and removals in between so
-puts land in slots that backward-shift deletion refilled."""
+writes land in slots that backward-shift deletion refilled."""
 from __future__ import annotations
 
 import random
@@ -64,3 +65,30 @@ def test_swap_and_bump_equal_a_dict_of_counts():
         with pytest.raises(KeyError):
             km.bump(absent, -1)
         assert km.bump(absent, 0 + 1) == 1 and km.only(absent) == 1
+
+
+def test_take_first_equals_first_then_remove():
+    """``take_first`` unmaps the block ``first`` names, as ``first`` + ``remove`` do,
+    keys held by several blocks included (their order kept)."""
+    rng = random.Random(3)
+    for trial in range(30):
+        km = KeyMap(rng.choice([1, 4, 16]))
+        model: dict[int, list[int]] = {}
+        universe = [(rng.randint(0, 60) << 5) | rng.randint(0, 6) for _ in range(150)]
+        next_id = 1
+        for step in range(1000):
+            k = rng.choice(universe)
+            if rng.random() < 0.55:
+                assert km.add(k, next_id)
+                model.setdefault(k, []).append(next_id)
+                next_id += 1
+            else:
+                want = model[k].pop(0) if model.get(k) else -1
+                if k in model and not model[k]:
+                    del model[k]
+                assert km.take_first(k) == want
+            if step % 100 == 0:
+                assert km.items() == model
+        assert len(km) == len(model)
+        for k in universe:
+            assert km.first(k) == (model[k][0] if k in model else -1)
