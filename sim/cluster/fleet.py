@@ -174,9 +174,18 @@ class _Door:
         req = self.pending
         self.pending = None
         k = r.index
-        _put(self.replica_of, k, i)
+        # (k, the arrival's index, is each array's length but where a record was routed
+        # before: ``_put`` only then -- a Python call an arrival otherwise)
+        if len(self.replica_of) == k:
+            self.replica_of.append(i)
+        else:
+            _put(self.replica_of, k, i)
         if self.predicts:
-            _put(self.predicted, k, req.predicted if req is not None else -1)
+            p = req.predicted if req is not None else -1
+            if len(self.predicted) == k:
+                self.predicted.append(p)
+            else:
+                _put(self.predicted, k, p)
         if self.oracle is not None and req is not None:
             best, at, others, mine = req.best
             _put(self.best, k, best)
@@ -193,15 +202,6 @@ class _Door:
                 self.routed[k] = req
         if self.placed_hook is not None and req is not None:
             self.placed_hook(i, req, r, ok)
-
-    def finished(self, replica: int, r: Any) -> None:
-        view = self.replicas[replica].view
-        view.outstanding_tokens -= r.cache.num_prompt_tokens + r.max_tokens
-        view.finished += 1
-        if self.keeps_counters:
-            req = self.routed.pop(r.index, None)
-            if req is not None:
-                self.router.finished(replica, req)
 
 
 class _Splitter:
@@ -238,8 +238,8 @@ class _Splitter:
 
 
 class _FinishWatch:
-    """An engine's finish observer: a replica's finished requests reach the router's
-    counters."""
+    """An engine's finish observer: a replica's finished requests leave its load counters
+    and reach the router's."""
 
     __slots__ = ("door", "replica")
 
@@ -248,7 +248,15 @@ class _FinishWatch:
         self.replica = replica
 
     def on_finish(self, req, now: int) -> None:
-        self.door.finished(self.replica, req)
+        """The replica's load counters, then the router's (its request as routed)."""
+        door = self.door
+        view = door.replicas[self.replica].view
+        view.outstanding_tokens -= req.cache.num_prompt_tokens + req.max_tokens
+        view.finished += 1
+        if door.keeps_counters:
+            got = door.routed.pop(req.index, None)
+            if got is not None:
+                door.router.finished(self.replica, got)
 
 
 def replica_scenarios(sc) -> list:

@@ -126,19 +126,25 @@ class OracleView:
         self.shapes = [_shape(kv) for kv in self.kvs]
         self.uniform = _uniform(self.kvs)
         self.pools = [kv.pool for kv in self.kvs]
+        self.group = self.shapes[0][0] if self.uniform else -1   # (the fast path's)
 
     def _kvs(self) -> list:
         return self.kvs
 
     def attention_each(self, prompt: Prompt, blocks: Any = None) -> list[int]:
+        if blocks is not None and self.group >= 0:   # (the common call: one compiled call)
+            return leading_held_each(self.pools, blocks, self.group)
         return _attention_each(self, prompt, blocks)
 
     def advance(self, now: int) -> None:
         pass
 
-    def hybrid_hit(self, i: int, prompt: Prompt) -> int:
+    def hybrid_hit(self, i: int, prompt: Prompt, keys: Any = None) -> int:
+        """Replica ``i``'s resumable hit; ``keys``: the prompt's keys under the first
+        replica's configuration, when the caller has them."""
         kv = self.kvs[i]
-        keys = prompt.keys_for(kv)
+        if keys is None or not self.uniform:
+            keys = prompt.keys_for(kv)
         return kv.coordinator.find_longest_cache_hit(keys, prompt.tokens - 1)[1]
 
     def attention_blocks(self, i: int, prompt: Prompt) -> int:
@@ -162,6 +168,7 @@ class EventsView:
         self.shapes = [_shape(kv) for kv in self.mirrors]
         self.uniform = _uniform(self.mirrors)
         self.pools = [kv.pool for kv in self.mirrors]
+        self.group = self.shapes[0][0] if self.uniform else -1   # (the fast path's)
         # each replica's events as records (``EventRecords``), in its publish order, and
         # read replica by replica: replicas publish out of time order (each is run as far
         # as the fleet needs it), and none waits behind another replica's later batch
@@ -170,15 +177,19 @@ class EventsView:
         return self.mirrors
 
     def attention_each(self, prompt: Prompt, blocks: Any = None) -> list[int]:
+        if blocks is not None and self.group >= 0:   # (the common call: one compiled call)
+            return leading_held_each(self.pools, blocks, self.group)
         return _attention_each(self, prompt, blocks)
 
     def advance(self, now: int) -> None:
         """Apply every batch delivered by ``now``."""
         catch_up_each(self.pools, self.records, now)
 
-    def hybrid_hit(self, i: int, prompt: Prompt) -> int:
+    def hybrid_hit(self, i: int, prompt: Prompt, keys: Any = None) -> int:
+        """The hit replica ``i``'s events allow; ``keys``: as ``OracleView.hybrid_hit``'s."""
         kv = self.mirrors[i]
-        keys = prompt.keys_for(kv)
+        if keys is None or not self.uniform:
+            keys = prompt.keys_for(kv)
         return kv.coordinator.find_longest_cache_hit(keys, prompt.tokens - 1)[1]
 
     def attention_blocks(self, i: int, prompt: Prompt) -> int:

@@ -82,7 +82,8 @@ class _HybridAware:
     def choose(self, req: RouteRequest) -> int:
         prompt = req.prompt
         tokens = req.prompt_tokens
-        blocks = prompt_blocks(self.kv0, prompt.keys_for(self.kv0), tokens, self.bs)
+        keys = prompt.keys_for(self.kv0)
+        blocks = prompt_blocks(self.kv0, keys, tokens, self.bs)
         book = self.book
         book.refresh()
         view = self.view
@@ -97,7 +98,7 @@ class _HybridAware:
         if self.bound_exact:                        # (credit 1, temperature 0)
             tied = least(bound)
             if len(tied) == 1:                      # (no tie to break: one lookup)
-                return self._believe(req, tied[0], att, view.hybrid_hit(tied[0], prompt))
+                return self._believe(req, tied[0], att, view.hybrid_hit(tied[0], prompt, keys))
         return self._choose(req, blocks, att, bound, tied)
 
     def _believe(self, req: RouteRequest, i: int, att: list[int], h: int) -> int:
