@@ -12,7 +12,7 @@ events allow, every group and the Mamba states included.  It never allocates.
 """
 from __future__ import annotations
 
-from librt.vecs import append, pop, vec
+from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS, NO_KEY, Block, BlockPool
@@ -41,12 +41,16 @@ class MirrorPool(BlockPool):
         self.stand_in: Block = self.blocks[1]
         self.key_of = vec[i64]([NO_KEY, NO_KEY])   # per id: the key it holds (NO_KEY: free)
         self.unit_of = vec[i64]([NO_KEY, NO_KEY])  # per id: that key's hash-unit position
-        self.free_ids = vec[i64]([1])              # ids free to reuse, last freed last
+        self.free_ids = vec[i64]([1])              # ids free to reuse: the first ``nfree``
+        self.nfree: i64 = 1                        # (a stack: no vec grown or cut an id)
 
     def store(self, pool_key: i64, end: i64) -> None:
         """A ``BlockStored`` key: held once more, ending at token ``end``."""
-        if len(self.free_ids) > 0:
-            self.free_ids, bid = pop(self.free_ids)
+        nf = self.nfree
+        if nf > 0:
+            nf -= 1
+            bid = self.free_ids[nf]
+            self.nfree = nf
         else:
             bid = len(self.blocks)
             self.blocks.append(self.stand_in)
@@ -77,7 +81,12 @@ class MirrorPool(BlockPool):
         ix[slot] = ix[slot] - 1   # (counted when stored: the slot exists)
         self.key_of[bid] = NO_KEY
         self.unit_of[bid] = NO_KEY
-        self.free_ids = append(self.free_ids, bid)
+        nf = self.nfree
+        if nf < len(self.free_ids):
+            self.free_ids[nf] = bid
+        else:
+            self.free_ids = append(self.free_ids, bid)
+        self.nfree = nf + 1
 
     def clear(self) -> None:
         """``AllBlocksCleared``."""

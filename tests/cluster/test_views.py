@@ -160,3 +160,62 @@ def test_a_fleet_routes_alike_from_records_and_from_objects(tmp_path, policy, la
         out = write_run(tmp_path / name, sc, *simulate(sc), report=False)
         rows[name] = list(csv.reader(open(out / "requests.csv", newline="")))
     assert rows["records"] == rows["objects"] and len(rows["records"]) == 301
+
+
+def test_mirror_pool_holds_a_key_as_often_as_it_was_stored():
+    """A key stored twice (vLLM caching a recomputed prefix beside its old copy) survives
+    one BlockRemoved; the per-position counts the lookups read follow every store and
+    removal; ids are reused; AllBlocksCleared empties the mirror."""
+    from sim.cache.mirror_pool import MirrorPool
+
+    pool = MirrorPool(8, 16)
+    a, b = (5 << GROUP_BITS) | 1, (6 << GROUP_BITS) | 0
+
+    def count(key: int, end: int) -> int:
+        slot = ((end // 16) << GROUP_BITS) | (key & ((1 << GROUP_BITS) - 1))
+        return pool.at_unit[slot] if slot < len(pool.at_unit) else 0
+
+    pool.store(a, 32)
+    pool.store(a, 32)
+    pool.store(b, 16)
+    assert len(pool.key_map) == 2 and count(a, 32) == 2 and count(b, 16) == 1
+    pool.remove(a)
+    assert pool.key_map.has(a) and count(a, 32) == 1
+    pool.remove(a)
+    pool.remove(a)                              # (not held: nothing)
+    assert not pool.key_map.has(a) and count(a, 32) == 0
+    ids = len(pool.blocks)
+    pool.store(a, 48)                           # a freed id is reused
+    assert len(pool.blocks) == ids and count(a, 48) == 1
+    pool.clear()
+    assert len(pool.key_map) == 0 and count(a, 48) == 0 and count(b, 16) == 0
+    for k in range(10):                         # more keys than ids made so far
+        pool.store((k << GROUP_BITS) | 2, 16 * (k + 1))
+    assert len(pool.key_map) == 10 and all(count((k << GROUP_BITS) | 2, 16 * (k + 1)) == 1
+                                           for k in range(10))
+
+
+def test_records_past_their_buffers_reach_the_mirror_in_order():
+    """More records than the buffers first hold, read batch by batch while the next step
+    queues more: every record reaches the mirror once, in order, and the read ones go."""
+    from sim.cache.mirror_pool import MirrorPool, catch_up
+
+    rec = EventRecords(10)
+    pool = MirrorPool(8, 16)
+    keys = [((k + 1) << GROUP_BITS) | (k % 3) for k in range(300)]
+    for k in keys[:100]:
+        rec.put(k, 16)
+    rec.seal(0)                                  # visible at 10
+    for k in keys[100:250]:
+        rec.put(k, 32)
+    rec.seal(5)                                  # visible at 15
+    for k in keys[:50]:
+        rec.put(k, -1)                           # queued, not sealed
+    catch_up(pool, rec, 12)                      # the first batch only
+    assert len(pool.key_map) == 100 and rec.bhead == 1 and rec.n == 300
+    catch_up(pool, rec, 15)                      # the second: every batch read
+    assert len(pool.key_map) == 250 and rec.n == 50 and rec.held()[0] == (keys[0], -1)
+    rec.seal(20)
+    catch_up(pool, rec, 30)
+    assert len(pool.key_map) == 200 and rec.n == 0 and rec.published == 300
+    assert not pool.key_map.has(keys[0]) and pool.key_map.has(keys[50])
