@@ -38,7 +38,7 @@ def _with_new(active: KeyMap, distinct: vec[i64]) -> i64:
     return n
 
 
-def least(costs: list[float]) -> list[int]:
+def least(costs: vec[float]) -> list[int]:
     """The workers of least cost, in order."""
     lo = costs[0]
     for c in costs:
@@ -198,13 +198,13 @@ class ActiveSequences:
         return weight * prefill / float(block_size) + float(self.decode_blocks(i, blocks))
 
     def costs(self, prompt_tokens: i64, overlaps: list[int], blocks: vec[i64],
-              block_size: i64, weight: float) -> list[float]:
+              block_size: i64, weight: float) -> vec[float]:
         """``cost`` of every worker (``overlaps``: the whole blocks of the prompt each
-        holds)."""
+        holds), in a vec (no float object a worker)."""
         dec = self.decode_all(blocks)
         pre = self.prefill
-        out: list[float] = []
+        out = vec[float]()
         for i in range(self.workers):
             p: i64 = pre[i] + prompt_tokens - overlaps[i] * block_size
-            out.append(weight * float(p) / float(block_size) + float(dec[i]))
+            out = append(out, weight * float(p) / float(block_size) + float(dec[i]))
         return out

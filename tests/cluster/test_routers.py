@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from librt.vecs import vec
 
 from sim.cache.config import CacheConfig
 from sim.cache.kv_manager import KVCacheManager
@@ -27,6 +28,12 @@ from sim.cluster.routers.selection import pick_by_cost
 from sim.cluster.views import Prompt
 from sim.config.scenario import load_scenario
 from sim.commands.run import simulate, write_run
+
+
+def fv(costs: list[float]):
+    """Costs as the cost model hands them over (``ActiveSequences.costs``: a vec)."""
+    return vec[float](costs)
+
 
 ROOT = Path(__file__).resolve().parents[2]
 ATHENA_FLEET = ROOT / "scenarios" / "cluster" / "athena-fleet.yaml"
@@ -51,7 +58,7 @@ class View:
     def advance(self, now):
         pass
 
-    def hybrid_hit(self, i, prompt):
+    def hybrid_hit(self, i, prompt, keys=None):
         return self.hits[i]
 
     def attention_blocks(self, i, prompt):
@@ -162,15 +169,15 @@ def test_dynamo_ties_and_temperature():
 
     rng = random.Random(1)
     # temperature 0: the least cost; ties by the smallest tree, then at random
-    assert pick_by_cost([3.0, 2.0, 2.0], [5, 4, 9].__getitem__, 0.0, rng) == 1
-    picks = {pick_by_cost([2.0, 2.0], [4, 4].__getitem__, 0.0, rng) for _ in range(50)}
+    assert pick_by_cost(fv([3.0, 2.0, 2.0]), [5, 4, 9].__getitem__, 0.0, rng) == 1
+    picks = {pick_by_cost(fv([2.0, 2.0]), [4, 4].__getitem__, 0.0, rng) for _ in range(50)}
     assert picks == {0, 1}
     # temperature > 0: every worker can be drawn, the cheaper more often; all equal: uniform
-    got = [pick_by_cost([0.0, 1.0], [0, 0].__getitem__, 1.0, rng) for _ in range(4000)]
+    got = [pick_by_cost(fv([0.0, 1.0]), [0, 0].__getitem__, 1.0, rng) for _ in range(4000)]
     share = got.count(0) / len(got)
     import math
     assert abs(share - 1 / (1 + math.exp(-1))) < 0.03
-    assert {pick_by_cost([1.0, 1.0, 1.0], [0, 0, 0].__getitem__, 0.5, rng)
+    assert {pick_by_cost(fv([1.0, 1.0, 1.0]), [0, 0, 0].__getitem__, 0.5, rng)
             for _ in range(100)} == {0, 1, 2}
 
 
@@ -179,7 +186,6 @@ def test_dynamo_load_counts_prefill_until_first_token_and_distinct_active_blocks
     # Dynamo's ActiveSequences: a worker's prefill tokens count each routed request's
     # uncached prompt until its first token; its decode blocks are the distinct prompt
     # blocks of its active requests (a block two requests share counts once)
-    from librt.vecs import vec
     from mypy_extensions import i64
 
     from sim.engine.active_sequences import ActiveSequences, least
@@ -216,8 +222,8 @@ def test_dynamo_load_counts_prefill_until_first_token_and_distinct_active_blocks
     # costs: weight x (prefill + prompt - overlap) / block size + decode blocks (the
     # overlap given in whole blocks: worker 0 holds 2 of 16 tokens)
     got = book.costs(64, [2, 0] + [0] * rest, v([11, 15, 15]), 16, 1.0)
-    assert got[:2] == [(140 + 32) / 16 + 5, (7 + 64) / 16 + 3]
-    assert least([3.0, 1.0, 2.0, 1.0]) == [1, 3] and least([2.5]) == [0]
+    assert list(got)[:2] == [(140 + 32) / 16 + 5, (7 + 64) / 16 + 3]
+    assert least(fv([3.0, 1.0, 2.0, 1.0])) == [1, 3] and least(fv([2.5])) == [0]
     assert book.cost(1, 64, 8.0, v([11]), 16, 2.0) == 2.0 * (7 + 64 - 8.0) / 16 + 2
     # the first token of request 1 clears its prefill at the next refresh, not before
     reqs[1].first_token_ns = 5

@@ -30,6 +30,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from librt.vecs import vec
+
 from sim.cluster.routers.base import RouteRequest
 from sim.cluster.routers.kv_router import prompt_blocks
 from sim.cluster.routers.selection import pick_by_cost
@@ -109,7 +111,7 @@ class _HybridAware:
         self._over = credit * (att[i] * self.bs) + (1 - credit) * h
         return i
 
-    def _choose(self, req: RouteRequest, blocks, att: list[int], bound: list[float],
+    def _choose(self, req: RouteRequest, blocks, att: list[int], bound: vec[float],
                 tied: list[int] | None) -> int:
         """The rest: ties (``tied``: the least-cost workers, when every cost is its
         bound), a credit below 1 (exact costs where a bound can still win), a
@@ -135,7 +137,7 @@ class _HybridAware:
             return book.cost(i, req.prompt_tokens, over, blocks, bs, w)
 
         if self.o.router_temperature > 0:
-            costs = [cost(i) for i in range(n)]
+            costs = vec[float]([cost(i) for i in range(n)])
             i = pick_by_cost(costs, lambda k: (-hit(k), view.size(k)),
                              self.o.router_temperature, self.rng)
         else:

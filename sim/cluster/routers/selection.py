@@ -12,12 +12,13 @@ from typing import Any, Callable
 from sim.engine.active_sequences import least
 
 
-def pick_by_cost(costs: list[float], size_of: Callable[[int], Any], temperature: float,
+def pick_by_cost(costs: Any, size_of: Callable[[int], Any], temperature: float,
                  rng) -> int:
     """Dynamo's selection: at temperature 0 the least cost, ties to the smallest index
     tree (``size_of(i)``: worker i's, asked of the tied workers only), then uniformly at
     random; above 0 a draw with probability proportional to
-    ``exp(-(cost - min) / ((max - min) x temperature))`` (uniform when all are equal)."""
+    ``exp(-(cost - min) / ((max - min) x temperature))`` (uniform when all are equal).
+    ``costs``: a ``vec[float]`` (``ActiveSequences.costs``)."""
     if temperature <= 0:
         tied = least(costs)
         if len(tied) > 1:
