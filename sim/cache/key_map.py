@@ -81,7 +81,9 @@ class KeyMap:
     def only(self, key: i64) -> i64:
         """The id of the one block holding ``key``; -1 if none, MULTI if several."""
         i = self._slot(key)
-        return -1 if i < 0 else self.vals[i]
+        if i < 0:    # (a statement: a conditional expression joining -1 and an i64 makes
+            return -1    # a Python int of the value, boxed when it is a large one)
+        return self.vals[i]
 
     def maps(self, key: i64, block_id: i64) -> bool:
         """Whether block ``block_id`` holds ``key``."""
