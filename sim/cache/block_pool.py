@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from librt.vecs import append, vec
+from librt.vecs import append, extend, vec
 from mypy_extensions import i64
 
 from sim.cache.key_map import KeyMap
@@ -165,8 +165,11 @@ class BlockPool:
         self.fresh: list[Block] = []
         # ``free_skipped``'s scratch: the non-null indices of the range it frees
         self._live = vec[i64]()
-        # the ids of the blocks handed out since a KV connector asked (None: nobody asks)
-        self.popped: list[int] | None = None
+        # the ids of the blocks handed out since a KV connector asked (``popping``: the
+        # first ``n_popped`` of ``popped``; machine integers, no Python int an id)
+        self.popping = False
+        self.popped = vec[i64]()
+        self.n_popped: i64 = 0
 
     # -- lookups -------------------------------------------------------------
     def get_cached_block(self, block_hash: int, group_ids: list[int]) -> list[Block] | None:
@@ -428,15 +431,36 @@ class BlockPool:
             out[i] = b
             i += 1
         q.num_free_blocks -= n   # (n <= the free count, checked above: no sentinel popped)
-        popped = self.popped
-        if popped is not None:
+        if self.popping:
+            m = self.n_popped
+            pv = self.popped
+            if m + n > len(pv):
+                pv = self.popped = self._grown(pv, m + n)
             for j in range(n):
-                popped.append(out[j].block_id)
+                pv[m + j] = out[j].block_id
+            self.n_popped = m + n
         o = occ[kind] + n
         occ[kind] = o
         if o > self.peak[kind]:
             self.peak[kind] = o
         return out
+
+    def start_popping(self) -> None:
+        """List the ids of the blocks handed out from now on (``popped``), from none."""
+        self.popping = True
+        self.n_popped = 0
+
+    def stop_popping(self) -> None:
+        self.popping = False
+        self.n_popped = 0
+
+    def _grown(self, v: vec[i64], need: i64) -> vec[i64]:
+        """``v`` doubled until it holds ``need`` entries (its first ones kept)."""
+        if len(v) == 0:
+            v = vec[i64]([0] * 64)
+        while len(v) < need:
+            v = extend(v, v)
+        return v
 
     def peak_by_group(self, group_ids: list[int]) -> int:
         """Peak occupied blocks of the accounting kind of ``group_ids``."""

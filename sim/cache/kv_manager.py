@@ -383,7 +383,7 @@ class KVCacheManager:
 
     def enable_offload_handoffs(self) -> None:
         """A KV connector reads the Mamba states the cache commits (``take_offload_handoffs``)
-        and the blocks each step hands out (``BlockPool.popped``)."""
+        and the blocks each step hands out (``BlockPool.start_popping``, ``popped``)."""
         for m in self.coordinator.mamba_managers:
             m.enable_handoffs()
 

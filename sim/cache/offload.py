@@ -158,10 +158,7 @@ class OffloadConnector(ConnectorStores):
         self.now = now
         for started in self.worker.start_step(now):
             self._watch(started)
-        popped = self.popped_ids         # (one list, emptied each step)
-        if popped:
-            popped.clear()
-        self.kv.pool.popped = popped
+        self.kv.pool.start_popping()
         heap = self.due
         if not heap.n or heap.first() > now:
             return
@@ -321,7 +318,7 @@ class OffloadConnector(ConnectorStores):
             self.admitted.clear()
         if self.preempted_ids:
             self.preempted_ids.clear()
-        kv.pool.popped = None
+        kv.pool.stop_popping()
 
     def _forget(self, rs: ReqOffload) -> None:
         """The request's state is done with (finished, no job left); the request and its

@@ -96,7 +96,6 @@ class ConnectorLookup:
         self.recving: set[str] = set()           # loads reported done, not yet promoted
         self.finished_ids: list[str] = []        # finished since the last build
         self.preempted_ids: list[str] = []       # preempted in this step
-        self.popped_ids: list[int] = []          # the GPU blocks handed out this step
         # totals
         self.loaded_chunks = 0
         self.stored_chunks = 0

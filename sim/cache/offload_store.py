@@ -26,7 +26,11 @@ class ConnectorStores(ConnectorLookup):
         the requests allocated in the waiting loop, the blocks handed out this step
         (running requests' new blocks, copy-on-write copies)."""
         kv = self.kv
-        out: set[int] = set(kv.pool.popped or ())
+        pool = kv.pool
+        out: set[int] = set()
+        pv = pool.popped
+        for j in range(pool.n_popped):
+            out.add(pv[j])
         for rid in self.admitted:
             for t in kv.group_tables(rid):
                 for b in t:
@@ -47,13 +51,14 @@ class ConnectorStores(ConnectorLookup):
         kv = self.kv
         bj = self.block_jobs
         flush = self.flush_jobs
-        popped = kv.pool.popped
-        if popped:
-            for bid in popped:
-                if bid != 0:
-                    js = bj.get(bid)
-                    if js:
-                        flush.update(js)
+        pool = kv.pool
+        pv = pool.popped
+        for j in range(pool.n_popped):
+            bid = pv[j]
+            if bid != 0:
+                js = bj.get(bid)
+                if js:
+                    flush.update(js)
         for rid in self.admitted:
             self._flush_tables(kv.group_tables(rid))
         for srs in scheduled:
