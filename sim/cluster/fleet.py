@@ -373,7 +373,8 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
         env.run()
     for rep in replicas:
         if rep.dep.kv_events is not None:
-            rep.dep.kv_events.finish()
+            # (the fleet writes no replica's stream: the spooled files go now)
+            rep.dep.kv_events.discard()
     rejected = [r for rep in replicas for r in rep.engine.rejected]
     if not any(rep.recorder.pending for rep in replicas) and not kept.n and rejected:
         first = min(rejected, key=lambda r: r.index)

@@ -234,6 +234,14 @@ class RunEvents:
                   f"{e['request']!r} (group {e['group']}) and stopped publishing")
         return s
 
+    def discard(self) -> None:
+        """Close the stream and remove its temporary files now: a fleet's replicas write
+        no stream of their own (their events reach the router's view), and a ``sim run``
+        ends with ``os._exit``, which runs no finalizer."""
+        if not self._jsonl.closed:
+            self.finish()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
     def write(self, folder: Path) -> None:
         """Move the stream into ``folder`` (the run's temporary folder)."""
         if not self._jsonl.closed:

@@ -149,16 +149,25 @@ def test_unread_records_survive_a_read_and_a_failed_step_drops_its_own():
 
 @pytest.mark.parametrize("policy, lag", [("kv_router", 20.0), ("hybrid_aware", 5.0)])
 def test_a_fleet_routes_alike_from_records_and_from_objects(tmp_path, policy, lag):
-    """A fleet writing its own event stream (objects to the router) routes exactly as one
-    that does not (records), with a lag that makes replicas publish out of time order."""
+    """A fleet whose replicas spool their own event streams (objects to the router)
+    routes exactly as one that does not (records), with a lag that makes replicas publish
+    out of time order; the spooled streams are gone once the fleet has run (the fleet writes
+    none, and a ``sim run`` ends without running finalizers)."""
+    import os
+
     rows = {}
     for name, events in (("records", False), ("objects", True)):
         sc = load_scenario(ATHENA_FLEET, {"workload.num_requests": 300, "cluster.replicas": 4,
                                           "cluster.router.policy": policy,
                                           "cluster.router.event_lag_ms": lag,
                                           "kv_events": events})
-        out = write_run(tmp_path / name, sc, *simulate(sc), report=False)
+        got = simulate(sc)
+        spools = [r.dep.kv_events for r in got[0].replicas if r.dep.kv_events is not None]
+        assert len(spools) == (4 if events else 0)
+        assert not any(os.path.exists(s._dir) for s in spools)
+        out = write_run(tmp_path / name, sc, *got, report=False)
         rows[name] = list(csv.reader(open(out / "requests.csv", newline="")))
+        assert not (out / "kv_events.jsonl").exists()
     assert rows["records"] == rows["objects"] and len(rows["records"]) == 301
 
 
