@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from librt.vecs import append, extend, vec
+from librt.vecs import append, vec
 from mypy_extensions import i64
 
-from sim.cache.key_map import KeyMap
+from sim.cache.key_map import KeyMap, grown
 from sim.cache.observers import PoolObserver
 
 GROUP_BITS: Final = 5  # up to 32 KV-cache groups
@@ -435,7 +435,7 @@ class BlockPool:
             m = self.n_popped
             pv = self.popped
             if m + n > len(pv):
-                pv = self.popped = self._grown(pv, m + n)
+                pv = self.popped = grown(pv, m + n)
             for j in range(n):
                 pv[m + j] = out[j].block_id
             self.n_popped = m + n
@@ -453,14 +453,6 @@ class BlockPool:
     def stop_popping(self) -> None:
         self.popping = False
         self.n_popped = 0
-
-    def _grown(self, v: vec[i64], need: i64) -> vec[i64]:
-        """``v`` doubled until it holds ``need`` entries (its first ones kept)."""
-        if len(v) == 0:
-            v = vec[i64]([0] * 64)
-        while len(v) < need:
-            v = extend(v, v)
-        return v
 
     def peak_by_group(self, group_ids: list[int]) -> int:
         """Peak occupied blocks of the accounting kind of ``group_ids``."""

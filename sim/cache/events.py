@@ -38,9 +38,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Final
 
-from librt.vecs import append, extend, vec
+from librt.vecs import append, vec
 from mypy_extensions import i64
 
+from sim.cache.key_map import grown
 from sim.cache.observers import PoolObserver
 
 if TYPE_CHECKING:
@@ -141,17 +142,17 @@ class EventRecords:
     def put(self, key: i64, end: i64) -> None:
         n = self.n
         if n == len(self.keys):
-            self.keys = extend(self.keys, self.keys)
-            self.ends = extend(self.ends, self.ends)
+            self._room(1)
         self.keys[n] = key
         self.ends[n] = end
         self.n = n + 1
 
     def _room(self, more: i64) -> None:
         """Buffers with room for ``more`` records beyond those held."""
-        while self.n + more > len(self.keys):
-            self.keys = extend(self.keys, self.keys)
-            self.ends = extend(self.ends, self.ends)
+        need = self.n + more
+        if need > len(self.keys):
+            self.keys = grown(self.keys, need)
+            self.ends = grown(self.ends, need)
 
     def held(self) -> list[tuple[int, int]]:
         """The records held, read or not: (key, end) each (tests, tools)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from librt.vecs import append, vec
+from librt.vecs import append, extend, vec
 from mypy_extensions import i64
 
 EMPTY: Final = -1    # a free slot (pool keys are >= 0)
@@ -31,6 +31,17 @@ def _home(key: i64, mask: i64) -> i64:
     (Written out where a key is probed: ~127 probes a Mooncake request, and mypyc
     does not inline a call.)"""
     return ((key >> 5) ^ ((key & 31) * MIX)) & mask
+
+
+def grown(v: vec[i64], need: i64) -> vec[i64]:
+    """``v`` doubled (from 64 entries when empty) until it holds ``need`` entries, its
+    own kept: for buffers read as their first ``n`` entries (``EventRecords``, a pool's
+    ``popped``), written by index instead of appended to."""
+    if len(v) == 0:
+        v = vec[i64]([0] * 64)
+    while len(v) < need:
+        v = extend(v, v)
+    return v
 
 
 class KeyMap:

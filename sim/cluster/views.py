@@ -98,7 +98,7 @@ def _attention_each(view: Any, prompt: Prompt, blocks: Any = None) -> list[int]:
     one configuration (one set of keys, one group layout), else replica by replica.
     ``blocks``: the prompt's whole attention blocks' keys under the first replica's
     configuration, when the caller built them (``kv_router.prompt_blocks``)."""
-    kvs = view._kvs()
+    kvs = view.kvs
     if view.uniform:
         g, scale, unit = view.shapes[0]
         if g < 0:
@@ -116,90 +116,71 @@ def _uniform(kvs: list) -> bool:
     return all(kv.cfg == c0 for kv in kvs)
 
 
-class OracleView:
+class _ManagersView:
+    """What both views answer from a list of cache managers (``kvs``: the replicas' own,
+    or the mirrors their events build), one per replica."""
+
+    def __init__(self, kvs: list):
+        self.kvs = kvs
+        self.shapes = [_shape(kv) for kv in kvs]
+        self.uniform = _uniform(kvs)
+        self.pools = [kv.pool for kv in kvs]
+        self.group = self.shapes[0][0] if self.uniform else -1   # (the fast path's)
+
+    def attention_each(self, prompt: Prompt, blocks: Any = None) -> list[int]:
+        if blocks is not None and self.group >= 0:   # (the common call: one compiled call)
+            return leading_held_each(self.pools, blocks, self.group)
+        return _attention_each(self, prompt, blocks)
+
+    def hybrid_hit(self, i: int, prompt: Prompt, keys: Any = None) -> int:
+        """Replica ``i``'s resumable hit as this view knows it; ``keys``: the prompt's keys
+        under the first replica's configuration, when the caller has them."""
+        kv = self.kvs[i]
+        if keys is None or not self.uniform:
+            keys = prompt.keys_for(kv)
+        return kv.coordinator.find_longest_cache_hit(keys, prompt.tokens - 1)[1]
+
+    def attention_blocks(self, i: int, prompt: Prompt) -> int:
+        kv = self.kvs[i]
+        return attention_blocks(kv.pool, kv, prompt.keys_for(kv), prompt.tokens,
+                                self.shapes[i])
+
+    def size(self, i: int) -> int:
+        """Keys replica ``i``'s pool or index holds (Dynamo's tie-break: the smaller
+        index tree)."""
+        return len(self.kvs[i].pool.key_map)
+
+
+class OracleView(_ManagersView):
     """The replicas' own managers (``view: oracle``)."""
 
     name = "oracle"
 
     def __init__(self, replicas: list):
-        self.kvs = [r.dep.kv for r in replicas]
-        self.shapes = [_shape(kv) for kv in self.kvs]
-        self.uniform = _uniform(self.kvs)
-        self.pools = [kv.pool for kv in self.kvs]
-        self.group = self.shapes[0][0] if self.uniform else -1   # (the fast path's)
-
-    def _kvs(self) -> list:
-        return self.kvs
-
-    def attention_each(self, prompt: Prompt, blocks: Any = None) -> list[int]:
-        if blocks is not None and self.group >= 0:   # (the common call: one compiled call)
-            return leading_held_each(self.pools, blocks, self.group)
-        return _attention_each(self, prompt, blocks)
+        super().__init__([r.dep.kv for r in replicas])
 
     def advance(self, now: int) -> None:
         pass
 
-    def hybrid_hit(self, i: int, prompt: Prompt, keys: Any = None) -> int:
-        """Replica ``i``'s resumable hit; ``keys``: the prompt's keys under the first
-        replica's configuration, when the caller has them."""
-        kv = self.kvs[i]
-        if keys is None or not self.uniform:
-            keys = prompt.keys_for(kv)
-        return kv.coordinator.find_longest_cache_hit(keys, prompt.tokens - 1)[1]
 
-    def attention_blocks(self, i: int, prompt: Prompt) -> int:
-        kv = self.kvs[i]
-        return attention_blocks(kv.pool, kv, prompt.keys_for(kv), prompt.tokens,
-                                self.shapes[i])
-
-    def size(self, i: int) -> int:
-        """Keys replica ``i``'s pool holds (Dynamo's tie-break: the smaller index tree)."""
-        return len(self.kvs[i].pool.key_map)
-
-
-class EventsView:
-    """An index of each replica's cache built from its KV events (``view: events``)."""
+class EventsView(_ManagersView):
+    """An index of each replica's cache built from its KV events (``view: events``): its
+    ``kvs`` are cache managers over ``MirrorPool``s."""
 
     name = "events"
 
     def __init__(self, replicas: list, lag_ns: int):
+        super().__init__([KVCacheManager(r.dep.kv.cfg, pool_factory=MirrorPool)
+                          for r in replicas])
         self.lag_ns = lag_ns
-        self.mirrors = [KVCacheManager(r.dep.kv.cfg, pool_factory=MirrorPool) for r in replicas]
-        self.shapes = [_shape(kv) for kv in self.mirrors]
-        self.uniform = _uniform(self.mirrors)
-        self.pools = [kv.pool for kv in self.mirrors]
-        self.group = self.shapes[0][0] if self.uniform else -1   # (the fast path's)
         # each replica's events as records (``EventRecords``), in its publish order, and
         # read replica by replica: replicas publish out of time order (each is run as far
         # as the fleet needs it), and none waits behind another replica's later batch
         self.records = [EventRecords(lag_ns) for _ in replicas]
-    def _kvs(self) -> list:
-        return self.mirrors
-
-    def attention_each(self, prompt: Prompt, blocks: Any = None) -> list[int]:
-        if blocks is not None and self.group >= 0:   # (the common call: one compiled call)
-            return leading_held_each(self.pools, blocks, self.group)
-        return _attention_each(self, prompt, blocks)
 
     def advance(self, now: int) -> None:
         """Apply every batch delivered by ``now``."""
         catch_up_each(self.pools, self.records, now)
-
-    def hybrid_hit(self, i: int, prompt: Prompt, keys: Any = None) -> int:
-        """The hit replica ``i``'s events allow; ``keys``: as ``OracleView.hybrid_hit``'s."""
-        kv = self.mirrors[i]
-        if keys is None or not self.uniform:
-            keys = prompt.keys_for(kv)
-        return kv.coordinator.find_longest_cache_hit(keys, prompt.tokens - 1)[1]
-
-    def attention_blocks(self, i: int, prompt: Prompt) -> int:
-        kv = self.mirrors[i]
-        return attention_blocks(kv.pool, kv, prompt.keys_for(kv), prompt.tokens,
-                                self.shapes[i])
-
-    def size(self, i: int) -> int:
-        """Keys the index holds for replica ``i`` (Dynamo's tie-break: the smaller tree)."""
-        return len(self.mirrors[i].pool.key_map)
 
 
 def _no_sink(step: int, events: list) -> None:
