@@ -124,9 +124,13 @@ def catch_up(pool: MirrorPool, log: EventRecords, now: i64) -> None:
 
 
 def catch_up_each(pools: list[MirrorPool], logs: list[EventRecords], now: i64) -> None:
-    """``catch_up`` of every replica, in one call."""
+    """``catch_up`` of every replica, in one call (a replica with no batch visible by
+    ``now`` is passed over here: most are, at most arrivals)."""
     for i in range(len(pools)):
-        catch_up(pools[i], logs[i], now)
+        log = logs[i]
+        b: i64 = log.bhead
+        if b < len(log.bat_at) and log.bat_at[b] <= now:
+            catch_up(pools[i], log, now)
 
 
 def leading_blocks(pool: BlockPool, keys: PrefixKeys, group: int, scale: int, n: int) -> int:
@@ -140,16 +144,16 @@ def leading_blocks(pool: BlockPool, keys: PrefixKeys, group: int, scale: int, n:
     return j
 
 
-def leading_held_each(pools: list[BlockPool], blocks: vec[i64], group: i64) -> list[int]:
+def leading_held_each(pools: list[BlockPool], blocks: vec[i64], group: i64) -> vec[i64]:
     """``leading_blocks`` of each pool (replicas of one configuration) in one call, from
     the prompt's block keys built once (``blocks``: the keys ending its first whole
-    blocks, ``PrefixKeys.block_keys``)."""
-    out: list[int] = []
+    blocks, ``PrefixKeys.block_keys``), in a vec (no int object a pool)."""
+    out = vec[i64]()
     n = len(blocks)
     for pool in pools:
         km = pool.key_map
         j: i64 = 0
         while j < n and km.has((blocks[j] << GROUP_BITS) | group):
             j += 1
-        out.append(j)
+        out = append(out, j)
     return out

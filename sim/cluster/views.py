@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from librt.vecs import vec
+from mypy_extensions import i64
+
 from sim.cache.events import EventRecords, KVEventLog
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.mirror_pool import MirrorPool, catch_up_each, leading_blocks, leading_held_each
@@ -93,7 +96,7 @@ def block_size_of(kv: Any) -> int:
     return c.manager_of[0].block_size
 
 
-def _attention_each(view: Any, prompt: Prompt, blocks: Any = None) -> list[int]:
+def _attention_each(view: Any, prompt: Prompt, blocks: Any = None) -> Any:
     """``attention_blocks`` of every replica: one compiled call when the replicas share
     one configuration (one set of keys, one group layout), else replica by replica.
     ``blocks``: the prompt's whole attention blocks' keys under the first replica's
@@ -102,13 +105,13 @@ def _attention_each(view: Any, prompt: Prompt, blocks: Any = None) -> list[int]:
     if view.uniform:
         g, scale, unit = view.shapes[0]
         if g < 0:
-            return [0] * len(kvs)
+            return vec[i64]([0] * len(kvs))
         if blocks is None:       # (the keys walked once for every pool)
             keys = prompt.keys_for(kvs[0])
             blocks = keys.block_keys(0, min(prompt.tokens // (scale * unit),
                                             keys.count // scale), scale)
         return leading_held_each(view.pools, blocks, g)
-    return [view.attention_blocks(i, prompt) for i in range(len(kvs))]
+    return vec[i64]([view.attention_blocks(i, prompt) for i in range(len(kvs))])
 
 
 def _uniform(kvs: list) -> bool:
@@ -127,10 +130,17 @@ class _ManagersView:
         self.pools = [kv.pool for kv in kvs]
         self.group = self.shapes[0][0] if self.uniform else -1   # (the fast path's)
 
-    def attention_each(self, prompt: Prompt, blocks: Any = None) -> list[int]:
+    def attention_each(self, prompt: Prompt, blocks: Any = None) -> Any:
+        """The leading whole attention blocks of the prompt each replica holds, in a
+        ``vec[i64]`` (``blocks``: as for ``_attention_each``)."""
         if blocks is not None and self.group >= 0:   # (the common call: one compiled call)
             return leading_held_each(self.pools, blocks, self.group)
         return _attention_each(self, prompt, blocks)
+
+    def overlaps(self, now: int, prompt: Prompt, blocks: Any = None) -> Any:
+        """``advance(now)``, then ``attention_each``: what an arrival asks first."""
+        self.advance(now)
+        return self.attention_each(prompt, blocks)
 
     def hybrid_hit(self, i: int, prompt: Prompt, keys: Any = None) -> int:
         """Replica ``i``'s resumable hit as this view knows it; ``keys``: the prompt's keys
@@ -181,6 +191,13 @@ class EventsView(_ManagersView):
     def advance(self, now: int) -> None:
         """Apply every batch delivered by ``now``."""
         catch_up_each(self.pools, self.records, now)
+
+    def overlaps(self, now: int, prompt: Prompt, blocks: Any = None) -> Any:
+        # (as the base class's, in one Python frame: asked on every arrival)
+        catch_up_each(self.pools, self.records, now)
+        if blocks is not None and self.group >= 0:
+            return leading_held_each(self.pools, blocks, self.group)
+        return _attention_each(self, prompt, blocks)
 
 
 def _no_sink(step: int, events: list) -> None:

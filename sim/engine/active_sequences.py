@@ -14,6 +14,10 @@ tokens / block size + decode blocks``, the candidate request included.
 The router asks this on every arrival, of every worker: the counts live in machine
 integers (a ``KeyMap`` of block key -> active requests per worker, vecs of prefill
 tokens), so the compiled build answers in a few instructions a worker and block.
+
+A request's ``blocks`` are its prompt's block keys, which repeat no key: each key chains
+the whole prefix before it (``PrefixKeys``), as Dynamo's sequence hashes do, so two
+positions of one prompt never share one.  No request's blocks are deduplicated here.
 """
 from __future__ import annotations
 
@@ -26,7 +30,6 @@ from sim.cache.key_map import KeyMap
 from sim.engine.request import SimRequest
 
 MASK_WORKERS: Final = 62      # workers a holder mask has bits for (a positive i64)
-SEEN_LIMIT: Final = 1 << 16   # keys the distinct-blocks scratch map holds before it starts over
 
 
 def _with_new(active: KeyMap, distinct: vec[i64]) -> i64:
@@ -67,13 +70,14 @@ class ActiveSequences:
             self.pending_tokens.append(vec[i64]())
             self.active.append(KeyMap(64))
         self.blocks_of: dict[int, vec[i64]] = {}      # request index -> its block keys
-        # (scratch: a prompt's distinct blocks, each key stamped with the call that saw it)
-        self.seen = KeyMap(64)
-        self.stamp: i64 = 0
         # block key -> the workers holding it active, one bit each (up to MASK_WORKERS
         # workers; more are asked one by one)
         self.masked = workers <= MASK_WORKERS
         self.holders = KeyMap(256)
+        # (what decode_all and costs answer: the book's own vecs, rewritten by the next
+        # call -- no vec grown a worker at a time on every arrival)
+        self.counts = vec[i64]([0] * workers)
+        self.cost_out = vec[float]([0.0] * workers)
 
     def refresh(self) -> None:
         """Clear the prefill tokens of every request now past its first token."""
@@ -139,30 +143,20 @@ class ActiveSequences:
             if act.bump(k, -1) == 0 and bit:
                 holders.bump(k, -bit)
 
-    def _distinct(self, blocks: vec[i64]) -> vec[i64]:
-        """``blocks`` without repeats (first occurrences, in order)."""
-        seen = self.seen
-        if seen.size > SEEN_LIMIT:
-            seen = self.seen = KeyMap(64)
-        self.stamp += 1
-        st = self.stamp
-        out = vec[i64]()
-        for k in blocks:
-            if seen.swap(k, st) != st:
-                out = append(out, k)
-        return out
-
     def decode_blocks(self, i: i64, blocks: vec[i64]) -> i64:
-        """Distinct active blocks of worker ``i`` with ``blocks`` added."""
-        return _with_new(self.active[i], self._distinct(blocks))
+        """Distinct active blocks of worker ``i`` with ``blocks`` (a prompt's: no
+        repeats) added."""
+        return _with_new(self.active[i], blocks)
 
     def decode_all(self, blocks: vec[i64]) -> vec[i64]:
-        """``decode_blocks`` of every worker (the prompt's distinct blocks found once)."""
-        new = self._distinct(blocks)
-        counts = vec[i64]()
+        """``decode_blocks`` of every worker, in the book's own vec (rewritten by the next
+        call)."""
+        new = blocks
+        counts = self.counts
+        n_new: i64 = len(new)
         if self.masked:
             for i in range(self.workers):
-                counts = append(counts, self.active[i].size + len(new))
+                counts[i] = self.active[i].size + n_new
             # (a prompt's blocks held by one set of workers come in runs -- a prefix's
             # deeper blocks are held by fewer -- so a mask's bits are walked once a run)
             holders = self.holders
@@ -180,7 +174,7 @@ class ActiveSequences:
             self._held(counts, run_mask, run)
             return counts
         for i in range(self.workers):
-            counts = append(counts, _with_new(self.active[i], new))
+            counts[i] = _with_new(self.active[i], new)
         return counts
 
     def _held(self, counts: vec[i64], mask: i64, n: i64) -> None:
@@ -197,14 +191,15 @@ class ActiveSequences:
         prefill = float(self.prefill[i] + prompt_tokens) - overlap_tokens
         return weight * prefill / float(block_size) + float(self.decode_blocks(i, blocks))
 
-    def costs(self, prompt_tokens: i64, overlaps: list[int], blocks: vec[i64],
+    def costs(self, prompt_tokens: i64, overlaps: vec[i64], blocks: vec[i64],
               block_size: i64, weight: float) -> vec[float]:
         """``cost`` of every worker (``overlaps``: the whole blocks of the prompt each
-        holds), in a vec (no float object a worker)."""
+        holds), in the book's own vec (no float object a worker; rewritten by the next
+        call)."""
         dec = self.decode_all(blocks)
         pre = self.prefill
-        out = vec[float]()
+        out = self.cost_out
         for i in range(self.workers):
             p: i64 = pre[i] + prompt_tokens - overlaps[i] * block_size
-            out = append(out, weight * float(p) / float(block_size) + float(dec[i]))
+            out[i] = weight * float(p) / float(block_size) + float(dec[i])
         return out

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from librt.vecs import vec
+from mypy_extensions import i64
 
 from sim.cache.config import CacheConfig
 from sim.cache.kv_manager import KVCacheManager
@@ -65,7 +66,10 @@ class View:
         return self.blocks[i]
 
     def attention_each(self, prompt, blocks=None):
-        return list(self.blocks)
+        return vec[i64](self.blocks)
+
+    def overlaps(self, now, prompt, blocks=None):
+        return self.attention_each(prompt, blocks)
 
     def size(self, i):
         return self.sizes[i] if self.sizes else 0
@@ -186,8 +190,6 @@ def test_dynamo_load_counts_prefill_until_first_token_and_distinct_active_blocks
     # Dynamo's ActiveSequences: a worker's prefill tokens count each routed request's
     # uncached prompt until its first token; its decode blocks are the distinct prompt
     # blocks of its active requests (a block two requests share counts once)
-    from mypy_extensions import i64
-
     from sim.engine.active_sequences import ActiveSequences, least
     from sim.engine.request import SimRequest
 
@@ -200,8 +202,9 @@ def test_dynamo_load_counts_prefill_until_first_token_and_distinct_active_blocks
     rest = workers - 2                                     # (workers holding nothing)
 
     def decode(blocks):
+        assert len(set(blocks)) == len(blocks)             # (a prompt's keys never repeat)
         got = list(book.decode_all(v(blocks)))
-        assert got[2:] == [len(set(blocks))] * rest
+        assert got[2:] == [len(blocks)] * rest
         assert got == [book.decode_blocks(i, v(blocks)) for i in range(workers)]
         return got[:2]
 
@@ -210,18 +213,14 @@ def test_dynamo_load_counts_prefill_until_first_token_and_distinct_active_blocks
     book.add(1, 2, reqs[2], 7, v([21]))
     assert list(book.prefill)[:2] == [140, 7]
     assert decode([]) == [4, 1]                            # 11, 12, 13, 14 | 21
-    # a new prompt [11, 15, 15]: 15 is new to both (once), 11 new to worker 1 only
-    assert decode([11, 15, 15]) == [5, 3]
+    # a new prompt [11, 15]: 15 is new to both, 11 new to worker 1 only
+    assert decode([11, 15]) == [5, 3]
     # held by both, by worker 0 alone, by both again, by none: runs of holders
-    assert decode([11, 12, 21, 13, 11, 99]) == [4 + 2, 1 + 4]
-    # (a prompt of more distinct blocks than the scratch map keeps: it starts over)
-    from sim.engine.active_sequences import SEEN_LIMIT
-    assert list(book.decode_all(v(list(range(100, 100 + SEEN_LIMIT + 2)))))[:2] == [
-        4 + SEEN_LIMIT + 2, 1 + SEEN_LIMIT + 2]
-    assert decode([11, 15, 15]) == [5, 3]
+    assert decode([11, 12, 21, 13, 14, 99]) == [4 + 2, 1 + 5]
+    assert decode(list(range(300, 364))) == [4 + 64, 1 + 64]
     # costs: weight x (prefill + prompt - overlap) / block size + decode blocks (the
     # overlap given in whole blocks: worker 0 holds 2 of 16 tokens)
-    got = book.costs(64, [2, 0] + [0] * rest, v([11, 15, 15]), 16, 1.0)
+    got = book.costs(64, v([2, 0] + [0] * rest), v([11, 15]), 16, 1.0)
     assert list(got)[:2] == [(140 + 32) / 16 + 5, (7 + 64) / 16 + 3]
     assert least(fv([3.0, 1.0, 2.0, 1.0])) == [1, 3] and least(fv([2.5])) == [0]
     assert book.cost(1, 64, 8.0, v([11]), 16, 2.0) == 2.0 * (7 + 64 - 8.0) / 16 + 2
@@ -239,6 +238,19 @@ def test_dynamo_load_counts_prefill_until_first_token_and_distinct_active_blocks
     assert decode([11, 21]) == [2, 2]
     book.finish(1, 2)
     assert decode([21]) == [1, 1]
+
+
+def test_a_prompts_block_keys_never_repeat():
+    # Dynamo's load counts take a prompt's block keys as distinct (``ActiveSequences``):
+    # each key chains the prefix before it, so a prompt repeating one stream's tokens,
+    # or a Mooncake record repeating a hash id, still has one key per block
+    kv = Fleet([Load()]).replicas[0].dep.kv
+    unit = kv.coordinator.hash_block_size
+    req = kv.make_request("r", [(1, 0, 4 * unit)] * 3 + [(2, 0, 4 * unit)] * 2)
+    keys = req.block_hashes
+    for scale in (1, 2, 4):
+        got = list(keys.block_keys(0, keys.count // scale, scale))
+        assert len(got) == keys.count // scale >= 5 and len(set(got)) == len(got)
 
 
 # ------------------------------------------------------------------ llmd_scorers (llm-d)

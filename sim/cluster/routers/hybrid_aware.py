@@ -31,9 +31,9 @@ import random
 from dataclasses import dataclass
 
 from librt.vecs import vec
+from mypy_extensions import i64
 
 from sim.cluster.routers.base import RouteRequest
-from sim.cluster.routers.kv_router import prompt_blocks
 from sim.cluster.routers.selection import pick_by_cost
 from sim.engine.active_sequences import ActiveSequences, least
 from sim.errors import ConfigError
@@ -74,6 +74,7 @@ class _HybridAware:
         self.book = ActiveSequences(self.n)
         self.kv0 = fleet.replicas[0].dep.kv
         self.bs = block_size_of(self.kv0)
+        self.scale = self.bs // self.kv0.coordinator.hash_block_size
         self.view = fleet.view(opts.view, opts.event_lag_ms)
         self._blocks = None
         self._over = 0.0
@@ -85,25 +86,30 @@ class _HybridAware:
         prompt = req.prompt
         tokens = req.prompt_tokens
         keys = prompt.keys_for(self.kv0)
-        blocks = prompt_blocks(self.kv0, keys, tokens, self.bs)
+        bs = self.bs
+        # (kv_router.prompt_blocks, inline: the whole attention blocks' keys)
+        blocks = keys.block_keys(0, min(tokens // bs, keys.count // self.scale), self.scale)
         book = self.book
         book.refresh()
         view = self.view
-        view.advance(req.arrival_ns)
-        att = view.attention_each(prompt, blocks)   # (whole attention blocks held)
+        att = view.overlaps(req.arrival_ns, prompt, blocks)   # (whole attention blocks held)
         # the overlap scored is credit x att + (1 - credit) x h, h the resumable hit
         # (0 <= h <= att): the cost with the attention overlap is a lower bound, exact at
         # credit 1 (Dynamo's arithmetic, as kv_router's)
-        bound = book.costs(tokens, att, blocks, self.bs, self.weight)
+        bound = book.costs(tokens, att, blocks, bs, self.weight)
         self._blocks = blocks
         tied = None
         if self.bound_exact:                        # (credit 1, temperature 0)
             tied = least(bound)
             if len(tied) == 1:                      # (no tie to break: one lookup)
-                return self._believe(req, tied[0], att, view.hybrid_hit(tied[0], prompt, keys))
+                i = tied[0]
+                # (``_believe`` at credit 1, inline)
+                req.predicted = view.hybrid_hit(i, prompt, keys)
+                self._over = float(att[i] * bs)
+                return i
         return self._choose(req, blocks, att, bound, tied)
 
-    def _believe(self, req: RouteRequest, i: int, att: list[int], h: int) -> int:
+    def _believe(self, req: RouteRequest, i: int, att: vec[i64], h: int) -> int:
         """Replica ``i`` chosen: the router believes its resumable hit ``h``
         (``routed_hit_tokens``) and scored ``_over`` tokens of overlap there."""
         credit = self.o.attention_credit
@@ -111,7 +117,7 @@ class _HybridAware:
         self._over = credit * (att[i] * self.bs) + (1 - credit) * h
         return i
 
-    def _choose(self, req: RouteRequest, blocks, att: list[int], bound: vec[float],
+    def _choose(self, req: RouteRequest, blocks, att: vec[i64], bound: vec[float],
                 tied: list[int] | None) -> int:
         """The rest: ties (``tied``: the least-cost workers, when every cost is its
         bound), a credit below 1 (exact costs where a bound can still win), a

@@ -24,6 +24,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from librt.vecs import vec
+from mypy_extensions import i64
+
 from sim.cluster.routers.base import RouteRequest
 from sim.cluster.routers.selection import pick_by_cost
 from sim.cluster.views import block_size_of
@@ -87,11 +90,12 @@ class _KvRouter:
                         if opts.view == "approximate" else None)
         self._blocks = None
 
-    def overlaps(self, req: RouteRequest, blocks: list[int]) -> list[int]:
+    def overlaps(self, req: RouteRequest, blocks) -> vec[i64]:
+        """The whole blocks of the prompt each worker holds, as the router knows them."""
         if self.view is not None:
-            self.view.advance(req.arrival_ns)
-            return self.view.attention_each(req.prompt, blocks)
-        return [self.history.overlap(i, blocks, req.arrival_ns) for i in range(self.n)]
+            return self.view.overlaps(req.arrival_ns, req.prompt, blocks)
+        return vec[i64]([self.history.overlap(i, blocks, req.arrival_ns)
+                         for i in range(self.n)])
 
     def size(self, i: int) -> int:
         """Worker ``i``'s index tree (Dynamo's tie-break)."""

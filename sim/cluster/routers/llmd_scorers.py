@@ -98,8 +98,7 @@ class _Llmd(Stateless):
                                     self.bs)[:o.max_prefix_blocks])
         nb = len(blocks)
         if self.view is not None:
-            self.view.advance(now)
-            matched = [min(m, nb) for m in self.view.attention_each(req.prompt)]
+            matched = [min(m, nb) for m in self.view.overlaps(now, req.prompt)]
             hit = [m for m in matched if m > 0]
             if not hit:
                 prefix = [0.0] * self.n
