@@ -36,6 +36,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from librt.vecs import vec
+from mypy_extensions import i64
+
 from sim.cache.block_pool import GROUP_BITS
 from sim.cache.offload_jobs import (GroupOffload, Job, ReqOffload, StepTransfers,
                                     TimedTransfers, Transfers)
@@ -130,7 +133,7 @@ class OffloadConnector(ConnectorStores):
                                            "ends": sorted(pos.get(k >> GROUP_BITS) for k in gk)}
             rs.next_stored[gi] = nchunks
         self.pool.prepare_load(keys_to_load, rs.st)
-        job = self._new_job(rs, keys_to_load, False)
+        job = self._new_job(rs, vec[i64](keys_to_load), False)
         job.blocks = nblocks
         job.groups = groups
         rs.jobs.add(job.jid)
@@ -218,13 +221,14 @@ class OffloadConnector(ConnectorStores):
             recs.insert(k, r)
         r.setdefault("done_stores" if job.store else "done_loads", []).append(job.jid)
 
-    def _unfence(self, jid: int, bids: list[int]) -> None:
+    def _unfence(self, jid: int, bids: vec[i64]) -> None:
         bj = self.block_jobs
         for bid in bids:
             s = bj[bid]
             s.discard(jid)
             if not s:
                 del bj[bid]
+                self.fenced_ids[bid] = 0
 
 
     def build(self, scheduled: list[ReqOffload]) -> None:

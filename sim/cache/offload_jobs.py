@@ -39,14 +39,14 @@ class Job:
     __slots__ = ("jid", "rid", "rs", "keys", "store", "fenced", "deferred", "chunks", "blocks",
                  "due", "seen", "nbytes", "groups")
 
-    def __init__(self, jid: int, rs: ReqOffload, keys: list[int], store: bool):
+    def __init__(self, jid: int, rs: ReqOffload, keys: vec[i64], store: bool):
         self.jid = jid
         self.rs = rs
         self.rid = rs.req.request_id
         self.keys = keys
         self.store = store
-        self.fenced: list[int] = []      # source blocks watched from the job's creation
-        self.deferred: list[int] = []    # ... watched once the request has finished
+        self.fenced = vec[i64]()         # source blocks watched from the job's creation
+        self.deferred = vec[i64]()       # ... watched once the request has finished
         self.chunks = len(keys)
         self.blocks = 0                  # GPU blocks moved
         self.due = -1                    # when it completes (the worker's unit)

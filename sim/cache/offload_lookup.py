@@ -13,7 +13,7 @@ from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
-from sim.cache.key_map import IntMap, PairHeap
+from sim.cache.key_map import IntMap, KeyMap, PairHeap
 from sim.cache.offload_jobs import (GroupOffload, Job, ReqOffload, StepTransfers,
                                     Transfers)
 from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, HostPool
@@ -86,8 +86,11 @@ class ConnectorLookup:
         # the partial-tail keys the pool holds (the only keys off their group's chunk
         # grid): per group, how many at each position; and each one's group and position
         self.tail_pos: list[IntMap] = [IntMap() for _ in self.groups]   # (count 0: none)
-        self.tail_keys: dict[int, int] = {}
+        self.tail_keys = KeyMap(64)              # tail key -> its position (machine ints)
         self.block_jobs: dict[int, set[int]] = {}   # fenced block id -> pending jobs
+        # per block id, 1 while it has an entry in ``block_jobs``: most blocks a step
+        # allocates are fenced by no job, and are passed over without a dict probe
+        self.fenced_ids = vec[i64]()
         # this step's
         self.load_jobs: list[Job] = []
         self.sweep_rs: list[ReqOffload] = []     # the scheduled requests still sweeping
@@ -157,7 +160,7 @@ class ConnectorLookup:
             n = req.num_prompt_tokens
         return n
 
-    def _new_job(self, rs: ReqOffload, keys: list[int], store: bool) -> Job:
+    def _new_job(self, rs: ReqOffload, keys: vec[i64], store: bool) -> Job:
         job = Job(self.next_job, rs, keys, store)
         self.next_job += 1
         self.jobs[job.jid] = job
@@ -248,8 +251,18 @@ class ConnectorLookup:
         js = self.block_jobs.get(bid)
         if js is None:
             self.block_jobs[bid] = {jid}
+            f = self.fenced_ids
+            while len(f) <= bid:
+                f = append(f, 0)
+            f[bid] = 1
+            self.fenced_ids = f
         else:
             js.add(jid)
+
+    def _is_fenced(self, bid: i64) -> bool:
+        """Block ``bid`` has jobs in ``block_jobs``."""
+        f = self.fenced_ids
+        return bid < len(f) and f[bid] != 0
 
     def _watch(self, job: Job) -> None:
         """Watch for ``job``'s completion (its ``seen`` known)."""

@@ -128,7 +128,7 @@ class Policy:
     def on_request_finished(self, order: vec[i64], st: AccessState, pool: HostPool) -> None:
         raise NotImplementedError
 
-    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> list[int] | None:
+    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> vec[i64] | None:
         """``n`` keys to evict, none offered in this call (``protected``, or with ``lru``
         the slots ``pool.prot`` stamps with ``pool.stamp``); None if there are too few."""
         raise NotImplementedError
@@ -279,9 +279,9 @@ class LRUPolicy(Policy):
             if self.ev[s]:
                 self._push(s)
 
-    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> list[int] | None:
+    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> vec[i64] | None:
         if n == 0:
-            return []
+            return vec[i64]()
         prot = pool.prot
         stamp = pool.stamp
         rank = self.rank
@@ -311,13 +311,13 @@ class LRUPolicy(Policy):
             return None
         for j in range(len(def_r)):
             self.heap.push(def_r[j], def_s[j])
-        out: list[int] = []
+        out = vec[i64]()
         for j in range(len(sel_s)):
             s = sel_s[j]
             ev[s] = 0
             rank[s] = -1
             self.nev -= 1
-            out.append(skey[s])
+            out = append(out, skey[s])
         self._maybe_rebuild()
         return out
 
@@ -398,9 +398,9 @@ class ARCPolicy(Policy):
         at[0] = i
         return -1
 
-    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> list[int] | None:
+    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> vec[i64] | None:
         if n == 0:
-            return []
+            return vec[i64]()
         assert protected is not None
         t1 = list(self.t1)
         t2 = list(self.t2)
@@ -425,7 +425,7 @@ class ARCPolicy(Policy):
                 from_t1 = True
                 virtual_t1 -= 1
             picks.append((key, from_t1))
-        out: list[int] = []
+        out = vec[i64]()
         for key, from_t1 in picks:
             if from_t1:
                 del self.t1[key]
@@ -433,7 +433,7 @@ class ARCPolicy(Policy):
             else:
                 del self.t2[key]
                 self.b2[key] = None
-            out.append(key)
+            out = append(out, key)
         for ghost in (self.b1, self.b2):
             extra = len(ghost) - self.capacity
             if extra > 0:
@@ -551,7 +551,7 @@ class HostPool:
             for key in keys:
                 self._reused(key, st)
 
-    def complete_load(self, keys: list[int]) -> None:
+    def complete_load(self, keys: vec[i64]) -> None:
         index = self.index
         sref = self.sref
         for key in keys:
@@ -562,16 +562,18 @@ class HostPool:
                 self.num_evictable += 1
                 self.policy.mark_evictable(key, s)
 
-    def prepare_store(self, keys: list[int], st: AccessState) -> tuple[list[int], list[int]] | None:
-        """(keys to store, keys evicted), or None when the pool cannot take them."""
+    def prepare_store(self, keys: vec[i64], st: AccessState
+                      ) -> tuple[vec[i64], vec[i64]] | None:
+        """(keys to store, keys evicted), or None when the pool cannot take them (vecs:
+        no int object a key)."""
         index = self.index
         sref = self.sref
-        to_store: list[int] = []
+        to_store = vec[i64]()
         arc = self.arc
         for key in keys:
             s = index.only(key)
             if s < 0:
-                to_store.append(key)
+                to_store = append(to_store, key)
             elif sref[s] < 0:
                 continue                 # (being written: neither stored nor observed)
             elif arc:
@@ -582,10 +584,10 @@ class HostPool:
             if misses:
                 self.policy.on_store_miss(misses, st)
                 st.store_misses.update(misses)
-        if not to_store:
-            return [], []
+        if len(to_store) == 0:
+            return to_store, vec[i64]()
         need = len(to_store) - (self.num_chunks - index.size)
-        evicted: list[int] = []
+        evicted = vec[i64]()
         if need > 0:
             if need > self.num_evictable:
                 self.failed += 1
@@ -625,7 +627,7 @@ class HostPool:
             self.peak = index.size
         return to_store, evicted
 
-    def complete_store(self, keys: list[int]) -> None:
+    def complete_store(self, keys: vec[i64]) -> None:
         index = self.index
         sref = self.sref
         for key in keys:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from librt.vecs import append, vec
+from mypy_extensions import i64
+
 from sim.cache.block_pool import GROUP_BITS
 from sim.cache.offload_jobs import Job, ReqOffload
 from sim.cache.offload_lookup import ConnectorLookup
@@ -55,7 +58,7 @@ class ConnectorStores(ConnectorLookup):
         pv = pool.popped
         for j in range(pool.n_popped):
             bid = pv[j]
-            if bid != 0:
+            if bid != 0 and self._is_fenced(bid):
                 js = bj.get(bid)
                 if js:
                     flush.update(js)
@@ -69,12 +72,13 @@ class ConnectorStores(ConnectorLookup):
         bj = self.block_jobs
         for t in tables:
             for b in t:
-                if not b.is_null and b.block_id != 0:
-                    js = bj.get(b.block_id)
+                bid = b.block_id
+                if not b.is_null and bid != 0 and self._is_fenced(bid):
+                    js = bj.get(bid)
                     if js:
                         self.flush_jobs.update(js)
 
-    def _store_job(self, rs: ReqOffload, keys: list[int], blocks: int,
+    def _store_job(self, rs: ReqOffload, keys: vec[i64], blocks: int,
                    groups: dict[str, Any] | None) -> Job:
         job = self._new_job(rs, keys, True)
         job.blocks = blocks
@@ -88,21 +92,21 @@ class ConnectorStores(ConnectorLookup):
             self._rec().setdefault("stores", []).append(self._job_rec(job))
         return job
 
-    def _prepare_store(self, keys: list[int], rs: ReqOffload) -> tuple[list[int], list[int]] | None:
+    def _prepare_store(self, keys: vec[i64], rs: ReqOffload
+                       ) -> tuple[vec[i64], vec[i64]] | None:
         out = self.pool.prepare_store(keys, rs.st)
         tk = self.tail_keys
-        if out is not None and tk:
+        if out is not None and tk.size > 0:
             for key in out[1]:
-                t = tk.get(key, -1)
+                t = tk.take_first(key)        # (and unmapped)
                 if t >= 0:
-                    del tk[key]
                     tp = self.tail_pos[key & GROUP_MASK]
                     tp.put(t, tp.get(t) - 1)
         if self.log is not None:
             if out is None:
                 r = self._rec()
                 r["alloc_fail"] = r.get("alloc_fail", 0) + 1
-            elif out[1]:
+            elif len(out[1]) > 0:
                 r = self._rec()
                 r["evicted"] = r.get("evicted", 0) + len(out[1])
         return out
@@ -118,14 +122,15 @@ class ConnectorStores(ConnectorLookup):
                 if block.is_null or boundary > top or boundary % gc.tpc:
                     continue
                 key = self._boundary_key(rs, gid, boundary)
-                out = self._prepare_store([key], rs)
-                if out is None or not out[0]:
+                one = vec[i64]([key])
+                out = self._prepare_store(one, rs)
+                if out is None or len(out[0]) == 0:
                     continue
                 groups = ({str(gid): {"chunks": 1, "blocks": 1,
                                       "start_block": boundary // gc.tpb - 1,
                                       "ends": [boundary]}} if self.log is not None else None)
-                job = self._store_job(rs, [key], 1, groups)
-                job.fenced = [block.block_id]
+                job = self._store_job(rs, one, 1, groups)
+                job.fenced = vec[i64]([block.block_id])
                 self._fence(block.block_id, job.jid)
 
     def _tail_stores(self, handoffs: dict[str, list[tuple[int, Any, int]]],
@@ -166,20 +171,21 @@ class ConnectorStores(ConnectorLookup):
             if any(not gc.cow and idx >= len(rs.tables[gi])
                    for gi, gc in enumerate(self.groups)):
                 continue
-            keys = [self._boundary_key(rs, gc.gid, boundary + self.margins.get(gc.gid, 0))
-                    for gc in self.groups]
+            keys = vec[i64]([self._boundary_key(rs, gc.gid,
+                                                boundary + self.margins.get(gc.gid, 0))
+                             for gc in self.groups])
             bids = [cow[gc.gid].block_id if gc.cow else rs.tables[gi][idx].block_id
                     for gi, gc in enumerate(self.groups)]
             out = self._prepare_store(keys, rs)
-            if out is None or not out[0]:
+            if out is None or len(out[0]) == 0:
                 continue
             stored = set(out[0])
-            src = [bids[i] for i, k in enumerate(keys) if k in stored]
+            src = vec[i64]([bids[i] for i, k in enumerate(keys) if k in stored])
             for gi, gc in enumerate(self.groups):
                 k = keys[gi]
                 t = boundary + self.margins.get(gc.gid, 0)
                 if k in stored and t % gc.tpc:
-                    self.tail_keys[k] = t
+                    self.tail_keys.put(k, t)
                     tp = self.tail_pos[gi]
                     c = tp.get(t)
                     tp.put(t, (c if c > 0 else 0) + 1)
@@ -189,7 +195,8 @@ class ConnectorStores(ConnectorLookup):
                 groups = {str(gc.gid): {"chunks": 1, "blocks": 1, "start_block": idx,
                                         "ends": [pos.get(k >> GROUP_BITS)]}
                           for gc, k in zip(self.groups, keys) if k in stored}
-            job = self._store_job(rs, [k for k in keys if k in stored], len(src), groups)
+            job = self._store_job(rs, vec[i64]([k for k in keys if k in stored]), len(src),
+                                  groups)
             job.fenced = src
             for bid in src:
                 self._fence(bid, job.jid)
@@ -234,7 +241,7 @@ class ConnectorStores(ConnectorLookup):
             return allocated
         offl = self._offloadable(rs, after)
         bpc = self.bpc
-        new_keys: list[int] = []
+        new_keys = vec[i64]()
         # (the attention groups only: a Mamba group's states are stored as the GPU cache
         # hands them off, and its count of stored chunks is never read)
         tops: list[int] = []
@@ -256,8 +263,8 @@ class ConnectorStores(ConnectorLookup):
                         ok = False
                         break
                 if ok:
-                    new_keys.append((pks[c] << GROUP_BITS) | gid)
-        if not new_keys:
+                    new_keys = append(new_keys, (pks[c] << GROUP_BITS) | gid)
+        if len(new_keys) == 0:
             self._advance_to(rs, tops)
             self._check_swept(rs)
             return allocated
@@ -265,11 +272,11 @@ class ConnectorStores(ConnectorLookup):
         if out is None:
             return allocated
         stored = out[0]
-        if not stored:
+        if len(stored) == 0:
             self._advance_to(rs, tops)
             self._check_swept(rs)
             return allocated
-        src: list[int] = []
+        src = vec[i64]()
         groups: dict[str, Any] | None = {} if self.log is not None else None
         pos = rs.st.pos
         j = 0              # (the stored keys: in the order offered, a subsequence of them)
@@ -288,14 +295,15 @@ class ConnectorStores(ConnectorLookup):
                 if j >= nst or stored[j] != ((pks[c] << GROUP_BITS) | gid):
                     continue
                 j += 1
-                ends.append(pos.get(pks[c]))
+                if groups is not None:
+                    ends.append(pos.get(pks[c]))
                 for b in range(bpc):
                     bid = tbl[c * bpc + b].block_id
                     if bid == 0:
                         continue
                     if first_blk < 0:
                         first_blk = c * bpc + b
-                    src.append(bid)
+                    src = append(src, bid)
                     nb += 1
             if groups is not None and ends:
                 groups[str(gc.gid)] = {"chunks": len(ends), "blocks": nb,

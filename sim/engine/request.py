@@ -28,7 +28,7 @@ class SimRequest:
                  "is_prefill_chunk", "recording", "cache_mark", "cache_mark_end", "rejected",
                  "priority",
                  "arrival_step", "miss", "last_delivery_ns", "deliveries", "session",
-                 "cpu_hit_tokens", "cpu_no_state_tokens", "loading")
+                 "cpu_hit_tokens", "cpu_no_state_tokens", "loading", "in_flight")
 
     def __init__(self, cache: CacheRequest, max_tokens: int, index: int):
         # (integer fields are machine integers: no tagged-int checks in the compiled
@@ -79,6 +79,9 @@ class SimRequest:
         self.cpu_hit_tokens: i64 = 0
         self.cpu_no_state_tokens: i64 = 0     # held in attention groups past the hit
         self.loading = False
+        # in the scheduler's ``inflight`` (admitted with prompt tokens left, or loading):
+        # asked for every request of every step, so a field, not a dict probe
+        self.in_flight = False
 
     def __repr__(self) -> str:
         return (f"SimRequest({self.cache.request_id!r}, index={self.index}, "

@@ -496,8 +496,9 @@ class Scheduler:
         self.kv.free(r.cache)
         if self.connector is not None:
             self.connector.preempted(r.cache)
-            if r.cache.request_id in self.inflight:
+            if r.in_flight:
                 del self.inflight[r.cache.request_id]
+                r.in_flight = False
         r.fast_n = -1
         r.cache_mark = -1
         r.cache_mark_end = -1
@@ -653,8 +654,9 @@ class Scheduler:
                     c = r.cache
                     kv.remove_skipped(c, c.num_computed_tokens)
                     conn.request_finished(c)
-                    if c.request_id in self.inflight:
+                    if r.in_flight:
                         del self.inflight[c.request_id]
+                        r.in_flight = False
                 kv.free(r.cache)
         obs = kv.pool.key_observers
         if obs:

@@ -118,6 +118,7 @@ class TieredScheduler(Scheduler):
                 r.loading = True
                 c.num_computed_tokens = computed
                 self.inflight[rid] = r
+                r.in_flight = True
                 queue.pop_request()
                 if watched:
                     self._tell_admitted(r, first)
@@ -132,6 +133,7 @@ class TieredScheduler(Scheduler):
             c.num_computed_tokens = computed
             if computed + n < c.num_tokens:
                 self.inflight[rid] = r
+                r.in_flight = True
             kp: i64 = 0
             if padded:
                 kp = self.num_speculative_tokens
@@ -249,8 +251,8 @@ class TieredScheduler(Scheduler):
         sched.clear()
         if self.inflight:
             for it in out:
-                if not it.req.is_prefill_chunk:
-                    rid = it.req.cache.request_id
-                    if rid in self.inflight:
-                        del self.inflight[rid]
+                r = it.req
+                if r.in_flight and not r.is_prefill_chunk:
+                    del self.inflight[r.cache.request_id]
+                    r.in_flight = False
 

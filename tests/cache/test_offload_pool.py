@@ -5,6 +5,8 @@ c1, 8 chunks) replayed call for call; the evictions vLLM's LRU and ARC policies 
 from __future__ import annotations
 
 import pytest
+from librt.vecs import vec
+from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
 from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, AccessState, HostPool
@@ -16,6 +18,16 @@ _HASH = {}
 def key(owner: str, pos: int, group: int) -> int:
     h = _HASH.setdefault((owner, pos), 1000 + len(_HASH))
     return (h << GROUP_BITS) | group
+
+
+def v(keys) -> vec[i64]:
+    """Keys as the pool takes them (a vec: no int object a key)."""
+    return vec[i64](keys)
+
+
+def lists(got):
+    """``prepare_store``'s answer with lists for vecs."""
+    return None if got is None else (list(got[0]), list(got[1]))
 
 
 def name(k: int) -> str:
@@ -35,7 +47,7 @@ def replay(policy: str) -> list[tuple[str, list[str] | None, list[str] | None]]:
         return k
 
     def store(r, keys, label):
-        got = pool.prepare_store(keys, ctx[r])
+        got = pool.prepare_store(v(keys), ctx[r])
         out.append((label, None if got is None else [name(k) for k in got[0]],
                     None if got is None else [name(k) for k in got[1]]))
         return got
@@ -53,7 +65,7 @@ def replay(policy: str) -> list[tuple[str, list[str] | None, list[str] | None]]:
     pool.request_finished(ctx["f"])
     lk = [K("c", "p", x, 0) for x in range(16, 97, 16)] + [K("c", "p", 96, 1)]
     pool.prepare_load(lk, ctx["c"])
-    pool.complete_load(lk)
+    pool.complete_load(v(lk))
     o4 = store("c", [K("c", "c", 112, 1)], "s11 c boundary")
     o5 = store("c", [K("c", "c", 112, 0)], "s11 c sweep")
     pool.complete_store(o4[0])
@@ -90,12 +102,12 @@ def test_lookup_and_pins():
     for k, p in ((a, 16), (b, 32), (c, 48)):
         st.set_pos(k >> GROUP_BITS, p)
     assert pool.lookup(a) == MISS
-    assert pool.prepare_store([a, b], st) == ([a, b], [])
+    assert lists(pool.prepare_store(v([a, b]), st)) == ([a, b], [])
     assert pool.lookup(a) == HIT_PENDING            # written, not yet readable
-    assert pool.prepare_store([c], st) is None       # nothing evictable: the call fails
+    assert pool.prepare_store(v([c]), st) is None    # nothing evictable: the call fails
     assert pool.failed == 1 and pool.used == 2
-    pool.complete_store([a, b])
+    pool.complete_store(v([a, b]))
     assert pool.lookup(a) == HIT
     pool.prepare_load([a], st)                       # pinned while it loads
-    assert pool.prepare_store([c], AccessState()) == ([c], [b])
+    assert lists(pool.prepare_store(v([c]), AccessState())) == ([c], [b])
     assert pool.lookup(b) == MISS and pool.evicted == 1 and pool.peak == 2
