@@ -67,6 +67,7 @@ NATIVE_MODULES = (
     "sim.engine.gate",
     "sim.engine.engine",
     "sim.engine.record",
+    "sim.engine.door",
     "sim.engine.codecs",
 )
 MANIFEST = "_native_build.json"

@@ -3,7 +3,7 @@
 Each replica is built exactly as ``sim run`` builds its one replica (``sim.run``:
 deployment, scheduler, request maker, recorder, step sampler, backend, engine); the
 replicas share one heap of arrivals through a ``Gate`` (``sim/engine/gate.py``), which the
-router's choice at each arrival feeds.  All replicas' finished requests go to one request
+router's choice at each arrival feeds (its ``Door``: ``sim/engine/door.py``).  All replicas' finished requests go to one request
 table (rows keyed by the fleet's arrival order), with the replica each went to beside it.
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ from sim.cluster.routers import ROUTERS
 from sim.cluster.routers.base import RouteRequest, Stateless
 from sim.cluster.view import ReplicaView
 from sim.errors import CapacityError, ConfigError
-from sim.engine.arrivals import Arrivals, Inlet
+from sim.engine.arrivals import Arrivals
+from sim.engine.door import Door, FinishWatch
 from sim.engine.gate import Gate
 
 # workload kinds whose records may follow up a previous turn (``after``): their arrivals
@@ -69,13 +70,6 @@ class FleetDeployment:
         return self.replicas[0].dep.kv
 
 
-def _put(a: array, k: int, v: int) -> None:
-    """``a[k] = v``, growing ``a`` (with -1) to hold it."""
-    while len(a) <= k:
-        a.append(-1)
-    a[k] = v
-
-
 class FleetContext:
     """What a router is built with (``RouterPolicy.build``): the replicas, their load views
     (``loads``), the fleet's one registry of token streams, and cache views made on demand
@@ -111,97 +105,19 @@ class FleetContext:
         return got
 
 
-class _Door:
-    """The router's side of the shared arrivals (``Arrivals.router``): names the inlet of
-    each arrival, then records where it went and keeps the views' counters."""
-
-    def __init__(self, router, replicas: list[Replica], replica_of: array, fleet: FleetContext,
-                 hindsight: bool):
-        from sim.cluster.views import Prompt
-
-        self.router = router
-        self.replicas = replicas
-        self.inlets = [r.engine.inlet for r in replicas]
-        self.replica_of = replica_of
-        self.keeps_counters = type(router).finished is not Stateless.finished
-        self.routed: dict[int, RouteRequest] = {}
-        self.pending: RouteRequest | None = None
-        self.prompt_of = Prompt
-        self.streams = fleet.streams
-        # each replica's key configuration (a prompt's keys under it are handed over)
-        self.key_config = [(r.dep.kv.hasher.unit, r.dep.kv.hasher.lookahead)
-                           for r in replicas]
-        self.needs_prompt = getattr(router, "needs_prompt", False) or hindsight
-        self.placed_hook = getattr(router, "placed", None)
-        # what the router believed its replica would reuse (-1: no belief), by arrival
-        self.predicts = hasattr(router, "needs_prompt")
-        self.predicted = array("q")
-        # hindsight (``cluster.hindsight``): every replica's hit at the arrival, asked of
-        # its own manager: the best one and where
-        self.oracle = fleet.view("oracle") if hindsight else None
-        self.best = array("q")
-        self.best_at = array("q")
-        self.others = array("q")      # the best of the replicas not chosen
-        self.at_arrival = array("q")  # the chosen replica's own, at the arrival
-
-    def route(self, t: int, trace: Any) -> Inlet:
-        tokens = trace.prompt_tokens       # (a sum over the segments: once)
-        req = RouteRequest(trace.request_id, trace.session, trace.segments, tokens,
-                           trace.output_tokens, t, -1)
-        if self.needs_prompt:
-            req.prompt = self.prompt_of(trace, self.streams, tokens)
-        hits = None
-        if self.oracle is not None:
-            hits = [self.oracle.hybrid_hit(k, req.prompt) for k in range(len(self.inlets))]
-        i = self.router.choose(req)
-        if hits is not None:
-            b = max(range(len(hits)), key=lambda k: (hits[k], -k))
-            req.best = (hits[b], b, max((h for k, h in enumerate(hits) if k != i), default=0),
-                        hits[i])
-        self.pending = req
-        inlet = self.inlets[i]
-        if self.needs_prompt and inlet.maker is not None:
-            # the keys the router built under this replica's configuration become the
-            # request's (the same registry built them: the replica would build equal ones)
-            keys = req.prompt.built(self.key_config[i])
-            if keys is not None:
-                inlet.maker.next_keys = keys
-        return inlet
-
-    def placed(self, inlet: Inlet, r: Any, ok: bool) -> None:
-        i = inlet.replica
-        rep = self.replicas[i]
-        req = self.pending
-        self.pending = None
-        k = r.index
-        # (k, the arrival's index, is each array's length but where a record was routed
-        # before: ``_put`` only then -- a Python call an arrival otherwise)
-        if len(self.replica_of) == k:
-            self.replica_of.append(i)
-        else:
-            _put(self.replica_of, k, i)
-        if self.predicts:
-            p = req.predicted if req is not None else -1
-            if len(self.predicted) == k:
-                self.predicted.append(p)
-            else:
-                _put(self.predicted, k, p)
-        if self.oracle is not None and req is not None:
-            best, at, others, mine = req.best
-            _put(self.best, k, best)
-            _put(self.best_at, k, at)
-            _put(self.others, k, others)
-            _put(self.at_arrival, k, mine)
-        view = rep.view
-        view.routed += 1
-        if req is not None:
-            req.index = k
-        if ok:
-            view.outstanding_tokens += r.cache.num_prompt_tokens + r.max_tokens
-            if self.keeps_counters and req is not None:
-                self.routed[k] = req
-        if self.placed_hook is not None and req is not None:
-            self.placed_hook(i, req, r, ok)
+def make_door(router, replicas: list[Replica], replica_of: array, fleet: FleetContext,
+              hindsight: bool) -> Door:
+    """The router's side of the shared arrivals (``sim/engine/door.py``) over these
+    replicas; ``hindsight``: every replica's hit is asked at each arrival too."""
+    return Door(router, [r.engine.inlet for r in replicas], [r.view for r in replicas],
+                # each replica's key configuration (a prompt's keys under it are handed over)
+                [(r.dep.kv.hasher.unit, r.dep.kv.hasher.lookahead) for r in replicas],
+                replica_of, fleet.streams,
+                keeps_counters=type(router).finished is not Stateless.finished,
+                needs_prompt=getattr(router, "needs_prompt", False) or hindsight,
+                predicts=hasattr(router, "needs_prompt"),
+                oracle=fleet.view("oracle") if hindsight else None,
+                arrays=lambda: array("q"))
 
 
 class _Splitter:
@@ -235,28 +151,6 @@ class _Splitter:
             self.replica_of.append(j)
             self.views[j].routed += 1
             self.queues[j].append(rec)
-
-
-class _FinishWatch:
-    """An engine's finish observer: a replica's finished requests leave its load counters
-    and reach the router's."""
-
-    __slots__ = ("door", "replica")
-
-    def __init__(self, door: _Door, replica: int):
-        self.door = door
-        self.replica = replica
-
-    def on_finish(self, req, now: int) -> None:
-        """The replica's load counters, then the router's (its request as routed)."""
-        door = self.door
-        view = door.replicas[self.replica].view
-        view.outstanding_tokens -= req.cache.num_prompt_tokens + req.max_tokens
-        view.finished += 1
-        if door.keeps_counters:
-            got = door.routed.pop(req.index, None)
-            if got is not None:
-                door.router.finished(self.replica, got)
 
 
 def replica_scenarios(sc) -> list:
@@ -349,7 +243,7 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
             eng.arrivals.start(split.feed(rep.index))
             eng.process()
     else:
-        door = _Door(router, replicas, replica_of, fleet, hindsight)
+        door = make_door(router, replicas, replica_of, fleet, hindsight)
         arrivals = Arrivals(replicas[0].engine.inlet)
         gate = Gate(env, arrivals, closed_loop=closed)
         arrivals.router = door
@@ -362,7 +256,7 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
             # tier's replicas step to each arrival as before
             eng.cuttable = eng.jump and not closed and eng.sched.connector is None
             gate.add(eng.inlet)
-            eng.finish_observers.append(_FinishWatch(door, rep.index))
+            eng.finish_observers.append(FinishWatch(door, rep.index))
             if progress is not None:
                 eng.progress = count
         arrivals.start(iter(traces), engines=len(replicas))

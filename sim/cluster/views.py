@@ -27,35 +27,9 @@ from mypy_extensions import i64
 from sim.cache.events import EventRecords, KVEventLog
 from sim.cache.kv_manager import KVCacheManager
 from sim.cache.mirror_pool import MirrorPool, catch_up_each, leading_blocks, leading_held_each
-from sim.engine.record import prompt_of
+from sim.engine.door import Prompt   # (an arrival's prompt: compiled with the engine)
 
 VIEWS = ("oracle", "events", "approximate")
-
-
-class Prompt:
-    """One arrival's prompt as the routers need it: its keys, built once per distinct
-    hash configuration among the replicas (``keys_for``), and its length."""
-
-    __slots__ = ("trace", "streams", "tokens", "_keys")
-
-    def __init__(self, trace: Any, streams: Any, tokens: int = -1):
-        self.trace = trace
-        self.streams = streams
-        self.tokens = tokens if tokens >= 0 else trace.prompt_tokens
-        self._keys: dict[tuple[int, int], Any] = {}
-
-    def keys_for(self, kv: Any) -> Any:
-        """The prompt's ``PrefixKeys`` under ``kv``'s hash unit and lookahead."""
-        h = kv.hasher
-        k = (h.unit, h.lookahead)
-        got = self._keys.get(k)
-        if got is None:
-            got = self._keys[k] = self.streams.keys_of(prompt_of(self.trace.segments), h)
-        return got
-
-    def built(self, config: tuple[int, int]) -> Any:
-        """The keys ``keys_for`` built under ``(hash unit, lookahead)``; None if none."""
-        return self._keys.get(config)
 
 
 def full_group(kv: Any) -> tuple[int, int]:

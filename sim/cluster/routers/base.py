@@ -11,26 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
+from sim.engine.door import RouteRequest   # (compiled with the engine: made every arrival)
+
 
 @dataclass(frozen=True)
 class NoOptions:
     """A policy that adds no keys of its own under ``cluster.router:``."""
-
-
-@dataclass(slots=True)
-class RouteRequest:
-    """One arrival as the router sees it."""
-
-    request_id: str
-    session: str | None
-    segments: Any               # the workload record's segments (or its hash-id record)
-    prompt_tokens: int          # (-1 for a router that reads no replica: ``oblivious``)
-    output_tokens: int
-    arrival_ns: int             # (-1 likewise: it is routed as the trace is read)
-    index: int                  # the fleet's arrival order
-    prompt: Any = None          # sim.cluster.views.Prompt: keys per hash configuration
-    predicted: int = -1         # the hit (tokens) the router believed its replica would give
-    best: Any = None            # hindsight: (best hit, its replica, best of the others, own)
 
 
 class Router(Protocol):
