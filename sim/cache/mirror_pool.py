@@ -12,7 +12,7 @@ events allow, every group and the Mamba states included.  It never allocates.
 """
 from __future__ import annotations
 
-from librt.vecs import append, vec
+from librt.vecs import append, extend, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS, NO_KEY, Block, BlockPool
@@ -43,6 +43,9 @@ class MirrorPool(BlockPool):
         self.unit_of = vec[i64]([NO_KEY, NO_KEY])  # per id: that key's hash-unit position
         self.free_ids = vec[i64]([1])              # ids free to reuse: the first ``nfree``
         self.nfree: i64 = 1                        # (a stack: no vec grown or cut an id)
+        # ids handed out so far; ``blocks``, ``key_of`` and ``unit_of`` hold at least as
+        # many entries, doubled when full (no list or vec appended to a new id)
+        self.n_ids: i64 = 2
 
     def store(self, pool_key: i64, end: i64) -> None:
         """A ``BlockStored`` key: held once more, ending at token ``end``."""
@@ -52,10 +55,10 @@ class MirrorPool(BlockPool):
             bid = self.free_ids[nf]
             self.nfree = nf
         else:
-            bid = len(self.blocks)
-            self.blocks.append(self.stand_in)
-            self.key_of = append(self.key_of, NO_KEY)
-            self.unit_of = append(self.unit_of, NO_KEY)
+            bid = self.n_ids
+            self.n_ids = bid + 1
+            if bid >= len(self.key_of):
+                self._more_ids()
         self.key_map.add(pool_key, bid)      # (a fresh id: never mapped yet)
         u = end // self.hash_block_size
         self.key_of[bid] = pool_key
@@ -66,6 +69,14 @@ class MirrorPool(BlockPool):
             ix[slot] = ix[slot] + 1
         else:
             self._count_at(pool_key, u, 1)
+
+    def _more_ids(self) -> None:
+        """Twice the room for ids: every new entry the stand-in block, no key."""
+        n = len(self.key_of)
+        self.blocks.extend([self.stand_in] * n)
+        none = vec[i64]([NO_KEY] * n)
+        self.key_of = extend(self.key_of, none)
+        self.unit_of = extend(self.unit_of, none)
 
     def remove(self, pool_key: i64) -> None:
         """A ``BlockRemoved`` key: held once less, by its first holder (a key not held:
@@ -91,7 +102,7 @@ class MirrorPool(BlockPool):
     def clear(self) -> None:
         """``AllBlocksCleared``."""
         key_of = self.key_of
-        for bid in range(1, len(key_of)):
+        for bid in range(1, self.n_ids):
             k = key_of[bid]
             if k >= 0:
                 self.key_map.remove(k, bid)

@@ -193,15 +193,18 @@ def test_mirror_pool_holds_a_key_as_often_as_it_was_stored():
     pool.remove(a)
     pool.remove(a)                              # (not held: nothing)
     assert not pool.key_map.has(a) and count(a, 32) == 0
-    ids = len(pool.blocks)
+    ids = pool.n_ids
     pool.store(a, 48)                           # a freed id is reused
-    assert len(pool.blocks) == ids and count(a, 48) == 1
+    assert pool.n_ids == ids and count(a, 48) == 1
     pool.clear()
     assert len(pool.key_map) == 0 and count(a, 48) == 0 and count(b, 16) == 0
     for k in range(10):                         # more keys than ids made so far
         pool.store((k << GROUP_BITS) | 2, 16 * (k + 1))
     assert len(pool.key_map) == 10 and all(count((k << GROUP_BITS) | 2, 16 * (k + 1)) == 1
                                            for k in range(10))
+    assert pool.n_ids == 11 and len(pool.blocks) >= 11   # (ids 1..10; room doubled)
+    pool.clear()                                # (past the first room: every id freed)
+    assert len(pool.key_map) == 0 and pool.nfree == 10
 
 
 def test_records_past_their_buffers_reach_the_mirror_in_order():
