@@ -16,6 +16,7 @@ from librt.vecs import append, extend, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS, NO_KEY, Block, BlockPool
+from sim.cache.coordinator import Coordinator
 from sim.cache.events import EventRecords
 from sim.cache.hashing import PrefixKeys
 from sim.cache.key_map import KeyMap
@@ -168,3 +169,33 @@ def leading_held_each(pools: list[BlockPool], blocks: vec[i64], group: i64) -> v
             j += 1
         out = append(out, j)
     return out
+
+
+class CacheIndex:
+    """What a router's cache view (``sim/cluster/views.py``) answers on every arrival,
+    compiled, for replicas of one configuration: the attention overlap of every replica
+    and one replica's resumable hit, over each replica's cache manager (``coordinators``:
+    the replicas' own, or the mirrors their events build, then with ``records`` to catch
+    up first).  ``group``: the first full-attention group (>= 0)."""
+
+    def __init__(self, coordinators: list[Coordinator], pools: list[BlockPool],
+                 mirrors: list[MirrorPool] | None, records: list[EventRecords] | None,
+                 group: i64) -> None:
+        self.coordinators = coordinators
+        self.pools = pools
+        self.mirrors = mirrors      # (``pools`` as mirrors, with their ``records``)
+        self.records = records
+        self.group = group
+
+    def overlaps(self, now: i64, blocks: vec[i64]) -> vec[i64]:
+        """Every replica's leading whole attention blocks of the prompt whose blocks'
+        keys are ``blocks``, with every batch of events delivered by ``now`` applied."""
+        mirrors = self.mirrors
+        records = self.records
+        if mirrors is not None and records is not None:
+            catch_up_each(mirrors, records, now)
+        return leading_held_each(self.pools, blocks, self.group)
+
+    def hybrid_hit(self, i: i64, keys: PrefixKeys, tokens: i64) -> i64:
+        """Replica ``i``'s resumable hit (tokens) of a ``tokens``-token prompt."""
+        return self.coordinators[i].find_longest_cache_hit(keys, tokens - 1)[1]

@@ -113,7 +113,8 @@ def make_door(router, replicas: list[Replica], replica_of: array, fleet: FleetCo
                 # each replica's key configuration (a prompt's keys under it are handed over)
                 [(r.dep.kv.hasher.unit, r.dep.kv.hasher.lookahead) for r in replicas],
                 replica_of, fleet.streams,
-                keeps_counters=type(router).finished is not Stateless.finished,
+                keeps_counters=(getattr(type(router), "finished", Stateless.finished)
+                                is not Stateless.finished),
                 needs_prompt=getattr(router, "needs_prompt", False) or hindsight,
                 predicts=hasattr(router, "needs_prompt"),
                 oracle=fleet.view("oracle") if hindsight else None,

@@ -26,7 +26,8 @@ from mypy_extensions import i64
 
 from sim.cache.events import EventRecords, KVEventLog
 from sim.cache.kv_manager import KVCacheManager
-from sim.cache.mirror_pool import MirrorPool, catch_up_each, leading_blocks, leading_held_each
+from sim.cache.mirror_pool import (CacheIndex, MirrorPool, catch_up_each, leading_blocks,
+                                   leading_held_each)
 from sim.engine.door import Prompt   # (an arrival's prompt: compiled with the engine)
 
 VIEWS = ("oracle", "events", "approximate")
@@ -103,6 +104,17 @@ class _ManagersView:
         self.uniform = _uniform(kvs)
         self.pools = [kv.pool for kv in kvs]
         self.group = self.shapes[0][0] if self.uniform else -1   # (the fast path's)
+        # the compiled answers a router asks on every arrival (replicas of one
+        # configuration with full attention; None otherwise): ``index.overlaps`` is
+        # ``overlaps`` given the blocks, ``index.hybrid_hit`` is ``hybrid_hit`` given
+        # the keys, without this class's Python frames
+        self.index: CacheIndex | None = None
+        if self.group >= 0:
+            self.index = CacheIndex([kv.coordinator for kv in kvs], self.pools,
+                                    *self._mirrors())
+
+    def _mirrors(self) -> tuple[list | None, list | None, int]:
+        return None, None, self.group
 
     def attention_each(self, prompt: Prompt, blocks: Any = None) -> Any:
         """The leading whole attention blocks of the prompt each replica holds, in a
@@ -154,13 +166,16 @@ class EventsView(_ManagersView):
     name = "events"
 
     def __init__(self, replicas: list, lag_ns: int):
-        super().__init__([KVCacheManager(r.dep.kv.cfg, pool_factory=MirrorPool)
-                          for r in replicas])
         self.lag_ns = lag_ns
         # each replica's events as records (``EventRecords``), in its publish order, and
         # read replica by replica: replicas publish out of time order (each is run as far
         # as the fleet needs it), and none waits behind another replica's later batch
         self.records = [EventRecords(lag_ns) for _ in replicas]
+        super().__init__([KVCacheManager(r.dep.kv.cfg, pool_factory=MirrorPool)
+                          for r in replicas])
+
+    def _mirrors(self) -> tuple[list | None, list | None, int]:
+        return self.pools, self.records, self.group
 
     def advance(self, now: int) -> None:
         """Apply every batch delivered by ``now``."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from mypy_extensions import i64
 
+from sim.engine.active_sequences import ActiveSequences
 from sim.engine.record import prompt_of
 
 
@@ -24,6 +25,10 @@ class RouteRequest:
     def __init__(self, request_id: str, session: str | None, segments: Any,
                  prompt_tokens: int, output_tokens: int, arrival_ns: int, index: int,
                  prompt: Any = None, predicted: int = -1, best: Any = None) -> None:
+        # (a router counting Dynamo's load sets ``blocks`` and ``prefill`` as it chooses:
+        # the door adds the request to its book once the replica took it)
+        self.blocks: Any = None     # its prompt's block keys (a vec), the book's blocks
+        self.prefill: int = 0       # the prompt tokens the chosen worker computes
         self.request_id = request_id
         self.session = session
         self.segments = segments    # the workload record's segments (or its hash-id record)
@@ -42,18 +47,35 @@ class RouteRequest:
 
 class Prompt:
     """One arrival's prompt as the routers need it: its keys, built once per distinct
-    hash configuration among the replicas (``keys_for``), and its length."""
+    hash configuration among the replicas (``keys_for``), and its length.  (Replicas of
+    one configuration are the rule: the first configuration's keys are kept in fields,
+    any other's in a dict made when needed.)"""
 
     def __init__(self, trace: Any, streams: Any, tokens: int = -1) -> None:
         self.trace = trace
         self.streams = streams
         self.tokens: int = tokens if tokens >= 0 else trace.prompt_tokens
-        self._keys: dict[tuple[int, int], Any] = {}
+        self.unit0: i64 = -1        # the first configuration asked: (hash unit, lookahead)
+        self.lookahead0: i64 = -1
+        self.keys0: Any = None      # ... and the keys built under it
+        self._keys: dict[tuple[int, int], Any] | None = None   # any other configuration's
 
     def keys_for(self, kv: Any) -> Any:
         """The prompt's ``PrefixKeys`` under ``kv``'s hash unit and lookahead."""
         h = kv.hasher
-        k = (int(h.unit), int(h.lookahead))
+        unit: i64 = h.unit
+        la: i64 = h.lookahead
+        if unit == self.unit0 and la == self.lookahead0:
+            return self.keys0
+        if self.keys0 is None:
+            got = self.streams.keys_of(prompt_of(self.trace.segments), h)
+            self.unit0 = unit
+            self.lookahead0 = la
+            self.keys0 = got
+            return got
+        if self._keys is None:
+            self._keys = {}
+        k = (int(unit), int(la))
         got = self._keys.get(k)
         if got is None:
             got = self.streams.keys_of(prompt_of(self.trace.segments), h)
@@ -62,6 +84,10 @@ class Prompt:
 
     def built(self, config: tuple[int, int]) -> Any:
         """The keys ``keys_for`` built under ``(hash unit, lookahead)``; None if none."""
+        if config[0] == self.unit0 and config[1] == self.lookahead0:
+            return self.keys0
+        if self._keys is None:
+            return None
         return self._keys.get(config)
 
 
@@ -108,6 +134,11 @@ class Door:
         self.pending: RouteRequest | None = None
         self.needs_prompt = needs_prompt
         self.placed_hook: Any = getattr(router, "placed", None)
+        # a router that counts Dynamo's load (``counts_load``) has its book fed here: each
+        # request the replica took, with the ``blocks`` and ``prefill`` its choice set,
+        # and each finish (no Python call of the router's on either)
+        self.book: ActiveSequences | None = (router.book if getattr(router, "counts_load",
+                                                                     False) else None)
         # what the router believed its replica would reuse (-1: no belief), by arrival
         self.predicts = predicts
         self.predicted: Any = arrays()
@@ -183,6 +214,9 @@ class Door:
             view.outstanding_tokens += r.cache.num_prompt_tokens + r.max_tokens
             if self.keeps_counters and req is not None:
                 self.routed[k] = req
+        book = self.book
+        if book is not None and ok and req is not None:
+            book.add(i, k, r, req.prefill, req.blocks)
         hook = self.placed_hook
         if hook is not None and req is not None:
             hook(i, req, r, ok)
@@ -203,6 +237,9 @@ class FinishWatch:
         view.outstanding_tokens -= req.cache.num_prompt_tokens + req.max_tokens
         view.finished += 1
         door = self.door
+        book = door.book
+        if book is not None:
+            book.finish(self.replica, req.index)
         if door.keeps_counters:
             got = door.routed.pop(req.index, None)
             if got is not None:

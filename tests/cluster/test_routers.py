@@ -55,6 +55,7 @@ class View:
     hits: list[int]                         # hybrid hit per replica (tokens)
     blocks: list[int]                       # attention blocks per replica
     sizes: list[int] = field(default_factory=list)
+    index = None                            # (no compiled answers: the methods below)
 
     def advance(self, now):
         pass

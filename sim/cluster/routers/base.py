@@ -23,7 +23,11 @@ class Router(Protocol):
     """Picks a replica (its index) for each arrival, in arrival order; a router that
     predicts a hit sets ``req.predicted`` (requests.csv ``routed_hit_tokens``).
     ``placed`` (optional) hears where the request went and whether the replica took it,
-    with the replica's request; ``finished`` that it finished."""
+    with the replica's request; ``finished`` (optional) that it finished.  A router that
+    counts Dynamo's load (``counts_load = True``, its ``book`` an ``ActiveSequences``)
+    sets ``req.blocks`` and ``req.prefill`` as it chooses, and the fleet's door
+    (``sim/engine/door.py``) adds each request the replica took to the book and finishes
+    it there."""
 
     def choose(self, req: RouteRequest) -> int: ...
 

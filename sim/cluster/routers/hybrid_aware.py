@@ -64,6 +64,7 @@ class HybridAwareOptions:
 class _HybridAware:
     needs_prompt = True
     uses_view = True
+    counts_load = True      # (the fleet's door feeds ``book``: each placed request, each finish)
 
     def __init__(self, opts: HybridAwareOptions, seed: int, fleet):
         from sim.cluster.views import block_size_of
@@ -76,8 +77,7 @@ class _HybridAware:
         self.bs = block_size_of(self.kv0)
         self.scale = self.bs // self.kv0.coordinator.hash_block_size
         self.view = fleet.view(opts.view, opts.event_lag_ms)
-        self._blocks = None
-        self._over = 0.0
+        self.index = self.view.index     # (its compiled answers, when it has them)
         self.weight = float(opts.overlap_score_weight)
         # every cost is its bound and the least one wins (no draw)
         self.bound_exact = opts.attention_credit >= 1 and opts.router_temperature <= 0
@@ -92,29 +92,36 @@ class _HybridAware:
         book = self.book
         book.refresh()
         view = self.view
-        att = view.overlaps(req.arrival_ns, prompt, blocks)   # (whole attention blocks held)
+        index = self.index
+        if index is not None:                       # (whole attention blocks held)
+            att = index.overlaps(req.arrival_ns, blocks)
+        else:
+            att = view.overlaps(req.arrival_ns, prompt, blocks)
         # the overlap scored is credit x att + (1 - credit) x h, h the resumable hit
         # (0 <= h <= att): the cost with the attention overlap is a lower bound, exact at
         # credit 1 (Dynamo's arithmetic, as kv_router's)
         bound = book.costs(tokens, att, blocks, bs, self.weight)
-        self._blocks = blocks
+        req.blocks = blocks
         tied = None
         if self.bound_exact:                        # (credit 1, temperature 0)
             tied = least(bound)
             if len(tied) == 1:                      # (no tie to break: one lookup)
                 i = tied[0]
                 # (``_believe`` at credit 1, inline)
-                req.predicted = view.hybrid_hit(i, prompt, keys)
-                self._over = float(att[i] * bs)
+                req.predicted = (index.hybrid_hit(i, keys, prompt.tokens) if index is not None
+                                 else view.hybrid_hit(i, prompt, keys))
+                req.prefill = tokens - att[i] * bs
                 return i
         return self._choose(req, blocks, att, bound, tied)
 
     def _believe(self, req: RouteRequest, i: int, att: vec[i64], h: int) -> int:
         """Replica ``i`` chosen: the router believes its resumable hit ``h``
-        (``routed_hit_tokens``) and scored ``_over`` tokens of overlap there."""
+        (``routed_hit_tokens``) and scored ``over`` tokens of overlap there: the prompt's
+        other tokens are the prefill Dynamo's book counts (``req.prefill``)."""
         credit = self.o.attention_credit
         req.predicted = h
-        self._over = credit * (att[i] * self.bs) + (1 - credit) * h
+        over = credit * (att[i] * self.bs) + (1 - credit) * h
+        req.prefill = req.prompt_tokens - int(over)
         return i
 
     def _choose(self, req: RouteRequest, blocks, att: vec[i64], bound: vec[float],
@@ -170,14 +177,6 @@ class _HybridAware:
                 tied = [k for k in tied if view.size(k) == small]
             i = tied[0] if len(tied) == 1 else tied[self.rng.randrange(len(tied))]
         return self._believe(req, i, att, hit(i))
-
-    def placed(self, i: int, req: RouteRequest, sim_req, ok: bool) -> None:
-        if ok:
-            self.book.add(i, req.index, sim_req, req.prompt_tokens - int(self._over),
-                          self._blocks)
-
-    def finished(self, i: int, req: RouteRequest) -> None:
-        self.book.finish(i, req.index)
 
 
 class HybridAware:

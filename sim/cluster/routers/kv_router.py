@@ -72,6 +72,7 @@ def prompt_blocks(kv, keys, tokens: int, bs: int = 0):
 class _KvRouter:
     needs_prompt = True
     uses_view = True
+    counts_load = True      # (the fleet's door feeds ``book``: each placed request, each finish)
 
     def __init__(self, opts: KvRouterOptions, seed: int, fleet):
         from sim.cluster.approximate import BlockHistory
@@ -84,14 +85,16 @@ class _KvRouter:
         self.kv0 = fleet.replicas[0].dep.kv
         self.bs = block_size_of(self.kv0)
         self.view = fleet.view("events", opts.event_lag_ms) if opts.view == "events" else None
+        self.index = self.view.index if self.view is not None else None   # (compiled answers)
         self.history = (BlockHistory(self.n, opts.router_max_tree_size,
                                      int(opts.router_ttl_secs * 1e9),
                                      opts.router_prune_target_ratio)
                         if opts.view == "approximate" else None)
-        self._blocks = None
 
     def overlaps(self, req: RouteRequest, blocks) -> vec[i64]:
         """The whole blocks of the prompt each worker holds, as the router knows them."""
+        if self.index is not None:
+            return self.index.overlaps(req.arrival_ns, blocks)
         if self.view is not None:
             return self.view.overlaps(req.arrival_ns, req.prompt, blocks)
         return vec[i64]([self.history.overlap(i, blocks, req.arrival_ns)
@@ -112,18 +115,11 @@ class _KvRouter:
                                 float(self.o.overlap_score_weight))
         i = pick_by_cost(costs, self.size, self.o.router_temperature, self.rng)
         req.predicted = over[i] * self.bs
-        self._blocks = blocks
+        req.blocks = blocks
+        req.prefill = req.prompt_tokens - req.predicted
         if self.history is not None:
             self.history.add(i, blocks, req.arrival_ns)
         return i
-
-    def placed(self, i: int, req: RouteRequest, sim_req, ok: bool) -> None:
-        if ok:
-            self.book.add(i, req.index, sim_req, req.prompt_tokens - req.predicted,
-                          self._blocks)
-
-    def finished(self, i: int, req: RouteRequest) -> None:
-        self.book.finish(i, req.index)
 
 
 class KvRouter:
