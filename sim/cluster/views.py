@@ -114,6 +114,7 @@ class _ManagersView:
                                     *self._mirrors())
 
     def _mirrors(self) -> tuple[list | None, list | None, int]:
+        """The index's (mirror pools, their records, group): managers of their own here."""
         return None, None, self.group
 
     def attention_each(self, prompt: Prompt, blocks: Any = None) -> Any:
@@ -175,6 +176,7 @@ class EventsView(_ManagersView):
                           for r in replicas])
 
     def _mirrors(self) -> tuple[list | None, list | None, int]:
+        # (the pools are mirrors, caught up from the records before each answer)
         return self.pools, self.records, self.group
 
     def advance(self, now: int) -> None:

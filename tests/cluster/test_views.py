@@ -120,6 +120,28 @@ def test_a_replicas_batch_is_not_held_behind_another_replicas():
     assert a.records.n == 0
 
 
+def test_the_views_compiled_index_answers_as_the_view():
+    """The routers ask a view's ``index`` (compiled) on every arrival: the overlap of every
+    replica and one replica's resumable hit are the view's own answers.  Replica 0 holds the
+    prompt's first three attention blocks and a Mamba state at their end, replica 1 the
+    first block and no state."""
+    from sim.cache.prompt import StreamRegistry
+    from sim.cluster.views import Prompt
+
+    view, _ = _records(2)
+    prompt = Prompt(SimpleNamespace(segments=[("s", 0, 80)]), StreamRegistry(), 80)
+    keys = prompt.keys_for(view.kvs[0])
+    blocks = keys.block_keys(0, 5, 1)            # (16-token blocks, 16-token hash unit)
+    for j in range(3):
+        view.pools[0].store((blocks[j] << GROUP_BITS) | 0, 16 * (j + 1))
+    view.pools[0].store((blocks[2] << GROUP_BITS) | 1, 48)
+    view.pools[1].store((blocks[0] << GROUP_BITS) | 0, 16)
+    assert view.index is not None
+    assert list(view.index.overlaps(0, blocks)) == list(view.overlaps(0, prompt, blocks)) == [3, 1]
+    assert [view.index.hybrid_hit(i, keys, 80) for i in range(2)] == [
+        view.hybrid_hit(i, prompt, keys) for i in range(2)] == [48, 0]
+
+
 def test_event_objects_become_the_same_records():
     """A run writing its own stream hands the view event objects: each becomes its
     records (a Stored one per key, in order)."""
