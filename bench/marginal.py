@@ -5,6 +5,9 @@
     python bench/marginal.py --scenario scenarios/athena.yaml --low 500 --high 2000
     python bench/marginal.py --set cluster.replicas=16 --set workload.time_scale=0.125
                                                               # a 16-replica fleet (#40)
+    python bench/marginal.py --set cluster.replicas=16 --set workload.time_scale=0.125 \
+        --set cluster.router.policy=hybrid_aware --against-plain
+                                                              # ... and its ratio to one replica (#41)
 
 Runs the whole ``sim run SCENARIO --requests N --no-report`` process twice under
 valgrind's callgrind (``OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0``: the same instructions
@@ -15,6 +18,9 @@ run to run), at ``--low`` and at ``--high`` requests, and prints
   Mooncake request);
 * that cost by origin: the project's compiled modules (by module), CPython's runtime
   (allocation, reference counting, formatting), mypyc's runtime library, ``librt``'s vecs;
+* with ``--against-plain``, the same measure of the scenario without the ``--set``
+  overrides (two more runs), and the ratio of the two: a fleet's cost a request over its
+  one replica's (#41's goal for ``hybrid_aware`` on 16 replicas: at most 1.5x);
 * the functions with the largest marginal cost (own instructions, or with ``--inclusive``
   everything they call: our own functions only), named as mypyc compiles them
   (``scheduler.Scheduler.schedule``).
@@ -137,6 +143,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="override a scenario field for both runs (repeatable)")
     ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
                     help="keep the callgrind files (callgrind.N.out) in DIR for callgrind_annotate")
+    ap.add_argument("--against-plain", action="store_true",
+                    help="also measure the scenario without the --set overrides (two more runs) "
+                         "and print the ratio: a fleet's cost a request over one replica's")
     args = ap.parse_args(argv)
     if not 0 < args.low < args.high:
         _fail(f"need 0 < --low < --high, got --low {args.low} --high {args.high}")
@@ -144,6 +153,9 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"no such scenario: {args.scenario}")
     if args.top < 0:
         _fail(f"--top must be >= 0, got {args.top}")
+    if args.against_plain and not args.set:
+        _fail("--against-plain compares with the scenario without the --set overrides: "
+              "give at least one --set")
     kept = []
     if args.keep is not None:
         if args.keep.exists() and not args.keep.is_dir():
@@ -163,6 +175,13 @@ def main(argv: list[str] | None = None) -> None:
         for n in (args.low, args.high):
             print(f"  callgrind: sim run --requests {n:,} ...", file=sys.stderr, flush=True)
             runs[n] = count(args.scenario.resolve(), n, work, args.inclusive, args.set)
+        plain = {}
+        if args.against_plain:
+            (work / "plain").mkdir()
+            for n in (args.low, args.high):
+                print(f"  callgrind: sim run --requests {n:,} (without the --set overrides) ...",
+                      file=sys.stderr, flush=True)
+                plain[n] = count(args.scenario.resolve(), n, work / "plain", False)[0]
         if kept:
             try:
                 args.keep.mkdir(parents=True, exist_ok=True)
@@ -177,6 +196,10 @@ def main(argv: list[str] | None = None) -> None:
           f"request ((hi {hi_total / 1e6:,.0f} M - lo {lo_total / 1e6:,.0f} M) / {span:,} requests; "
           f"{per / GOAL:.2f}x #19's {GOAL // 1000} k goal; callgrind, "
           f"{time.perf_counter() - t0:,.0f} s)")
+    if plain:
+        per0 = (plain[args.high] - plain[args.low]) / span
+        print(f"against the scenario without the --set overrides: {per0 / 1e3:,.1f} k "
+              f"instructions a simulated request; ratio {per / per0:.3f}x")
     marginal = {f: (hi.get(f, 0) - lo.get(f, 0)) / span for f in set(lo) | set(hi)}
     by_name = by_function(marginal, args.inclusive)
     if not args.inclusive:

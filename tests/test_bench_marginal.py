@@ -74,6 +74,7 @@ def test_names_and_origins():
     (["--low", "6000", "--high", "2000"], "need 0 < --low < --high"),
     (["--scenario", "nope.yaml"], "no such scenario: nope.yaml"),
     (["--top", "-1"], "--top must be >= 0"),
+    (["--against-plain"], "give at least one --set"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words):
     res = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True,
