@@ -98,7 +98,9 @@ class _ManagersView:
     """What both views answer from a list of cache managers (``kvs``: the replicas' own,
     or the mirrors their events build), one per replica."""
 
-    def __init__(self, kvs: list):
+    def __init__(self, kvs: list, records: list | None = None):
+        """``records``: when ``kvs`` are mirrors, each one's event records (the index
+        catches them up before it answers)."""
         self.kvs = kvs
         self.shapes = [_shape(kv) for kv in kvs]
         self.uniform = _uniform(kvs)
@@ -111,11 +113,8 @@ class _ManagersView:
         self.index: CacheIndex | None = None
         if self.group >= 0:
             self.index = CacheIndex([kv.coordinator for kv in kvs], self.pools,
-                                    *self._mirrors())
-
-    def _mirrors(self) -> tuple[list | None, list | None, int]:
-        """The index's (mirror pools, their records, group): managers of their own here."""
-        return None, None, self.group
+                                    self.pools if records is not None else None, records,
+                                    self.group)
 
     def attention_each(self, prompt: Prompt, blocks: Any = None) -> Any:
         """The leading whole attention blocks of the prompt each replica holds, in a
@@ -173,22 +172,11 @@ class EventsView(_ManagersView):
         # as the fleet needs it), and none waits behind another replica's later batch
         self.records = [EventRecords(lag_ns) for _ in replicas]
         super().__init__([KVCacheManager(r.dep.kv.cfg, pool_factory=MirrorPool)
-                          for r in replicas])
-
-    def _mirrors(self) -> tuple[list | None, list | None, int]:
-        # (the pools are mirrors, caught up from the records before each answer)
-        return self.pools, self.records, self.group
+                          for r in replicas], self.records)
 
     def advance(self, now: int) -> None:
         """Apply every batch delivered by ``now``."""
         catch_up_each(self.pools, self.records, now)
-
-    def overlaps(self, now: int, prompt: Prompt, blocks: Any = None) -> Any:
-        # (as the base class's, in one Python frame: asked on every arrival)
-        catch_up_each(self.pools, self.records, now)
-        if blocks is not None and self.group >= 0:
-            return leading_held_each(self.pools, blocks, self.group)
-        return _attention_each(self, prompt, blocks)
 
 
 def _no_sink(step: int, events: list) -> None:

@@ -148,10 +148,9 @@ class ActiveSequences:
         repeats) added."""
         return _with_new(self.active[i], blocks)
 
-    def decode_all(self, blocks: vec[i64]) -> vec[i64]:
-        """``decode_blocks`` of every worker, in the book's own vec (rewritten by the next
-        call)."""
-        new = blocks
+    def decode_all(self, new: vec[i64]) -> vec[i64]:
+        """``decode_blocks`` of every worker with the prompt's blocks ``new`` added, in
+        the book's own vec (rewritten by the next call)."""
         counts = self.counts
         n_new: i64 = len(new)
         if self.masked:

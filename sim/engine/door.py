@@ -114,11 +114,12 @@ class Door:
     """The router's side of the shared arrivals (``Arrivals.router``): names the inlet of
     each arrival, then records where it went and keeps the load counters.
 
-    ``replicas``: the fleet's replicas (``inlet``: their engines' inlets, ``view``: their
-    load counters, ``key_config``: each one's (hash unit, lookahead)); ``replica_of``,
-    ``predicted``, ``best``, ``best_at``, ``others``, ``at_arrival``: ``array('q')`` by
-    arrival index; ``oracle``: the oracle view asked for every replica's hit at each
-    arrival (``cluster.hindsight``), or None."""
+    Per replica, in the fleet's order: ``inlets`` (its engine's), ``views`` (its load
+    counters), ``key_config`` (its (hash unit, lookahead)).  By arrival index, each an
+    ``array('q')`` (``arrays`` makes an empty one): ``replica_of`` (given, shared with the
+    fleet), ``predicted``, ``best``, ``best_at``, ``others``, ``at_arrival``.  ``oracle``:
+    the oracle view asked for every replica's hit at each arrival (``cluster.hindsight``),
+    or None."""
 
     def __init__(self, router: Any, inlets: list, views: list, key_config: list,
                  replica_of: Any, streams: Any, keeps_counters: bool, needs_prompt: bool,
