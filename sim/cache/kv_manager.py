@@ -105,6 +105,9 @@ class KVCacheManager:
         self.event_log: KVEventLog | None = None   # (the KV event log among its observers)
         self.hasher = PrefixHasher(c.hash_block_size, c.pool.lookahead)
         self.empty: list[list[Block]] = [[] for _ in c.specs]   # "no hit", per group
+        # (with a KV connector: the Mamba states taken by the last take_offload_handoffs)
+        self.handoff_groups: list[int] = []
+        self.handoff_lists: list[list[tuple[str, Block, int]]] = []
 
     @property
     def partial_hits(self) -> bool:
@@ -387,10 +390,16 @@ class KVCacheManager:
         for m in self.coordinator.mamba_managers:
             m.enable_handoffs()
 
-    def take_offload_handoffs(self) -> dict[str, list[tuple[int, Block, int]]]:
-        """This step's committed Mamba states, ``{request: [(group, block, boundary
-        tokens), ...]}``, group by group (vLLM's ``take_boundary_state_offloads``)."""
-        out: dict[str, list[tuple[int, Block, int]]] = {}
+    def take_offload_handoffs(self) -> bool:
+        """Take this step's committed Mamba states (vLLM's ``take_boundary_state_offloads``);
+        whether there are any.  They are then in ``handoff_lists``, one list of (request,
+        block, boundary tokens) per Mamba group with states, in commit order, the group of
+        each in ``handoff_groups``, groups in order (no dict nor tuple built per state)."""
+        groups = self.handoff_groups
+        lists = self.handoff_lists
+        if groups:
+            groups.clear()
+            lists.clear()
         for m in self.coordinator.mamba_managers:
             if not m.has_handoffs:
                 continue
@@ -400,15 +409,12 @@ class KVCacheManager:
                     empty = False
                     break
             if empty:
-                continue         # (most steps: nothing to take, no lists to build)
+                continue         # (most steps: nothing to take)
             for mi, entries in enumerate(m.take_handoffs()):
-                g = m.group_ids[mi]
-                for rid, block, boundary in entries:
-                    lst = out.get(rid)
-                    if lst is None:
-                        lst = out[rid] = []
-                    lst.append((g, block, boundary))
-        return out
+                if entries:
+                    groups.append(m.group_ids[mi])
+                    lists.append(entries)
+        return len(groups) > 0
 
     def group_blocks(self, req: CacheRequest, kind: str) -> list:
         """The block table of the first group of ``kind`` for ``req`` (empty if none)."""

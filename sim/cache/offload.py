@@ -136,7 +136,7 @@ class OffloadConnector(ConnectorStores):
         job = self._new_job(rs, vec[i64](keys_to_load), False)
         job.blocks = nblocks
         job.groups = groups
-        rs.jobs.add(job.jid)
+        rs.add_job(job.jid)
         self.load_jobs.append(job)
         self.loading_keys.update(keys_to_load)
         rs.tail = None
@@ -194,8 +194,8 @@ class OffloadConnector(ConnectorStores):
                 if rs.finished:
                     self._unfence(job.jid, job.deferred)
             del self.jobs[job.jid]
-            rs.jobs.discard(job.jid)
-            if rs.signaled and not rs.jobs:
+            rs.drop_job(job.jid)
+            if rs.signaled and len(rs.jobs) == 0:
                 self._forget(rs)
             if not job.store:
                 if rs.loading:
@@ -257,11 +257,11 @@ class OffloadConnector(ConnectorStores):
             self.flush_jobs.update(j for j in rs.jobs if not self._is_batch_load(j))
         if self.block_jobs:
             self._flush_allocated(scheduled)
-        handoffs = kv.take_offload_handoffs()
-        if handoffs:
-            self._boundary_stores(handoffs)
+        if kv.take_offload_handoffs():
+            rids = self._handoff_rids(kv.handoff_lists)
+            self._boundary_stores(rids, kv.handoff_groups, kv.handoff_lists)
             if self.partial:
-                self._tail_stores(handoffs, scheduled)
+                self._tail_stores(rids, kv.handoff_groups, kv.handoff_lists, scheduled)
         for rs in sweep_rs:
             if not rs.swept:
                 allocated = self._sweep(rs, rs.req.num_computed_tokens + rs.step_tokens,
@@ -289,7 +289,7 @@ class OffloadConnector(ConnectorStores):
                 continue
             rs.signaled = True
             self.pool.request_finished(rs.st)
-            if not rs.jobs:
+            if len(rs.jobs) == 0:
                 self._forget(rs)
         if self.finished_ids:
             self.finished_ids.clear()

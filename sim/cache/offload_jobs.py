@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from librt.vecs import vec
+from librt.vecs import append, pop, vec
 from mypy_extensions import i64
 
 from sim.cache.offload_pool import AccessState
@@ -55,6 +55,10 @@ class Job:
         self.groups: dict[str, Any] | None = None   # per group, for step logs
 
 
+# (a request's block table before the connector holds one: shared, never written)
+NO_TABLE: list[Block] = []
+
+
 class ReqOffload:
     """One request's offload state (vLLM's ``RequestOffloadState``)."""
 
@@ -71,11 +75,11 @@ class ReqOffload:
         # its block table in each attention group as vLLM's connector holds it (from the
         # step it is scheduled after a lookup; the table itself: it only grows while the
         # request runs, and stays as it was once the request has finished)
-        self.tables: list[list[Block]] = [[] for _ in range(ngroups)]
+        self.tables: list[list[Block]] = [NO_TABLE] * ngroups
         self.next_stored = [0] * ngroups
         self.hit_end = [0] * ngroups
         self.num_local = 0
-        self.jobs: set[int] = set()
+        self.jobs = vec[i64]()           # its jobs in flight (ids; a request has a few)
         self.tail: int | None = None     # partial-tail boundary of the pending load
         self.loaded = False              # loaded from the tier at some admission
         self.finished = False
@@ -84,6 +88,20 @@ class ReqOffload:
         self.swept = False               # every prompt chunk the sweep may store is behind it
         self.fresh = False               # allocated in this step's waiting loop
         self.step_tokens = 0             # tokens scheduled in this step (``build``)
+
+    def add_job(self, jid: i64) -> None:
+        self.jobs = append(self.jobs, jid)
+
+    def drop_job(self, jid: i64) -> None:
+        """Job ``jid`` is done (its id leaves ``jobs``; the order of the rest is kept)."""
+        js = self.jobs
+        n = len(js)
+        for i in range(n):
+            if js[i] == jid:
+                for k in range(i + 1, n):
+                    js[k - 1] = js[k]
+                self.jobs = pop(js)[0]
+                return
 
 
 class Transfers:

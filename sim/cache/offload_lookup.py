@@ -14,8 +14,8 @@ from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
 from sim.cache.key_map import IntMap, KeyMap, PairHeap
-from sim.cache.offload_jobs import (GroupOffload, Job, ReqOffload, StepTransfers,
-                                    Transfers)
+from sim.cache.offload_jobs import (NO_TABLE, GroupOffload, Job, ReqOffload,
+                                    StepTransfers, Transfers)
 from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, HostPool
 from sim.cache.rules import cdiv, eagle_proof_margin
 
@@ -225,7 +225,7 @@ class ConnectorLookup:
         assert rs is not None
         self._update_keys(rs)
         cap = req.num_tokens - 1 if self.sliding else req.num_tokens
-        lookup = self.pool.lookup
+        pool = self.pool
         reach = cap
         for gi in self.full:
             gc = self.groups[gi]
@@ -233,7 +233,7 @@ class ConnectorLookup:
             gid = gc.gid
             first = start // gc.tpc
             i = first
-            while i < len(pks) and lookup((pks[i] << GROUP_BITS) | gid) == HIT:
+            while i < len(pks) and pool.lookup((pks[i] << GROUP_BITS) | gid) == HIT:
                 i += 1
             if gc.eagle and i > first:
                 i -= 1
@@ -287,10 +287,10 @@ class ConnectorLookup:
         assert rs is not None
         for gi in range(len(self.groups)):
             if rs.tables[gi]:
-                rs.tables[gi] = []
+                rs.tables[gi] = NO_TABLE
             rs.next_stored[gi] = 0
         rs.swept = False
-        if rs.jobs:
+        if len(rs.jobs) > 0:
             hit: int | None = None
         else:
             self._update_keys(rs)
@@ -305,9 +305,9 @@ class ConnectorLookup:
         (being written counts, but makes the answer None: deferred)."""
         n = 0
         defer = False
-        lookup = self.pool.lookup
+        pool = self.pool
         for i in range(lo, hi):
-            r = lookup((pks[i] << GROUP_BITS) | gid)
+            r = pool.lookup((pks[i] << GROUP_BITS) | gid)
             if r == MISS:
                 break
             n += 1
@@ -322,9 +322,9 @@ class ConnectorLookup:
         pending = False
         run = 0
         need = first_window or window
-        lookup = self.pool.lookup
+        pool = self.pool
         for idx in range(hi - lo - 1, -1, -1):
-            r = lookup((pks[lo + idx] << GROUP_BITS) | gid)
+            r = pool.lookup((pks[lo + idx] << GROUP_BITS) | gid)
             if r == HIT:
                 run += 1
             elif r == HIT_PENDING:
@@ -483,7 +483,7 @@ class ConnectorLookup:
             return False, pending
         bh = rs.req.block_hashes
         u = self.unit
-        lookup = self.pool.lookup
+        pool = self.pool
         at_b = -1             # (the prefix key at b, shared by the groups without a margin)
         for gc in self.groups:
             t = b + gc.margin
@@ -493,7 +493,7 @@ class ConnectorLookup:
                 if at_b < 0:
                     at_b = bh.key(b // u - 1)
                 pk = at_b
-            r = lookup((pk << GROUP_BITS) | gc.gid)
+            r = pool.lookup((pk << GROUP_BITS) | gc.gid)
             if r == MISS:
                 return False, pending
             pending = pending or r != HIT

@@ -86,8 +86,8 @@ def _head_to_tail(st: AccessState) -> vec[i64]:
     (the keys come mostly in order already)."""
     keys = st.seen_keys
     pos = st.pos
-    out = vec[i64]()
-    at = vec[i64]()
+    out = vec[i64](capacity=len(keys))
+    at = vec[i64](capacity=len(keys))
     for j in range(len(keys)):
         k = keys[j]
         p = pos.get(k >> GROUP_BITS)
@@ -102,13 +102,6 @@ def _head_to_tail(st: AccessState) -> vec[i64]:
         at[i] = p
         out[i] = k
     return out
-
-
-def _has(v: vec[i64], x: i64) -> bool:
-    for i in range(len(v)):
-        if v[i] == x:
-            return True
-    return False
 
 
 class Policy:
@@ -230,8 +223,8 @@ class LRUPolicy(Policy):
     def _compact_fifo(self) -> None:
         fr = self.fifo_r
         fs = self.fifo_s
-        nr = vec[i64]()
-        ns = vec[i64]()
+        nr = vec[i64](capacity=len(fr))
+        ns = vec[i64](capacity=len(fr))
         for i in range(self.head, len(fr)):
             nr = append(nr, fr[i])
             ns = append(ns, fs[i])
@@ -286,38 +279,40 @@ class LRUPolicy(Policy):
         stamp = pool.stamp
         rank = self.rank
         ev = self.ev
-        skey = pool.skey
-        sel_r = vec[i64]()
-        sel_s = vec[i64]()
-        def_r = vec[i64]()
-        def_s = vec[i64]()
+        # (a selected slot is marked not evictable at once: a second heap entry of it is
+        # then skipped as stale; the marks are undone if too few are found)
+        sel_r = vec[i64](capacity=n)
+        sel_s = vec[i64](capacity=n)
+        def_r = vec[i64](capacity=4)
+        def_s = vec[i64](capacity=4)
         while len(sel_r) < n:
             r, s = self._pop()
             if r < 0:
                 break
-            if not ev[s] or rank[s] != r or _has(sel_r, r):
+            if not ev[s] or rank[s] != r:
                 continue
             if prot[s] == stamp:
                 def_r = append(def_r, r)
                 def_s = append(def_s, s)
                 continue
+            ev[s] = 0
             sel_r = append(sel_r, r)
             sel_s = append(sel_s, s)
+        heap = self.heap
+        for j in range(len(def_r)):
+            heap.push(def_r[j], def_s[j])
         if len(sel_r) < n:
             for j in range(len(sel_r)):
-                self.heap.push(sel_r[j], sel_s[j])
-            for j in range(len(def_r)):
-                self.heap.push(def_r[j], def_s[j])
+                ev[sel_s[j]] = 1
+                heap.push(sel_r[j], sel_s[j])
             return None
-        for j in range(len(def_r)):
-            self.heap.push(def_r[j], def_s[j])
-        out = vec[i64]()
+        skey = pool.skey
+        out = vec[i64](capacity=n)
         for j in range(len(sel_s)):
             s = sel_s[j]
-            ev[s] = 0
             rank[s] = -1
-            self.nev -= 1
             out = append(out, skey[s])
+        self.nev -= n
         self._maybe_rebuild()
         return out
 
@@ -568,7 +563,7 @@ class HostPool:
         no int object a key)."""
         index = self.index
         sref = self.sref
-        to_store = vec[i64]()
+        to_store = vec[i64](capacity=len(keys))
         arc = self.arc
         for key in keys:
             s = index.only(key)

@@ -83,7 +83,7 @@ class ConnectorStores(ConnectorLookup):
         job = self._new_job(rs, keys, True)
         job.blocks = blocks
         job.groups = groups
-        rs.jobs.add(job.jid)
+        rs.add_job(job.jid)
         self.stored_chunks += len(keys)
         self.stored_blocks += blocks
         self.worker.store(job, blocks * self.block_bytes, self.now)
@@ -111,33 +111,75 @@ class ConnectorStores(ConnectorLookup):
                 r["evicted"] = r.get("evicted", 0) + len(out[1])
         return out
 
-    def _boundary_stores(self, handoffs: dict[str, list[tuple[int, Any, int]]]) -> None:
-        for rid, entries in handoffs.items():
+    @staticmethod
+    def _handoff_rids(lists: list[list[tuple[str, Block, int]]]) -> list[str]:
+        """The requests of this step's handed-off Mamba states, in the order first met
+        (group by group): the order vLLM's connector takes them in."""
+        rids: list[str] = []
+        for entries in lists:
+            for e in entries:
+                rid = e[0]
+                known = False
+                for x in rids:
+                    if x is rid or x == rid:
+                        known = True
+                        break
+                if not known:
+                    rids.append(rid)
+        return rids
+
+    def _boundary_stores(self, rids: list[str], gids: list[int],
+                         lists: list[list[tuple[str, Block, int]]]) -> None:
+        """One store job per Mamba state committed on a chunk boundary within what the
+        request may offload, request by request, its groups in order."""
+        for rid in rids:
             rs = self.reqs.get(rid)
             if rs is None:
                 continue
             top = self._offloadable(rs, rs.req.num_tokens)
-            for gid, block, boundary in entries:
+            for li in range(len(lists)):
+                gid = gids[li]
                 gc = self.groups[gid]
-                if block.is_null or boundary > top or boundary % gc.tpc:
-                    continue
-                key = self._boundary_key(rs, gid, boundary)
-                one = vec[i64]([key])
-                out = self._prepare_store(one, rs)
-                if out is None or len(out[0]) == 0:
-                    continue
-                groups = ({str(gid): {"chunks": 1, "blocks": 1,
-                                      "start_block": boundary // gc.tpb - 1,
-                                      "ends": [boundary]}} if self.log is not None else None)
-                job = self._store_job(rs, one, 1, groups)
-                job.fenced = vec[i64]([block.block_id])
-                self._fence(block.block_id, job.jid)
+                for e in lists[li]:
+                    if e[0] != rid:
+                        continue
+                    block = e[1]
+                    boundary = e[2]
+                    if block.is_null or boundary > top or boundary % gc.tpc:
+                        continue
+                    key = self._boundary_key(rs, gid, boundary)
+                    one = vec[i64]([key])
+                    out = self._prepare_store(one, rs)
+                    if out is None or len(out[0]) == 0:
+                        continue
+                    groups = ({str(gid): {"chunks": 1, "blocks": 1,
+                                          "start_block": boundary // gc.tpb - 1,
+                                          "ends": [boundary]}}
+                              if self.log is not None else None)
+                    job = self._store_job(rs, one, 1, groups)
+                    job.fenced = vec[i64]([block.block_id])
+                    self._fence(block.block_id, job.jid)
 
-    def _tail_stores(self, handoffs: dict[str, list[tuple[int, Any, int]]],
+    def _tail_stores(self, rids: list[str], gids: list[int],
+                     lists: list[list[tuple[str, Block, int]]],
                      scheduled: list[ReqOffload]) -> None:
         B = self.pblock
-        for rid, entries in handoffs.items():
-            entries = [e for e in entries if e[2] % B]
+        any_tail = False
+        for run in lists:
+            for e in run:
+                if e[2] % B:
+                    any_tail = True
+                    break
+        if not any_tail:
+            return
+        for rid in rids:
+            # (this request's states inside a block: (group, block, boundary), groups in
+            # order)
+            entries: list[tuple[int, Block, int]] = []
+            for li in range(len(lists)):
+                for e in lists[li]:
+                    if e[0] == rid and e[2] % B:
+                        entries.append((gids[li], e[1], e[2]))
             if not entries:
                 continue
             rs = self.reqs[rid]
