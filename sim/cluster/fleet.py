@@ -210,13 +210,7 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
     streams = StreamRegistry()
     replicas = [build_replica(i, s, env, kept, jump, fast_decode, plant, streams)
                 for i, s in enumerate(scenarios)]
-    tier = None
-    if replicas[0].dep.offload is not None:     # the CPU tier's per-request columns
-        from sim.engine.replica import TierRecorder
-
-        tier = TierRecorder()
-        for rep in replicas:
-            rep.engine.observers.append(tier)
+    tier = replicas[0].dep.offload is not None     # (the CPU tier's per-request columns)
     fleet = FleetContext(sc, replicas, streams)
     router = ROUTERS[cl.router.policy].build(cl.router.options, cl.router.seed, fleet)
     replica_of = array("q")
@@ -290,12 +284,14 @@ def run_fleet(sc, progress: Callable[[int], None] | None = None, jump: bool = Tr
         from sim.cluster.outputs import with_routing_columns
 
         fdep.records = with_routing_columns(fdep.records, door)
-    if tier is not None:
-        fdep.records = tier.columns(fdep.records)
+    if tier:
+        from sim.engine.replica import with_tier_columns
+
+        fdep.records = with_tier_columns(fdep.records, [rep.recorder.tier for rep in replicas])
     rows = fdep.records.served()
     fdep.wall_s = time.perf_counter() - t_wall
     summary = fleet_summary(sc, fdep, rows)
-    if tier is not None:
+    if tier:
         from sim.rundir.summary import offload_summary
 
         summary = offload_summary(sc, fdep, rows, summary)

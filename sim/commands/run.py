@@ -23,7 +23,7 @@ from sim.engine.scheduler import Scheduler
 from sim.rundir.records import REQUEST_COLUMNS
 from sim.rundir import requests_csv
 from sim.rundir.request_table import RequestColumns, RequestTable
-from sim.engine.replica import (Deployment, TierRecorder, quiet_gc, build_deployment,
+from sim.engine.replica import (Deployment, with_tier_columns, quiet_gc, build_deployment,
                                 build_engine, why_rejected)
 from sim.rundir.memory import memory_fields, write_memory_csv
 from sim.rundir.summary import offload_summary, run_header, summarize
@@ -85,10 +85,6 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
     sched, maker, sampler, rec, backend, eng = build_engine(
         sc, dep, StreamRegistry(), kept.add, kept.add_batch, plant, jump, fast_decode,
         progress=progress)
-    tier = None
-    if dep.offload is not None:      # the CPU tier's per-request columns
-        tier = TierRecorder()
-        eng.observers.append(tier)
     if prepare is not None:
         prepare(dep, sched, eng)
     with quiet_gc():
@@ -104,8 +100,8 @@ def simulate(sc: Scenario, progress: Callable[[int], None] | None = None, jump: 
         rec.reject(r)
     rec.flush()
     dep.records = kept.table(sc.slo)
-    if tier is not None:
-        dep.records = tier.columns(dep.records)
+    if rec.tier is not None:         # the CPU tier's per-request columns
+        dep.records = with_tier_columns(dep.records, [rec.tier])
     rows = dep.records.served()
     wall = time.perf_counter() - t_wall
     summary = summarize(sc, dep, rows, eng, sched, wall)

@@ -358,6 +358,22 @@ class RowBatch:
                 ("capacity_evicted_by", text, self.capacity_evicted_by, None)]
 
 
+class TierFigures:
+    """The CPU tier's per-request figures (``cpu_hit_tokens``, ``cpu_no_state_tokens``),
+    taken by the recorder as each request finishes (only with the tier on): machine
+    integers, with the request's arrival index."""
+
+    def __init__(self) -> None:
+        self.index = vec[i64]()
+        self.cpu_hit = vec[i64]()
+        self.no_state = vec[i64]()
+
+    def add(self, r: SimRequest) -> None:
+        self.index = append(self.index, r.index)
+        self.cpu_hit = append(self.cpu_hit, r.cpu_hit_tokens)
+        self.no_state = append(self.no_state, r.cpu_no_state_tokens)
+
+
 class Recorder:
     """One ``requests.csv`` row per finished request: the arrival index first, then the
     columns of ``sim.rundir.records.RequestRecord`` in order up to ``output_chunks``
@@ -383,6 +399,7 @@ class Recorder:
         self.batch = RowBatch()
         self.rows: list[tuple] = []
         self.rejected_rows: list[tuple] = []
+        self.tier: TierFigures | None = None   # (the CPU tier's figures, when it is on)
 
     @property
     def pending(self) -> int:
@@ -398,6 +415,9 @@ class Recorder:
                                    c.num_prompt_tokens) + ("",) * 11 + (r.rejected, "", "", ""))
 
     def finish(self, r: SimRequest) -> None:
+        tier = self.tier
+        if tier is not None:
+            tier.add(r)
         if self.keep_batch is not None:
             self._add(r)
             return

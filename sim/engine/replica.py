@@ -20,7 +20,7 @@ from sim.errors import ConfigError
 from sim.config.gpus import get_gpu, kv_budget
 from sim.config.scenario import Scenario
 from sim.engine.engine import Engine
-from sim.engine.record import Recorder, RequestMaker, StepSampler
+from sim.engine.record import Recorder, RequestMaker, StepSampler, TierFigures
 from sim.engine.scheduler import TOO_LONG_FOR_POOL, Scheduler, SimRequest
 from sim.engine.tiered_scheduler import TieredScheduler
 from sim.models.layout import derive_layout
@@ -150,6 +150,8 @@ def build_engine(sc: Scenario, dep: Deployment, streams, add, add_batch, plant: 
         sampler.host = dep.offload.pool
     dep.sampler = sampler
     rec = Recorder(maker, sampler, add, add_batch)
+    if dep.offload is not None:     # the CPU tier's per-request columns
+        rec.tier = TierFigures()
     backend = build_backend(sc, dep, plant)   # by backend.kind (torch imported only for torch)
     dep.kv_events = attach_kv_events(sc, kv, sched)
     eng = Engine(sched, backend, maker.make, rec.finish, jump=jump,
@@ -336,26 +338,17 @@ def quiet_gc():
         gc.unfreeze()
 
 
-class TierRecorder:
-    """The CPU tier's per-request figures (``OFFLOAD_COLUMNS``), taken as requests finish
-    (an engine observer: only when the tier is on)."""
-
-    def __init__(self) -> None:
-        self.got: dict[int, tuple[int, int]] = {}
-
-    def on_step(self, items, start: int, end: int, k: int) -> None:
-        return None
-
-    def on_finish(self, req: SimRequest, now: int) -> None:
-        self.got[req.index] = (req.cpu_hit_tokens, req.cpu_no_state_tokens)
-
-    def columns(self, table: RequestTable) -> RequestTable:
-        """``table`` with the tier's columns ("" for a request refused on arrival)."""
-        got = self.got
-        for j, name in enumerate(OFFLOAD_COLUMNS):
-            table = table.with_column(name, [got[i][j] if i in got else ""
-                                             for i in range(len(table))])
-        return table
+def with_tier_columns(table: RequestTable, figures: list[TierFigures]) -> RequestTable:
+    """``table`` with the CPU tier's per-request columns (``OFFLOAD_COLUMNS``) from the
+    recorders' ``TierFigures`` (one per replica; "" for a request refused on arrival)."""
+    got: dict[int, tuple[int, int]] = {}
+    for f in figures:
+        for j in range(len(f.index)):
+            got[f.index[j]] = (f.cpu_hit[j], f.no_state[j])
+    for j, name in enumerate(OFFLOAD_COLUMNS):
+        table = table.with_column(name, [got[i][j] if i in got else ""
+                                         for i in range(len(table))])
+    return table
 
 
 def why_rejected(sched: Scheduler, r: SimRequest) -> str:

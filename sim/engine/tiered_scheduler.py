@@ -48,7 +48,8 @@ class TieredScheduler(Scheduler):
                 break
             if len(self.running) >= self.max_num_seqs:
                 break
-            r = queue.peek_request()
+            # (the plain FCFS queue's head read directly, as in ``Scheduler.schedule``)
+            r = queue[0] if type(queue) is self._fcfs_type else queue.peek_request()
             watched = bool(self.watchers) and queue is self.waiting
             if watched:
                 for qw in self.watchers:
