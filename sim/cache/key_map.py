@@ -444,3 +444,111 @@ class PairHeap:
             hs[i] = ls
             hj[i] = lj
         return top_s, top_j
+
+
+class SlotHeap:
+    """A binary min-heap of slots by a machine-integer key, each slot at most once, its
+    position kept by slot (``pos``; -1: absent), so a slot's entry is removed in place:
+    the CPU tier's LRU holds only live entries here (a raised or refreshed rank removes
+    the old one), and a pop is never a stale entry."""
+
+    def __init__(self) -> None:
+        self.keys = vec[i64]()
+        self.slots = vec[i64]()
+        self.pos = vec[i64]()     # slot -> its index in the heap, -1 if absent
+        self.n: i64 = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def has(self, s: i64) -> bool:
+        return s < len(self.pos) and self.pos[s] >= 0
+
+    def first(self) -> i64:
+        """The least key (the caller checked the heap is not empty)."""
+        return self.keys[0]
+
+    def clear(self) -> None:
+        pos = self.pos
+        sl = self.slots
+        for i in range(self.n):
+            pos[sl[i]] = -1
+        self.n = 0
+
+    def push(self, key: i64, s: i64) -> None:
+        """Add slot ``s`` (not in the heap) with ``key``."""
+        pos = self.pos
+        while len(pos) <= s:
+            pos = append(pos, -1)
+        self.pos = pos
+        n = self.n
+        if n == len(self.keys):
+            self.keys = append(self.keys, key)
+            self.slots = append(self.slots, s)
+        self.n = n + 1
+        self._up(n, key, s)
+
+    def _up(self, i: i64, key: i64, s: i64) -> None:
+        """Place (key, s) at ``i`` or above."""
+        hk = self.keys
+        hs = self.slots
+        pos = self.pos
+        while i > 0:
+            p = (i - 1) >> 1
+            if hk[p] <= key:
+                break
+            hk[i] = hk[p]
+            hs[i] = hs[p]
+            pos[hs[i]] = i
+            i = p
+        hk[i] = key
+        hs[i] = s
+        pos[s] = i
+
+    def _down(self, i: i64, key: i64, s: i64) -> None:
+        """Place (key, s) at ``i`` or below (among the first ``n``)."""
+        hk = self.keys
+        hs = self.slots
+        pos = self.pos
+        n = self.n
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and hk[c + 1] < hk[c]:
+                c += 1
+            if hk[c] >= key:
+                break
+            hk[i] = hk[c]
+            hs[i] = hs[c]
+            pos[hs[i]] = i
+            i = c
+        hk[i] = key
+        hs[i] = s
+        pos[s] = i
+
+    def pop(self) -> tuple[i64, i64]:
+        """The least (key, slot), removed (the caller checked the heap is not empty)."""
+        key = self.keys[0]
+        s = self.slots[0]
+        self.pos[s] = -1
+        n = self.n - 1
+        self.n = n
+        if n > 0:
+            self._down(0, self.keys[n], self.slots[n])
+        return key, s
+
+    def remove(self, s: i64) -> None:
+        """Take slot ``s`` (in the heap) out."""
+        i = self.pos[s]
+        self.pos[s] = -1
+        n = self.n - 1
+        self.n = n
+        if i == n:
+            return
+        key = self.keys[n]
+        t = self.slots[n]
+        if i > 0 and self.keys[(i - 1) >> 1] > key:
+            self._up(i, key, t)
+        else:
+            self._down(i, key, t)

@@ -188,7 +188,9 @@ class OffloadConnector(ConnectorStores):
                 self.pool.complete_store(job.keys)
             else:
                 self.pool.complete_load(job.keys)
-                self.loading_keys.difference_update(job.keys)
+                lk = self.loading_keys
+                for key in job.keys:
+                    lk.discard(key)
             if self.block_jobs:
                 self._unfence(job.jid, job.fenced)
                 if rs.finished:

@@ -7,7 +7,7 @@ connector.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from librt.vecs import append, vec
 from mypy_extensions import i64
@@ -179,21 +179,18 @@ class ConnectorLookup:
     def stored_bytes(self) -> int:
         return self.stored_blocks * self.block_bytes * self.num_gpus
 
-    def quiet(self, running: list[Any]) -> bool:
+    def quiet(self) -> int:
         """Whether the next steps of the running requests (a decode jump) would do nothing
-        here but let transfers complete: no finished request to wrap up, no store waiting
-        for the next step's start, every running request's sweep over."""
+        here but let transfers complete: 0 no (a finished request to wrap up, a store
+        waiting for the next step's start), 1 yes, 2 yes if every running request's sweep
+        is over (``ReqOffload.swept``: the scheduler looks)."""
         if self.finished_ids:
-            return False
+            return 0
         if not self.jobs:
-            return True
+            return 1
         if self.worker.waiting_to_start():
-            return False
-        for r in running:
-            rs = r.cache.offload
-            if rs is None or not rs.swept:
-                return False
-        return True
+            return 0
+        return 2
 
     def busy(self) -> bool:
         """Whether the engine must keep stepping (vLLM's ``has_pending_push_work`` and

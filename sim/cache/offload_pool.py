@@ -31,8 +31,8 @@ capacity), and a store of a ghost key moves the target.
 
 A resident key holds a *slot* (``KeyMap``: key -> slot, machine integers in ``librt`` vecs);
 its reference count and (``lru``) its rank and evictability live in vecs indexed by the slot,
-and the LRU order is a lazy heap of (rank, slot) pairs over two vecs: no boxed integer, dict
-or set per chunk on the hot path.
+and the LRU order is a sorted FIFO of (rank, slot) pairs beside a heap of slots, over vecs:
+no boxed integer, dict or set per chunk on the hot path.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
-from sim.cache.key_map import IntMap, KeyMap, PairHeap
+from sim.cache.key_map import IntMap, KeyMap, SlotHeap
 
 GROUP_MASK: Final = (1 << GROUP_BITS) - 1
 
@@ -151,15 +151,18 @@ class LRUPolicy(Policy):
     """vLLM's LRU policy: the evictable keys by rank, least first.  A slot's rank and
     whether it is evictable live in vecs (``rank``, ``ev``).  Ranks a request's finish
     hands out only grow, so they go to the end of a sorted list (``fifo_r``/``fifo_s``,
-    read from ``head``); any other goes to a binary heap (``heap``, a ``PairHeap``).  An entry (rank, slot) whose slot no longer has that rank, or is not
-    evictable, is stale and skipped, as vLLM's lazy heap skips it."""
+    read from ``head``); any other goes to a heap of slots (``heap``, a ``SlotHeap``:
+    one entry a slot, taken out when the slot's rank changes or it stops being
+    evictable, so the heap stays as small as the ranks out of order).  A FIFO entry
+    (rank, slot) whose slot no longer has that rank, or is not evictable, is stale and
+    skipped, as vLLM's lazy heap skips it."""
 
     def __init__(self, capacity: int):
         super().__init__(capacity)
         self.rank = vec[i64]()        # slot -> rank (-1: free)
         self.ev = vec[i64]()          # slot -> 1 if evictable
         self.nev: i64 = 0             # evictable slots
-        self.heap = PairHeap()        # (rank, slot): the lazy heap
+        self.heap = SlotHeap()        # slots by rank: the ranks below the FIFO's last
         self.fifo_r = vec[i64]()
         self.fifo_s = vec[i64]()
         self.head: i64 = 0
@@ -176,39 +179,26 @@ class LRUPolicy(Policy):
         return (((self.next_rank << POS_BITS) | TOP) << GROUP_BITS) | (key & GROUP_MASK)
 
     def _push(self, s: i64) -> None:
+        """Slot ``s`` (evictable) has a new rank, or became evictable: its entry."""
         r = self.rank[s]
+        heap = self.heap
+        if heap.has(s):
+            heap.remove(s)
         fn = len(self.fifo_r)
         if fn == self.head or r >= self.fifo_r[fn - 1]:
             self.fifo_r = append(self.fifo_r, r)
             self.fifo_s = append(self.fifo_s, s)
+            if fn - self.head >= 4096 and fn - self.head >= 4 * self.nev:
+                self._compact_fifo()
         else:
-            self.heap.push(r, s)
-        self._maybe_rebuild()
-
-    def _maybe_rebuild(self) -> None:
-        lim = 4 * self.nev
-        if lim < 256:
-            lim = 256
-        if self.heap.n + len(self.fifo_r) - self.head >= lim:
-            self._rebuild()
-
-    def _rebuild(self) -> None:
-        """Drop the stale entries: every evictable slot's rank, once, in the heap."""
-        rank = self.rank
-        ev = self.ev
-        self.fifo_r = vec[i64]()
-        self.fifo_s = vec[i64]()
-        self.head = 0
-        self.heap.clear()
-        for s in range(len(ev)):
-            if ev[s]:
-                self.heap.push(rank[s], s)
+            heap.push(r, s)
 
     def _pop(self) -> tuple[i64, i64]:
         """The least (rank, slot) of the two ((-1, -1): none)."""
         h = self.head
         fr = self.fifo_r
-        if h < len(fr) and (self.heap.n == 0 or fr[h] < self.heap.keys[0]):
+        heap = self.heap
+        if h < len(fr) and (heap.n == 0 or fr[h] < heap.keys[0]):
             s = self.fifo_s[h]
             r = fr[h]
             h += 1
@@ -216,18 +206,31 @@ class LRUPolicy(Policy):
             if h > 4096 and 2 * h > len(fr):
                 self._compact_fifo()
             return r, s
-        if self.heap.n > 0:
-            return self.heap.pop()
+        if heap.n > 0:
+            return heap.pop()
         return -1, -1
 
     def _compact_fifo(self) -> None:
+        """The FIFO from ``head`` without its stale entries (nor a slot's second entry of
+        one rank: they are adjacent, the FIFO being sorted)."""
         fr = self.fifo_r
         fs = self.fifo_s
-        nr = vec[i64](capacity=len(fr))
-        ns = vec[i64](capacity=len(fr))
+        rank = self.rank
+        ev = self.ev
+        heap = self.heap
+        nr = vec[i64](capacity=len(fr) - self.head)
+        ns = vec[i64](capacity=len(fr) - self.head)
+        last_r: i64 = -1
+        last_s: i64 = -1
         for i in range(self.head, len(fr)):
-            nr = append(nr, fr[i])
-            ns = append(ns, fs[i])
+            r = fr[i]
+            s = fs[i]
+            if not ev[s] or rank[s] != r or heap.has(s) or (r == last_r and s == last_s):
+                continue
+            nr = append(nr, r)
+            ns = append(ns, s)
+            last_r = r
+            last_s = s
         self.fifo_r = nr
         self.fifo_s = ns
         self.head = 0
@@ -279,8 +282,8 @@ class LRUPolicy(Policy):
         stamp = pool.stamp
         rank = self.rank
         ev = self.ev
-        # (a selected slot is marked not evictable at once: a second heap entry of it is
-        # then skipped as stale; the marks are undone if too few are found)
+        # (a selected slot is marked not evictable at once: a second entry of it is then
+        # skipped as stale; the marks are undone if too few are found)
         sel_r = vec[i64](capacity=n)
         sel_s = vec[i64](capacity=n)
         def_r = vec[i64](capacity=4)
@@ -299,21 +302,26 @@ class LRUPolicy(Policy):
             sel_r = append(sel_r, r)
             sel_s = append(sel_s, s)
         heap = self.heap
-        for j in range(len(def_r)):
-            heap.push(def_r[j], def_s[j])
+        for j in range(len(def_s)):
+            s = def_s[j]
+            if not heap.has(s):
+                heap.push(def_r[j], s)
         if len(sel_r) < n:
-            for j in range(len(sel_r)):
-                ev[sel_s[j]] = 1
-                heap.push(sel_r[j], sel_s[j])
+            for j in range(len(sel_s)):
+                s = sel_s[j]
+                ev[s] = 1
+                if not heap.has(s):
+                    heap.push(sel_r[j], s)
             return None
         skey = pool.skey
         out = vec[i64](capacity=n)
         for j in range(len(sel_s)):
             s = sel_s[j]
+            if heap.has(s):
+                heap.remove(s)      # (its second entry: it had one in each)
             rank[s] = -1
             out = append(out, skey[s])
         self.nev -= n
-        self._maybe_rebuild()
         return out
 
     def mark_evictable(self, key: int, slot: i64) -> None:
@@ -326,6 +334,8 @@ class LRUPolicy(Policy):
         if self.ev[slot]:
             self.nev -= 1
         self.ev[slot] = 0
+        if self.heap.has(slot):
+            self.heap.remove(slot)
 
 
 class ARCPolicy(Policy):

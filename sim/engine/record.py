@@ -16,6 +16,7 @@ from mypy_extensions import i64
 
 from sim.cache.hashing import PrefixKeys
 from sim.cache.kv_manager import KVCacheManager
+from sim.cache.offload_pool import HostPool
 from sim.cache.prompt import HashIdPrompt, Segment, StreamRegistry
 from sim.engine.scheduler import ScheduledItem, Scheduler, SimRequest
 
@@ -120,7 +121,7 @@ class StepSampler:
         self.itl_count = 0
         # the CPU tier's host pool (sim/cache/offload_pool.py), when on: its chunks in use
         # at each memory row (a column of memory.csv)
-        self.host: Any = None
+        self.host: HostPool | None = None
         self.host_data = vec[i64]()
 
     @property
@@ -217,8 +218,9 @@ class StepSampler:
             d = append(d, len(sched.running))
             d = append(d, queued if queued >= 0 else len(sched.waiting) + len(sched.holding))
             self.row_data = d
-            if self.host is not None:
-                used: i64 = self.host.used
+            host = self.host
+            if host is not None:
+                used: i64 = host.used
                 self.host_data = append(self.host_data, used)
             self.countdown = self.stride
             if len(d) >= MEMORY_ROWS * ROW_FIELDS:

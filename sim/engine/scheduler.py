@@ -195,8 +195,18 @@ class Scheduler:
         log = self.kv.event_log   # (the KV event log among the pool's observers)
         if log is not None and log.queued():
             return False
-        if self.connector is not None:
-            return not self.holding and self.connector.quiet(self.running)
+        conn = self.connector
+        if conn is not None:
+            if self.holding:
+                return False
+            q = conn.quiet()
+            if q == 2:
+                for r in self.running:
+                    rs = r.cache.offload
+                    if rs is None or not rs.swept:
+                        return False
+                return True
+            return q == 1
         return True
 
     def _split(self, r: SimRequest, num_new: int, new_local: int, lpt: int) -> int:

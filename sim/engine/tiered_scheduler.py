@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from mypy_extensions import i64
 
+from sim.cache.kv_manager import Lookup
 from sim.cache.offload import OffloadConnector
 from sim.engine.request import ScheduledItem, SimRequest
 from sim.engine.scheduler import Scheduler
@@ -149,7 +150,7 @@ class TieredScheduler(Scheduler):
             self.waiting.prepend_request(passed[k])
         return budget
 
-    def _first_admission(self, r: SimRequest, lookup, new_local: i64, ext: i64,
+    def _first_admission(self, r: SimRequest, lookup: Lookup | None, new_local: i64, ext: i64,
                          attn_alone: int, end: i64) -> None:
         """A request's figures at its first admission: its GPU and host hits, the tokens
         the host held in every attention group past them but could not serve, its junction,
