@@ -191,7 +191,7 @@ class OffloadConnector(ConnectorStores):
                 lk = self.loading_keys
                 for key in job.keys:
                     lk.discard(key)
-            if self.block_jobs:
+            if self.n_fenced:
                 self._unfence(job.jid, job.fenced)
                 if rs.finished:
                     self._unfence(job.jid, job.deferred)
@@ -223,16 +223,6 @@ class OffloadConnector(ConnectorStores):
             recs.insert(k, r)
         r.setdefault("done_stores" if job.store else "done_loads", []).append(job.jid)
 
-    def _unfence(self, jid: int, bids: vec[i64]) -> None:
-        bj = self.block_jobs
-        for bid in bids:
-            s = bj[bid]
-            s.discard(jid)
-            if not s:
-                del bj[bid]
-                self.fenced_ids[bid] = 0
-
-
     def build(self, scheduled: list[ReqOffload]) -> None:
         """vLLM's ``build_connector_meta``: ``scheduled`` is this step's requests in
         scheduling order, each with its ``step_tokens`` (and ``fresh``: from the waiting
@@ -257,7 +247,7 @@ class OffloadConnector(ConnectorStores):
             if rs is None:
                 continue
             self.flush_jobs.update(j for j in rs.jobs if not self._is_batch_load(j))
-        if self.block_jobs:
+        if self.n_fenced:
             self._flush_allocated(scheduled)
         if kv.take_offload_handoffs():
             rids = self._handoff_rids(kv.handoff_lists)

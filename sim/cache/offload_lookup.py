@@ -87,10 +87,12 @@ class ConnectorLookup:
         # grid): per group, how many at each position; and each one's group and position
         self.tail_pos: list[IntMap] = [IntMap() for _ in self.groups]   # (count 0: none)
         self.tail_keys = KeyMap(64)              # tail key -> its position (machine ints)
-        self.block_jobs: dict[int, set[int]] = {}   # fenced block id -> pending jobs
-        # per block id, 1 while it has an entry in ``block_jobs``: most blocks a step
-        # allocates are fenced by no job, and are passed over without a dict probe
-        self.fenced_ids = vec[i64]()
+        # the jobs each GPU block fences (flushed if the block is handed out again before
+        # they complete): per block id the one job (-1: none; -2: several, listed in
+        # ``fence_more``), machine integers; ``n_fenced`` blocks have one
+        self.fence_job = vec[i64]()
+        self.fence_more: dict[int, list[int]] = {}
+        self.n_fenced: i64 = 0
         # this step's
         self.load_jobs: list[Job] = []
         self.sweep_rs: list[ReqOffload] = []     # the scheduled requests still sweeping
@@ -242,24 +244,58 @@ class ConnectorLookup:
         return reach if reach > start else start
 
 
-    def _fence(self, bid: int, jid: int) -> None:
-        """Job ``jid`` is flushed if block ``bid`` is allocated again before it completes
-        (no set built for a block already fenced)."""
-        js = self.block_jobs.get(bid)
-        if js is None:
-            self.block_jobs[bid] = {jid}
-            f = self.fenced_ids
+    def _fence(self, bid: i64, jid: i64) -> None:
+        """Job ``jid`` is flushed if block ``bid`` is allocated again before it completes."""
+        f = self.fence_job
+        if len(f) <= bid:
             while len(f) <= bid:
-                f = append(f, 0)
-            f[bid] = 1
-            self.fenced_ids = f
-        else:
-            js.add(jid)
+                f = append(f, -1)
+            self.fence_job = f
+        cur = f[bid]
+        if cur == -1:
+            f[bid] = jid
+            self.n_fenced += 1
+        elif cur == -2:
+            more = self.fence_more[bid]
+            if jid not in more:
+                more.append(jid)
+        elif cur != jid:
+            f[bid] = -2
+            self.fence_more[bid] = [cur, jid]
+
+    def _unfence(self, jid: i64, bids: vec[i64]) -> None:
+        """Job ``jid`` no longer fences ``bids``."""
+        f = self.fence_job
+        for bid in bids:
+            if bid >= len(f):
+                continue
+            cur = f[bid]
+            if cur == jid:
+                f[bid] = -1
+                self.n_fenced -= 1
+            elif cur == -2:
+                more = self.fence_more[bid]
+                if jid in more:
+                    more.remove(jid)
+                if len(more) == 1:
+                    f[bid] = more[0]
+                    del self.fence_more[bid]
 
     def _is_fenced(self, bid: i64) -> bool:
-        """Block ``bid`` has jobs in ``block_jobs``."""
-        f = self.fenced_ids
-        return bid < len(f) and f[bid] != 0
+        """Block ``bid`` fences a job."""
+        f = self.fence_job
+        return bid < len(f) and f[bid] != -1
+
+    def _flush_block(self, bid: i64) -> None:
+        """The jobs block ``bid`` fences are flushed (it is allocated again)."""
+        f = self.fence_job
+        if bid >= len(f):
+            return
+        cur = f[bid]
+        if cur >= 0:
+            self.flush_jobs.add(cur)
+        elif cur == -2:
+            self.flush_jobs.update(self.fence_more[bid])
 
     def _watch(self, job: Job) -> None:
         """Watch for ``job``'s completion (its ``seen`` known)."""

@@ -52,16 +52,12 @@ class ConnectorStores(ConnectorLookup):
         """Flush the jobs fenced on a block allocated in this step (``_allocated_ids``'s
         blocks, visited without building their set)."""
         kv = self.kv
-        bj = self.block_jobs
-        flush = self.flush_jobs
         pool = kv.pool
         pv = pool.popped
         for j in range(pool.n_popped):
             bid = pv[j]
-            if bid != 0 and self._is_fenced(bid):
-                js = bj.get(bid)
-                if js:
-                    flush.update(js)
+            if bid != 0:
+                self._flush_block(bid)
         for rid in self.admitted:
             self._flush_tables(kv.group_tables(rid))
         for srs in scheduled:
@@ -69,14 +65,11 @@ class ConnectorStores(ConnectorLookup):
                 self._flush_tables(kv.group_tables(srs.req.request_id))
 
     def _flush_tables(self, tables: list[list[Block]]) -> None:
-        bj = self.block_jobs
         for t in tables:
             for b in t:
                 bid = b.block_id
-                if not b.is_null and bid != 0 and self._is_fenced(bid):
-                    js = bj.get(bid)
-                    if js:
-                        self.flush_jobs.update(js)
+                if not b.is_null and bid != 0:
+                    self._flush_block(bid)
 
     def _store_job(self, rs: ReqOffload, keys: vec[i64], blocks: int,
                    groups: dict[str, Any] | None) -> Job:
