@@ -13,7 +13,7 @@ from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
-from sim.cache.key_map import IntMap, KeyMap, PairHeap
+from sim.cache.key_map import KeyMap, PairHeap
 from sim.cache.offload_jobs import (NO_TABLE, GroupOffload, Job, ReqOffload,
                                     StepTransfers, Transfers)
 from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, HostPool
@@ -85,7 +85,8 @@ class ConnectorLookup:
         self.loading_keys: set[int] = set()      # keys of async loads in flight
         # the partial-tail keys the pool holds (the only keys off their group's chunk
         # grid): per group, how many at each position; and each one's group and position
-        self.tail_pos: list[IntMap] = [IntMap() for _ in self.groups]   # (count 0: none)
+        # (per group, the count at each hash-grid position, indexed by tokens // unit)
+        self.tail_pos: list[vec[i64]] = [vec[i64]() for _ in self.groups]
         self.tail_keys = KeyMap(64)              # tail key -> its position (machine ints)
         # the jobs each GPU block fences (flushed if the block is handed out again before
         # they complete): per block id the one job (-1: none; -2: several, listed in
@@ -280,6 +281,29 @@ class ConnectorLookup:
                 if len(more) == 1:
                     f[bid] = more[0]
                     del self.fence_more[bid]
+
+    def tail_count(self, gi: int, t: i64) -> i64:
+        """Partial-tail keys of group ``gi`` the pool holds ending at token ``t`` (on the
+        hash grid)."""
+        v = self.tail_pos[gi]
+        i = t // self.unit
+        return v[i] if i < len(v) else 0
+
+    def _tail_add(self, gi: int, t: i64, d: i64) -> None:
+        """``d`` more partial-tail keys of group ``gi`` end at token ``t`` (a count below 0,
+        none, counts as 0 when one is added)."""
+        u: i64 = self.unit
+        assert t % u == 0, "a partial-tail key off the hash grid"
+        v = self.tail_pos[gi]
+        i = t // u
+        if i >= len(v):
+            while len(v) <= i:
+                v = append(v, 0)
+            self.tail_pos[gi] = v
+        c = v[i]
+        if d > 0 and c < 0:
+            c = 0
+        v[i] = c + d
 
     def _is_fenced(self, bid: i64) -> bool:
         """Block ``bid`` fences a job."""
@@ -486,12 +510,14 @@ class ConnectorLookup:
         m0: i64 = first.margin
         tpc0: i64 = first.tpc
         tp0 = self.tail_pos[0]
+        n0: i64 = len(tp0)
         b: i64 = maxb
         stop: i64 = cb
         step: i64 = u
         while b > stop:          # (b = maxb, maxb - u, ... above cb)
             t0 = b + m0
-            if t0 % tpc0 and tp0.get(t0) <= 0:
+            i0 = t0 // step
+            if t0 % tpc0 and (i0 >= n0 or tp0[i0] <= 0):
                 # (_lookup_tail's first test, inline: a miss at b)
                 if b >= bridge_end and bridge_pending:
                     pending = True
@@ -510,7 +536,7 @@ class ConnectorLookup:
     def _lookup_tail(self, rs: ReqOffload, b: int, pending: bool) -> tuple[bool, bool]:
         first = self.groups[0]
         t0 = b + first.margin
-        if t0 % first.tpc and self.tail_pos[0].get(t0) <= 0:
+        if t0 % first.tpc and self.tail_count(0, t0) <= 0:
             # (the first group's key there would be a partial-tail key, and the pool holds
             # none at that position: a miss, known without computing the key)
             return False, pending

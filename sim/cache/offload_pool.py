@@ -42,7 +42,7 @@ from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
-from sim.cache.key_map import IntMap, KeyMap, SlotHeap
+from sim.cache.key_map import IntMap, KeyMap, SlotHeap, grown
 
 GROUP_MASK: Final = (1 << GROUP_BITS) - 1
 
@@ -167,6 +167,11 @@ class LRUPolicy(Policy):
         self.fifo_s = vec[i64]()
         self.head: i64 = 0
         self.next_rank: i64 = 0
+        # (evict's scratch: the entries selected, and those passed over as protected)
+        self.sel_r = vec[i64]()
+        self.sel_s = vec[i64]()
+        self.def_r = vec[i64]()
+        self.def_s = vec[i64]()
 
     def _rank_of(self, st: AccessState) -> i64:
         if st.lru_rank == 0:
@@ -283,31 +288,42 @@ class LRUPolicy(Policy):
         rank = self.rank
         ev = self.ev
         # (a selected slot is marked not evictable at once: a second entry of it is then
-        # skipped as stale; the marks are undone if too few are found)
-        sel_r = vec[i64](capacity=n)
-        sel_s = vec[i64](capacity=n)
-        def_r = vec[i64](capacity=4)
-        def_s = vec[i64](capacity=4)
-        while len(sel_r) < n:
+        # skipped as stale; the marks are undone if too few are found.  The selected and
+        # the passed-over (protected) entries go to scratch vecs kept between calls.)
+        if len(self.sel_r) < n:
+            self.sel_r = grown(self.sel_r, n)
+            self.sel_s = grown(self.sel_s, n)
+        sel_r = self.sel_r
+        sel_s = self.sel_s
+        nsel: i64 = 0
+        ndef: i64 = 0
+        while nsel < n:
             r, s = self._pop()
             if r < 0:
                 break
             if not ev[s] or rank[s] != r:
                 continue
             if prot[s] == stamp:
-                def_r = append(def_r, r)
-                def_s = append(def_s, s)
+                if ndef == len(self.def_r):
+                    self.def_r = grown(self.def_r, ndef + 1)
+                    self.def_s = grown(self.def_s, ndef + 1)
+                self.def_r[ndef] = r
+                self.def_s[ndef] = s
+                ndef += 1
                 continue
             ev[s] = 0
-            sel_r = append(sel_r, r)
-            sel_s = append(sel_s, s)
+            sel_r[nsel] = r
+            sel_s[nsel] = s
+            nsel += 1
         heap = self.heap
-        for j in range(len(def_s)):
+        def_r = self.def_r
+        def_s = self.def_s
+        for j in range(ndef):
             s = def_s[j]
             if not heap.has(s):
                 heap.push(def_r[j], s)
-        if len(sel_r) < n:
-            for j in range(len(sel_s)):
+        if nsel < n:
+            for j in range(nsel):
                 s = sel_s[j]
                 ev[s] = 1
                 if not heap.has(s):
@@ -315,7 +331,7 @@ class LRUPolicy(Policy):
             return None
         skey = pool.skey
         out = vec[i64](capacity=n)
-        for j in range(len(sel_s)):
+        for j in range(n):
             s = sel_s[j]
             if heap.has(s):
                 heap.remove(s)      # (its second entry: it had one in each)

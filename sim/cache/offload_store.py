@@ -93,8 +93,7 @@ class ConnectorStores(ConnectorLookup):
             for key in out[1]:
                 t = tk.take_first(key)        # (and unmapped)
                 if t >= 0:
-                    tp = self.tail_pos[key & GROUP_MASK]
-                    tp.put(t, tp.get(t) - 1)
+                    self._tail_add(key & GROUP_MASK, t, -1)
         if self.log is not None:
             if out is None:
                 r = self._rec()
@@ -221,9 +220,7 @@ class ConnectorStores(ConnectorLookup):
                 t = boundary + self.margins.get(gc.gid, 0)
                 if k in stored and t % gc.tpc:
                     self.tail_keys.put(k, t)
-                    tp = self.tail_pos[gi]
-                    c = tp.get(t)
-                    tp.put(t, (c if c > 0 else 0) + 1)
+                    self._tail_add(gi, t, 1)
             groups = None
             if self.log is not None:
                 pos = rs.st.pos
