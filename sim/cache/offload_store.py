@@ -165,6 +165,9 @@ class ConnectorStores(ConnectorLookup):
         if not any_tail:
             return
         for rid in rids:
+            known = self.reqs.get(rid)
+            if known is not None and self.max_margin and not known.loaded:
+                continue     # (most requests: no tail store without a load, known at once)
             # (this request's states inside a block: (group, block, boundary), groups in
             # order)
             entries: list[tuple[int, Block, int]] = []
