@@ -75,7 +75,9 @@ class OffloadConnector(ConnectorStores):
         rs.finished = True
         self._update_keys(rs)
         for jid in rs.jobs:
-            for bid in self.jobs[jid].deferred:
+            job = self.jobs.get(jid)
+            assert job is not None
+            for bid in job.deferred:
                 self._fence(bid, jid)
         self.finished_ids.append(req.request_id)
 
@@ -195,7 +197,7 @@ class OffloadConnector(ConnectorStores):
                 self._unfence(job.jid, job.fenced)
                 if rs.finished:
                     self._unfence(job.jid, job.deferred)
-            del self.jobs[job.jid]
+            self.jobs.remove(job.jid)
             rs.drop_job(job.jid)
             if rs.signaled and len(rs.jobs) == 0:
                 self._forget(rs)

@@ -55,6 +55,53 @@ class Job:
         self.groups: dict[str, Any] | None = None   # per group, for step logs
 
 
+class JobTable:
+    """The connector's jobs in flight by id.  Ids are handed out in order and jobs
+    complete within their transfer time, so they sit in a list from the oldest id that
+    may still be in flight (``base``): a lookup is an index, not a dict probe with a
+    boxed key; the completed head is dropped as it grows."""
+
+    def __init__(self) -> None:
+        self.slots: list[Job | None] = []
+        self.base: i64 = 0          # the id of slots[0]
+        self.head: i64 = 0          # slots before it are all None
+        self.n: i64 = 0             # jobs in flight
+
+    def __len__(self) -> int:
+        return self.n
+
+    def add(self, job: Job) -> None:
+        assert job.jid == self.base + len(self.slots), "job ids out of order"
+        self.slots.append(job)
+        self.n += 1
+
+    def get(self, jid: i64) -> Job | None:
+        i = jid - self.base
+        if i < 0 or i >= len(self.slots):
+            return None
+        return self.slots[i]
+
+    def remove(self, jid: i64) -> None:
+        slots = self.slots
+        i = jid - self.base
+        assert 0 <= i < len(slots) and slots[i] is not None, "no such job in flight"
+        slots[i] = None
+        self.n -= 1
+        if self.n == 0:
+            self.base += len(slots)
+            slots.clear()
+            self.head = 0
+            return
+        h = self.head
+        while slots[h] is None:
+            h += 1
+        self.head = h
+        if h >= 64 and 2 * h >= len(slots):
+            del slots[:h]
+            self.base += h
+            self.head = 0
+
+
 # (a request's block table before the connector holds one: shared, never written)
 NO_TABLE: list[Block] = []
 

@@ -14,7 +14,7 @@ from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
 from sim.cache.key_map import KeyMap, PairHeap
-from sim.cache.offload_jobs import (NO_TABLE, GroupOffload, Job, ReqOffload,
+from sim.cache.offload_jobs import (NO_TABLE, GroupOffload, Job, JobTable, ReqOffload,
                                     StepTransfers, Transfers)
 from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, HostPool
 from sim.cache.rules import cdiv, eagle_proof_margin
@@ -79,7 +79,7 @@ class ConnectorLookup:
         for gc in self.groups:
             gc.margin = self.margins.get(gc.gid, 0)
         self.reqs: dict[str, ReqOffload] = {}
-        self.jobs: dict[int, Job] = {}
+        self.jobs = JobTable()                   # the jobs in flight, by id
         self.due = PairHeap()                    # (seen, job): completions, as a heap
         self.next_job = 0
         self.loading_keys: set[int] = set()      # keys of async loads in flight
@@ -166,7 +166,7 @@ class ConnectorLookup:
     def _new_job(self, rs: ReqOffload, keys: vec[i64], store: bool) -> Job:
         job = Job(self.next_job, rs, keys, store)
         self.next_job += 1
-        self.jobs[job.jid] = job
+        self.jobs.add(job)
         return job
 
     def step_stall(self) -> int:
@@ -189,7 +189,7 @@ class ConnectorLookup:
         is over (``ReqOffload.swept``: the scheduler looks)."""
         if self.finished_ids:
             return 0
-        if not self.jobs:
+        if self.jobs.n == 0:
             return 1
         if self.worker.waiting_to_start():
             return 0
@@ -198,7 +198,7 @@ class ConnectorLookup:
     def busy(self) -> bool:
         """Whether the engine must keep stepping (vLLM's ``has_pending_push_work`` and
         finished requests whose last stores are still to be built)."""
-        return bool(self.jobs or self.finished_ids)
+        return self.jobs.n > 0 or bool(self.finished_ids)
 
     def cached_positions(self, req: CacheRequest) -> dict[str, list[int]]:
         """Per group, the hash-grid positions of ``req``'s prompt whose key the host pool
@@ -514,21 +514,27 @@ class ConnectorLookup:
         b: i64 = maxb
         stop: i64 = cb
         step: i64 = u
-        while b > stop:          # (b = maxb, maxb - u, ... above cb)
-            t0 = b + m0
-            i0 = t0 // step
-            if t0 % tpc0 and (i0 >= n0 or tp0[i0] <= 0):
+        # (b = maxb, maxb - u, ... above cb; the first group's position t0 = b + m0 on the
+        # hash grid, its index i0 = t0 // u and its offset in a chunk rem = t0 % tpc0
+        # stepped along, not divided out each time)
+        i0: i64 = (b + m0) // step
+        rem: i64 = (b + m0) % tpc0
+        while b > stop:
+            if rem != 0 and (i0 >= n0 or tp0[i0] <= 0):
                 # (_lookup_tail's first test, inline: a miss at b)
                 if b >= bridge_end and bridge_pending:
                     pending = True
-                b -= step
-                continue
-            hit, bpend = self._lookup_tail(rs, b, b >= bridge_end and bridge_pending)
-            if hit:
-                rs.tail = b
-                return b - local
-            pending = pending or bpend
+            else:
+                hit, bpend = self._lookup_tail(rs, b, b >= bridge_end and bridge_pending)
+                if hit:
+                    rs.tail = b
+                    return b - local
+                pending = pending or bpend
             b -= step
+            i0 -= 1
+            rem -= step
+            if rem < 0:
+                rem += tpc0
         if pending and complete == 0:
             return None
         return complete

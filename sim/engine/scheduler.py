@@ -184,7 +184,7 @@ class Scheduler:
     def transfers_pending(self) -> bool:
         """Whether the CPU tier has transfers in flight (the replay progresses when they
         complete, though nothing is scheduled meanwhile)."""
-        return self.connector is not None and bool(self.connector.jobs)
+        return self.connector is not None and self.connector.jobs.n > 0
 
     def quiet(self) -> bool:
         """Nothing but the running requests (a decode jump may run): nobody waits, and no
