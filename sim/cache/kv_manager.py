@@ -391,30 +391,28 @@ class KVCacheManager:
             m.enable_handoffs()
 
     def take_offload_handoffs(self) -> bool:
-        """Take this step's committed Mamba states (vLLM's ``take_boundary_state_offloads``);
+        """This step's committed Mamba states (vLLM's ``take_boundary_state_offloads``);
         whether there are any.  They are then in ``handoff_lists``, one list of (request,
         block, boundary tokens) per Mamba group with states, in commit order, the group of
-        each in ``handoff_groups``, groups in order (no dict nor tuple built per state)."""
+        each in ``handoff_groups``, groups in order: the groups' own lists (no copy), which
+        the taker empties with ``clear_offload_handoffs`` once it has read them."""
         groups = self.handoff_groups
         lists = self.handoff_lists
-        if groups:
-            groups.clear()
-            lists.clear()
         for m in self.coordinator.mamba_managers:
             if not m.has_handoffs:
                 continue
-            empty = True
-            for pending in m.handoffs:
-                if pending:
-                    empty = False
-                    break
-            if empty:
-                continue         # (most steps: nothing to take)
-            for mi, entries in enumerate(m.take_handoffs()):
+            for mi, entries in enumerate(m.handoffs):
                 if entries:
                     groups.append(m.group_ids[mi])
                     lists.append(entries)
         return len(groups) > 0
+
+    def clear_offload_handoffs(self) -> None:
+        """The states ``take_offload_handoffs`` gave are taken: their lists emptied."""
+        for entries in self.handoff_lists:
+            entries.clear()
+        self.handoff_groups.clear()
+        self.handoff_lists.clear()
 
     def group_blocks(self, req: CacheRequest, kind: str) -> list:
         """The block table of the first group of ``kind`` for ``req`` (empty if none)."""

@@ -152,11 +152,6 @@ class MambaManager(SingleTypeManager):
         self.has_handoffs = True
         self.handoffs = [[] for _g in self.group_ids]
 
-    def take_handoffs(self) -> list[list[tuple[str, Block, int]]]:
-        out = self.handoffs
-        self.handoffs = [[] for _g in self.group_ids]
-        return out
-
     def _null_run(self, k: int) -> list[Block]:
         """``k`` null blocks (a list kept per length, never written: padding a table
         extends it from here instead of building one per member)."""

@@ -256,6 +256,7 @@ class OffloadConnector(ConnectorStores):
             self._boundary_stores(rids, kv.handoff_groups, kv.handoff_lists)
             if self.partial:
                 self._tail_stores(rids, kv.handoff_groups, kv.handoff_lists, scheduled)
+            kv.clear_offload_handoffs()
         for rs in sweep_rs:
             if not rs.swept:
                 allocated = self._sweep(rs, rs.req.num_computed_tokens + rs.step_tokens,

@@ -276,7 +276,7 @@ class ConnectorStores(ConnectorLookup):
             return allocated
         offl = self._offloadable(rs, after)
         bpc = self.bpc
-        new_keys = vec[i64]()
+        new_keys = vec[i64](capacity=16)   # (a sweep offers a few chunks: no regrowth)
         # (the attention groups only: a Mamba group's states are stored as the GPU cache
         # hands them off, and its count of stored chunks is never read)
         tops: list[int] = []
@@ -311,7 +311,7 @@ class ConnectorStores(ConnectorLookup):
             self._advance_to(rs, tops)
             self._check_swept(rs)
             return allocated
-        src = vec[i64]()
+        src = vec[i64](capacity=len(stored) * bpc)
         groups: dict[str, Any] | None = {} if self.log is not None else None
         pos = rs.st.pos
         j = 0              # (the stored keys: in the order offered, a subsequence of them)
