@@ -252,14 +252,14 @@ class LRUPolicy(Policy):
             self.rank[slot] = ((((self._rank_of(st) << POS_BITS) | (TOP - p)) << GROUP_BITS)
                                | (key & GROUP_MASK))
 
-    def access(self, key: i64, st: AccessState, pool: HostPool) -> None:
-        """The request observes ``key`` for the first time: a resident key's rank is
-        raised to the request's (vLLM's ``touch`` of the keys a request looks up)."""
+    def access(self, key: i64, st: AccessState, s: i64) -> None:
+        """The request observes ``key`` (in slot ``s``; -1: not resident) for the first
+        time: a resident key's rank is raised to the request's (vLLM's ``touch`` of the
+        keys a request looks up)."""
         r = self._rank_of(st)
         p = st.pos.get(key >> GROUP_BITS)
         if p < 0:
             return
-        s = pool.index.only(key)
         if s < 0:
             return
         new = ((((r << POS_BITS) | (TOP - p)) << GROUP_BITS) | (key & GROUP_MASK))
@@ -488,6 +488,7 @@ class HostPool:
         self.free_slots = vec[i64]()
         self.nfree: i64 = 0
         self.prot = vec[i64]()                  # slot -> the stamp of the last call offering it
+        self.kslots = vec[i64]()                # (prepare_store's scratch: its keys' slots)
         self.stamp: i64 = 0
         self.num_evictable: i64 = 0
         self.num_pending: i64 = 0
@@ -516,13 +517,14 @@ class HostPool:
         return self.index.size
 
     # ------------------------------------------------------------- bookkeeping --
-    def _observe(self, key: i64, st: AccessState) -> None:
-        """The request observes ``key`` (first time: the policy's ``touch``)."""
+    def _observe(self, key: i64, st: AccessState, s: i64) -> None:
+        """The request observes ``key`` (in slot ``s``; -1: not resident; first time: the
+        policy's ``touch``)."""
         if st.seen.put(key, 1):
             st.seen_keys = append(st.seen_keys, key)
             lru = self.lru
             if lru is not None:
-                lru.access(key, st, self)
+                lru.access(key, st, s)
 
     def _reused(self, key: int, st: AccessState) -> None:
         if key not in st.inserted:
@@ -567,7 +569,7 @@ class HostPool:
                 self.num_evictable -= 1
             sref[s] = r + 1
         for key in keys:
-            self._observe(key, st)
+            self._observe(key, st, index.only(key))
         if self.arc:
             for key in keys:
                 self._reused(key, st)
@@ -591,15 +593,22 @@ class HostPool:
         sref = self.sref
         to_store = vec[i64](capacity=len(keys))
         arc = self.arc
-        for key in keys:
+        # (each key's slot, -1 if absent, kept for the protection stamps below)
+        nk: i64 = len(keys)
+        if len(self.kslots) < nk:
+            self.kslots = grown(self.kslots, nk)
+        kslots = self.kslots
+        for j in range(nk):
+            key = keys[j]
             s = index.only(key)
+            kslots[j] = s
             if s < 0:
                 to_store = append(to_store, key)
             elif sref[s] < 0:
                 continue                 # (being written: neither stored nor observed)
             elif arc:
                 self._reused(key, st)
-            self._observe(key, st)
+            self._observe(key, st, s)
         if arc:
             misses = [k for k in to_store if k not in st.store_misses]
             if misses:
@@ -620,8 +629,8 @@ class HostPool:
                 self.stamp += 1
                 stamp = self.stamp
                 prot = self.prot
-                for key in keys:
-                    s = index.only(key)
+                for j in range(nk):
+                    s = kslots[j]
                     if s >= 0:
                         prot[s] = stamp
             got = self.policy.evict(need, protected, self)
