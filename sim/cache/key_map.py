@@ -379,9 +379,8 @@ class IntMap:
 
 class PairHeap:
     """A binary min-heap of (key, value) machine-integer pairs over two vecs, least key
-    first (equal keys in heap order); no boxing, no tuple per entry.  The CPU tier's job
-    completions (key, job id) and its LRU's lazy heap (rank, slot) are two; stale
-    entries are told apart by their callers."""
+    first (equal keys in heap order); no boxing, no tuple per entry: the CPU tier's job
+    completions (time seen, job id), a stale entry told apart by its caller."""
 
     def __init__(self) -> None:
         self.keys = vec[i64]()
