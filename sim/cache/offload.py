@@ -161,6 +161,7 @@ class OffloadConnector(ConnectorStores):
     def start_step(self, now: int) -> None:
         """Before ``schedule()``: the completions reported since the last one."""
         self.now = now
+        self.step_no += 1
         for started in self.worker.start_step(now):
             self._watch(started)
         self.kv.pool.start_popping()
@@ -226,9 +227,11 @@ class OffloadConnector(ConnectorStores):
         r.setdefault("done_stores" if job.store else "done_loads", []).append(job.jid)
 
     def build(self, scheduled: list[ReqOffload]) -> None:
-        """vLLM's ``build_connector_meta``: ``scheduled`` is this step's requests in
-        scheduling order, each with its ``step_tokens`` (and ``fresh``: from the waiting
-        queue)."""
+        """vLLM's ``build_connector_meta``.  Every request this step schedules has its
+        ``step_tokens`` and ``sched_step`` (this step's ``step_no``) set; ``scheduled``
+        lists, in scheduling order, those of them still sweeping or ``fresh`` (from the
+        waiting queue): the others' part here is only their tokens, read by the partial
+        tails (most of a step's requests are decoding, their sweeps over)."""
         kv = self.kv
         now = self.now
         allocated: set[int] | None = None
@@ -255,7 +258,7 @@ class OffloadConnector(ConnectorStores):
             rids = self._handoff_rids(kv.handoff_lists)
             self._boundary_stores(rids, kv.handoff_groups, kv.handoff_lists)
             if self.partial:
-                self._tail_stores(rids, kv.handoff_groups, kv.handoff_lists, scheduled)
+                self._tail_stores(rids, kv.handoff_groups, kv.handoff_lists)
             kv.clear_offload_handoffs()
         for rs in sweep_rs:
             if not rs.swept:

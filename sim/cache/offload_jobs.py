@@ -111,7 +111,7 @@ class ReqOffload:
 
     __slots__ = ("req", "st", "pk", "tables", "next_stored", "hit_end", "num_local",
                  "jobs", "tail", "loaded", "finished", "signaled", "loading", "swept",
-                 "fresh", "step_tokens")
+                 "fresh", "step_tokens", "sched_step")
 
     def __init__(self, req: CacheRequest, ngroups: int, nlists: int, arc: bool = True):
         self.req = req
@@ -135,6 +135,7 @@ class ReqOffload:
         self.swept = False               # every prompt chunk the sweep may store is behind it
         self.fresh = False               # allocated in this step's waiting loop
         self.step_tokens = 0             # tokens scheduled in this step (``build``)
+        self.sched_step: i64 = -1        # the connector step it was last scheduled in
 
     def add_job(self, jid: i64) -> None:
         self.jobs = append(self.jobs, jid)

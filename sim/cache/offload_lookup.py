@@ -115,6 +115,7 @@ class ConnectorLookup:
         self.req_log: dict[str, dict] | None = None   # per-request records (ditto)
         self._step_rec: dict | None = None
         self.now = 0
+        self.step_no: i64 = 0                    # connector steps begun (``start_step``)
         kv.enable_offload_handoffs()
 
     # ------------------------------------------------------------------ helpers --

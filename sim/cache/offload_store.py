@@ -153,8 +153,7 @@ class ConnectorStores(ConnectorLookup):
                     self._fence(block.block_id, job.jid)
 
     def _tail_stores(self, rids: list[str], gids: list[int],
-                     lists: list[list[tuple[str, Block, int]]],
-                     scheduled: list[ReqOffload]) -> None:
+                     lists: list[list[tuple[str, Block, int]]]) -> None:
         B = self.pblock
         any_tail = False
         for run in lists:
@@ -195,10 +194,8 @@ class ConnectorStores(ConnectorLookup):
             req = rs.req
             if self.max_margin:
                 after = req.num_computed_tokens
-                for srs in scheduled:
-                    if srs is rs:
-                        after += srs.step_tokens
-                        break
+                if rs.sched_step == self.step_no:     # (scheduled in this step)
+                    after += rs.step_tokens
                 if after > req.num_prompt_tokens:
                     after = req.num_prompt_tokens
                 if boundary + self.max_margin > after:

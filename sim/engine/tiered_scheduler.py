@@ -244,11 +244,14 @@ class TieredScheduler(Scheduler):
         conn = self.connector
         assert conn is not None
         sched = self.step_states           # (one list, refilled each step)
+        stamp = conn.step_no
         for it in out:
             rs = it.req.cache.offload
             assert rs is not None
             rs.step_tokens = it.num_tokens
-            sched.append(rs)
+            rs.sched_step = stamp
+            if rs.fresh or not rs.swept:   # (the others: nothing to do but their tokens)
+                sched.append(rs)
         conn.build(sched)
         sched.clear()
         if self.inflight:
