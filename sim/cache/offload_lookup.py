@@ -116,6 +116,7 @@ class ConnectorLookup:
         self._step_rec: dict | None = None
         self.now = 0
         self.step_no: i64 = 0                    # connector steps begun (``start_step``)
+        self.offer_failed = False                # the last store offer did not fit
         kv.enable_offload_handoffs()
 
     # ------------------------------------------------------------------ helpers --

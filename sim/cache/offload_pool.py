@@ -489,6 +489,8 @@ class HostPool:
         self.nfree: i64 = 0
         self.prot = vec[i64]()                  # slot -> the stamp of the last call offering it
         self.kslots = vec[i64]()                # (prepare_store's scratch: its keys' slots)
+        self.offered = vec[i64]()               # the last offer's keys to store
+        self.evicted_now = vec[i64]()           # ... and the keys it evicted
         self.stamp: i64 = 0
         self.num_evictable: i64 = 0
         self.num_pending: i64 = 0
@@ -587,8 +589,15 @@ class HostPool:
 
     def prepare_store(self, keys: vec[i64], st: AccessState
                       ) -> tuple[vec[i64], vec[i64]] | None:
-        """(keys to store, keys evicted), or None when the pool cannot take them (vecs:
-        no int object a key)."""
+        """(keys to store, keys evicted), or None when the pool cannot take them."""
+        if not self.offer(keys, st):
+            return None
+        return self.offered, self.evicted_now
+
+    def offer(self, keys: vec[i64], st: AccessState) -> bool:
+        """``prepare_store`` without a tuple: whether the pool takes the keys; then the
+        keys to store are in ``offered`` and the keys evicted in ``evicted_now`` (vecs: no
+        int object a key)."""
         index = self.index
         sref = self.sref
         to_store = vec[i64](capacity=len(keys))
@@ -615,13 +624,15 @@ class HostPool:
                 self.policy.on_store_miss(misses, st)
                 st.store_misses.update(misses)
         if len(to_store) == 0:
-            return to_store, vec[i64]()
+            self.offered = to_store
+            self.evicted_now = vec[i64]()
+            return True
         need = len(to_store) - (self.num_chunks - index.size)
         evicted = vec[i64]()
         if need > 0:
             if need > self.num_evictable:
                 self.failed += 1
-                return None
+                return False
             protected: set[int] | None = None
             if arc:
                 protected = set(keys)
@@ -636,7 +647,7 @@ class HostPool:
             got = self.policy.evict(need, protected, self)
             if got is None:
                 self.failed += 1
-                return None
+                return False
             self.num_evictable -= len(got)
             for key in got:
                 self._drop(key)
@@ -655,7 +666,9 @@ class HostPool:
             st.inserted.update(to_store)
         if index.size > self.peak:
             self.peak = index.size
-        return to_store, evicted
+        self.offered = to_store
+        self.evicted_now = evicted
+        return True
 
     def complete_store(self, keys: vec[i64]) -> None:
         index = self.index

@@ -85,23 +85,28 @@ class ConnectorStores(ConnectorLookup):
             self._rec().setdefault("stores", []).append(self._job_rec(job))
         return job
 
-    def _prepare_store(self, keys: vec[i64], rs: ReqOffload
-                       ) -> tuple[vec[i64], vec[i64]] | None:
-        out = self.pool.prepare_store(keys, rs.st)
+    def _prepare_store(self, keys: vec[i64], rs: ReqOffload) -> vec[i64]:
+        """The host pool's ``prepare_store``: the keys to store (``pool.offered``; when the
+        pool cannot take them, ``offer_failed`` is set and none are)."""
+        pool = self.pool
+        ok = pool.offer(keys, rs.st)
+        self.offer_failed = not ok
         tk = self.tail_keys
-        if out is not None and tk.size > 0:
-            for key in out[1]:
+        if ok and tk.size > 0:
+            for key in pool.evicted_now:
                 t = tk.take_first(key)        # (and unmapped)
                 if t >= 0:
                     self._tail_add(key & GROUP_MASK, t, -1)
         if self.log is not None:
-            if out is None:
+            if not ok:
                 r = self._rec()
                 r["alloc_fail"] = r.get("alloc_fail", 0) + 1
-            elif len(out[1]) > 0:
+            elif len(pool.evicted_now) > 0:
                 r = self._rec()
-                r["evicted"] = r.get("evicted", 0) + len(out[1])
-        return out
+                r["evicted"] = r.get("evicted", 0) + len(pool.evicted_now)
+        if not ok:
+            return vec[i64]()
+        return pool.offered
 
     @staticmethod
     def _handoff_rids(lists: list[list[tuple[str, Block, int]]]) -> list[str]:
@@ -141,8 +146,7 @@ class ConnectorStores(ConnectorLookup):
                         continue
                     key = self._boundary_key(rs, gid, boundary)
                     one = vec[i64]([key])
-                    out = self._prepare_store(one, rs)
-                    if out is None or len(out[0]) == 0:
+                    if len(self._prepare_store(one, rs)) == 0:
                         continue
                     groups = ({str(gid): {"chunks": 1, "blocks": 1,
                                           "start_block": boundary // gc.tpb - 1,
@@ -210,10 +214,10 @@ class ConnectorStores(ConnectorLookup):
                              for gc in self.groups])
             bids = [cow[gc.gid].block_id if gc.cow else rs.tables[gi][idx].block_id
                     for gi, gc in enumerate(self.groups)]
-            out = self._prepare_store(keys, rs)
-            if out is None or len(out[0]) == 0:
+            took = self._prepare_store(keys, rs)
+            if len(took) == 0:
                 continue
-            stored = set(out[0])
+            stored = set(took)
             src = vec[i64]([bids[i] for i, k in enumerate(keys) if k in stored])
             for gi, gc in enumerate(self.groups):
                 k = keys[gi]
@@ -300,10 +304,9 @@ class ConnectorStores(ConnectorLookup):
             self._advance_to(rs, tops)
             self._check_swept(rs)
             return allocated
-        out = self._prepare_store(new_keys, rs)
-        if out is None:
+        stored = self._prepare_store(new_keys, rs)
+        if self.offer_failed:
             return allocated
-        stored = out[0]
         if len(stored) == 0:
             self._advance_to(rs, tops)
             self._check_swept(rs)
