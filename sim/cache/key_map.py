@@ -377,6 +377,49 @@ class IntMap:
         self.vals = vals
 
 
+def sift_up(hk: vec[i64], hv: vec[i64], pos: vec[i64], i: i64, key: i64, val: i64) -> None:
+    """Place (key, val) at index ``i`` or above in a binary min-heap over ``hk``/``hv``;
+    ``pos``, when not empty, follows each value's index (``SlotHeap``)."""
+    track = len(pos) > 0
+    while i > 0:
+        p = (i - 1) >> 1
+        if hk[p] <= key:
+            break
+        hk[i] = hk[p]
+        hv[i] = hv[p]
+        if track:
+            pos[hv[i]] = i
+        i = p
+    hk[i] = key
+    hv[i] = val
+    if track:
+        pos[val] = i
+
+
+def sift_down(hk: vec[i64], hv: vec[i64], pos: vec[i64], n: i64, i: i64, key: i64,
+              val: i64) -> None:
+    """Place (key, val) at index ``i`` or below among the first ``n`` entries of a binary
+    min-heap over ``hk``/``hv``; ``pos`` as in ``sift_up``."""
+    track = len(pos) > 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and hk[c + 1] < hk[c]:
+            c += 1
+        if hk[c] >= key:
+            break
+        hk[i] = hk[c]
+        hv[i] = hv[c]
+        if track:
+            pos[hv[i]] = i
+        i = c
+    hk[i] = key
+    hv[i] = val
+    if track:
+        pos[val] = i
+
+
 class PairHeap:
     """A binary min-heap of (key, value) machine-integer pairs over two vecs, least key
     first (equal keys in heap order); no boxing, no tuple per entry: the CPU tier's job
@@ -386,6 +429,7 @@ class PairHeap:
         self.keys = vec[i64]()
         self.vals = vec[i64]()
         self.n: i64 = 0
+        self.nopos = vec[i64]()   # (no positions followed)
 
     def __len__(self) -> int:
         return self.n
@@ -403,18 +447,7 @@ class PairHeap:
         if n == len(self.keys):
             self.keys = append(self.keys, key)
             self.vals = append(self.vals, val)
-        hs = self.keys
-        hj = self.vals
-        i = n
-        while i > 0:
-            p = (i - 1) >> 1
-            if hs[p] <= key:
-                break
-            hs[i] = hs[p]
-            hj[i] = hj[p]
-            i = p
-        hs[i] = key
-        hj[i] = val
+        sift_up(self.keys, self.vals, self.nopos, n, key, val)
         self.n = n + 1
 
     def pop(self) -> tuple[i64, i64]:
@@ -426,22 +459,7 @@ class PairHeap:
         n = self.n - 1
         self.n = n
         if n > 0:
-            ls = hs[n]
-            lj = hj[n]
-            i: i64 = 0
-            while True:
-                c = 2 * i + 1
-                if c >= n:
-                    break
-                if c + 1 < n and hs[c + 1] < hs[c]:
-                    c += 1
-                if hs[c] >= ls:
-                    break
-                hs[i] = hs[c]
-                hj[i] = hj[c]
-                i = c
-            hs[i] = ls
-            hj[i] = lj
+            sift_down(hs, hj, self.nopos, n, 0, hs[n], hj[n])
         return top_s, top_j
 
 
@@ -485,46 +503,7 @@ class SlotHeap:
             self.keys = append(self.keys, key)
             self.slots = append(self.slots, s)
         self.n = n + 1
-        self._up(n, key, s)
-
-    def _up(self, i: i64, key: i64, s: i64) -> None:
-        """Place (key, s) at ``i`` or above."""
-        hk = self.keys
-        hs = self.slots
-        pos = self.pos
-        while i > 0:
-            p = (i - 1) >> 1
-            if hk[p] <= key:
-                break
-            hk[i] = hk[p]
-            hs[i] = hs[p]
-            pos[hs[i]] = i
-            i = p
-        hk[i] = key
-        hs[i] = s
-        pos[s] = i
-
-    def _down(self, i: i64, key: i64, s: i64) -> None:
-        """Place (key, s) at ``i`` or below (among the first ``n``)."""
-        hk = self.keys
-        hs = self.slots
-        pos = self.pos
-        n = self.n
-        while True:
-            c = 2 * i + 1
-            if c >= n:
-                break
-            if c + 1 < n and hk[c + 1] < hk[c]:
-                c += 1
-            if hk[c] >= key:
-                break
-            hk[i] = hk[c]
-            hs[i] = hs[c]
-            pos[hs[i]] = i
-            i = c
-        hk[i] = key
-        hs[i] = s
-        pos[s] = i
+        sift_up(self.keys, self.slots, self.pos, n, key, s)
 
     def pop(self) -> tuple[i64, i64]:
         """The least (key, slot), removed (the caller checked the heap is not empty)."""
@@ -534,7 +513,7 @@ class SlotHeap:
         n = self.n - 1
         self.n = n
         if n > 0:
-            self._down(0, self.keys[n], self.slots[n])
+            sift_down(self.keys, self.slots, self.pos, n, 0, self.keys[n], self.slots[n])
         return key, s
 
     def remove(self, s: i64) -> None:
@@ -548,6 +527,6 @@ class SlotHeap:
         key = self.keys[n]
         t = self.slots[n]
         if i > 0 and self.keys[(i - 1) >> 1] > key:
-            self._up(i, key, t)
+            sift_up(self.keys, self.slots, self.pos, i, key, t)
         else:
-            self._down(i, key, t)
+            sift_down(self.keys, self.slots, self.pos, n, i, key, t)

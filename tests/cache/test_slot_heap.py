@@ -40,3 +40,27 @@ def test_slot_heap_equals_a_sorted_model():
         out = [h.pop() for _ in range(len(h))]
         assert out == sorted((k, t) for t, k in model.items())
         assert not any(h.has(t) for t in range(nslots))
+
+
+def test_pair_heap_pops_like_heapq():
+    """PairHeap (the CPU tier's job completions) shares SlotHeap's sift loops: its pops
+    come out as heapq's, duplicates and equal keys included."""
+    import heapq
+
+    from sim.cache.key_map import PairHeap
+
+    rng = random.Random(8)
+    for trial in range(30):
+        h = PairHeap()
+        model: list[tuple[int, int]] = []
+        for step in range(800):
+            if rng.random() < 0.6 or not model:
+                k, v = rng.randrange(50), rng.randrange(5)
+                h.push(k, v)
+                heapq.heappush(model, (k, v))
+            else:
+                k, v = h.pop()
+                assert k == model[0][0]
+                model.remove((k, v))       # (equal keys: any of them, in heap order)
+                heapq.heapify(model)
+            assert len(h) == len(model)
