@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from librt.vecs import append, pop, vec
+from librt.vecs import append, remove, vec
 from mypy_extensions import i64
 
 from sim.cache.offload_pool import AccessState
@@ -142,14 +142,8 @@ class ReqOffload:
 
     def drop_job(self, jid: i64) -> None:
         """Job ``jid`` is done (its id leaves ``jobs``; the order of the rest is kept)."""
-        js = self.jobs
-        n = len(js)
-        for i in range(n):
-            if js[i] == jid:
-                for k in range(i + 1, n):
-                    js[k - 1] = js[k]
-                self.jobs = pop(js)[0]
-                return
+        if jid in self.jobs:
+            self.jobs = remove(self.jobs, jid)
 
 
 class Transfers:

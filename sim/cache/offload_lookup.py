@@ -84,8 +84,8 @@ class ConnectorLookup:
         self.next_job = 0
         self.loading_keys: set[int] = set()      # keys of async loads in flight
         # the partial-tail keys the pool holds (the only keys off their group's chunk
-        # grid): per group, how many at each position; and each one's group and position
-        # (per group, the count at each hash-grid position, indexed by tokens // unit)
+        # grid): per group, how many at each hash-grid position (indexed by tokens //
+        # unit); and each one's position
         self.tail_pos: list[vec[i64]] = [vec[i64]() for _ in self.groups]
         self.tail_keys = KeyMap(64)              # tail key -> its position (machine ints)
         # the jobs each GPU block fences (flushed if the block is handed out again before
@@ -284,7 +284,7 @@ class ConnectorLookup:
                     f[bid] = more[0]
                     del self.fence_more[bid]
 
-    def tail_count(self, gi: int, t: i64) -> i64:
+    def _tail_count(self, gi: int, t: i64) -> i64:
         """Partial-tail keys of group ``gi`` the pool holds ending at token ``t`` (on the
         hash grid)."""
         v = self.tail_pos[gi]
@@ -306,11 +306,6 @@ class ConnectorLookup:
         if d > 0 and c < 0:
             c = 0
         v[i] = c + d
-
-    def _is_fenced(self, bid: i64) -> bool:
-        """Block ``bid`` fences a job."""
-        f = self.fence_job
-        return bid < len(f) and f[bid] != -1
 
     def _flush_block(self, bid: i64) -> None:
         """The jobs block ``bid`` fences are flushed (it is allocated again)."""
@@ -544,7 +539,7 @@ class ConnectorLookup:
     def _lookup_tail(self, rs: ReqOffload, b: int, pending: bool) -> tuple[bool, bool]:
         first = self.groups[0]
         t0 = b + first.margin
-        if t0 % first.tpc and self.tail_count(0, t0) <= 0:
+        if t0 % first.tpc and self._tail_count(0, t0) <= 0:
             # (the first group's key there would be a partial-tail key, and the pool holds
             # none at that position: a miss, known without computing the key)
             return False, pending

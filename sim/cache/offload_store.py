@@ -115,14 +115,8 @@ class ConnectorStores(ConnectorLookup):
         rids: list[str] = []
         for entries in lists:
             for e in entries:
-                rid = e[0]
-                known = False
-                for x in rids:
-                    if x is rid or x == rid:
-                        known = True
-                        break
-                if not known:
-                    rids.append(rid)
+                if e[0] not in rids:
+                    rids.append(e[0])
         return rids
 
     def _boundary_stores(self, rids: list[str], gids: list[int],
@@ -181,8 +175,6 @@ class ConnectorStores(ConnectorLookup):
             if not entries:
                 continue
             rs = self.reqs[rid]
-            if self.max_margin and not rs.loaded:
-                continue
             boundary = entries[0][2]
             if any(e[2] != boundary for e in entries):
                 # (an internal prefill checkpoint's state, keyed inside its block and
