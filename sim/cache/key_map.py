@@ -312,69 +312,65 @@ class KeyMap:
             vals[i] = old_vals[j]
 
 
-class IntMap:
-    """A small map of non-negative machine integers to machine integers (open addressing,
-    linear probing, no deletion; a table doubling once half full): the CPU tier's
-    per-request observed keys and positions (``sim/cache/offload_pool.py``)."""
+class IntSet:
+    """A small set of non-negative machine integers (open addressing, linear probing, no
+    deletion; a table doubling once half full): the keys a request of the CPU tier
+    observed, once it has observed more than a linear scan should search
+    (``sim/cache/offload_pool.py``)."""
 
-    def __init__(self) -> None:
-        self.mask: i64 = 31       # (a request observes ~14 keys: one table, no growth)
-        self.keys = vec[i64]([-1] * 32)
-        self.vals = vec[i64]([0] * 32)
+    def __init__(self, capacity: i64 = 16) -> None:
+        cap: i64 = 16
+        while cap < 2 * capacity:
+            cap *= 2
+        self.mask: i64 = cap - 1
+        self.keys = vec[i64]([-1] * cap)
         self.size: i64 = 0
 
-    def get(self, key: i64) -> i64:
-        """The value of ``key``; -1 if absent."""
+    def has(self, key: i64) -> bool:
         mask = self.mask
         keys = self.keys
         i = ((key >> 5) ^ ((key & 31) * MIX)) & mask
         while True:
             k = keys[i]
             if k == key:
-                return self.vals[i]
+                return True
             if k < 0:
-                return -1
+                return False
             i = (i + 1) & mask
 
-    def put(self, key: i64, val: i64) -> bool:
-        """Map ``key`` to ``val``; whether ``key`` is new."""
+    def add(self, key: i64) -> bool:
+        """Add ``key``; whether it is new."""
         mask = self.mask
         keys = self.keys
         i = ((key >> 5) ^ ((key & 31) * MIX)) & mask
         while True:
             k = keys[i]
             if k == key:
-                self.vals[i] = val
                 return False
             if k < 0:
                 break
             i = (i + 1) & mask
         keys[i] = key
-        self.vals[i] = val
         self.size += 1
         if 2 * self.size > mask:
             self._grow()
         return True
 
     def _grow(self) -> None:
-        old_keys = self.keys
-        old_vals = self.vals
+        old = self.keys
         cap = 2 * (self.mask + 1)
         mask = cap - 1
         keys = vec[i64]([-1] * cap)
-        vals = vec[i64]([0] * cap)
-        for j in range(len(old_keys)):
-            k = old_keys[j]
+        for j in range(len(old)):
+            k = old[j]
             if k < 0:
                 continue
             i = ((k >> 5) ^ ((k & 31) * MIX)) & mask
             while keys[i] >= 0:
                 i = (i + 1) & mask
             keys[i] = k
-            vals[i] = old_vals[j]
         self.mask = mask
         self.keys = keys
-        self.vals = vals
 
 
 def sift_up(hk: vec[i64], hv: vec[i64], pos: vec[i64], i: i64, key: i64, val: i64) -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from librt.vecs import vec
+from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
@@ -107,10 +107,11 @@ class OffloadConnector(ConnectorStores):
         tail = rs.tail
         assert tail is None or tail == cached
         tables = self.kv.group_tables(rid)
-        keys_to_load: list[int] = []
+        keys_to_load = vec[i64]()
+        kpos = vec[i64]()            # (each key's end token)
         nblocks = 0
         groups: dict[str, Any] | None = {} if self.log is not None else None
-        pos = rs.st.pos
+        pks_of = rs.pk
         for gi, gc in enumerate(self.groups):
             table = tables[gi]
             tpb = gc.tpb
@@ -124,23 +125,34 @@ class OffloadConnector(ConnectorStores):
             npending = ngpu - start
             nchunks = cdiv(cached, gc.tpc)
             if npending:
-                gk = self._gkeys(rs, gi, start // self.bpc, nchunks - (tail is not None))
+                first = len(keys_to_load)
+                pks = pks_of[gc.pki]
+                hi = nchunks - (tail is not None)
+                if hi > len(pks):
+                    hi = len(pks)
+                gid = gc.gid
+                for c in range(start // self.bpc, hi):
+                    keys_to_load = append(keys_to_load, (pks[c] << GROUP_BITS) | gid)
+                    kpos = append(kpos, (c + 1) * gc.tpc)
                 if tail is not None:
-                    gk.append(self._boundary_key(rs, gc.gid, tail + self.margins.get(gc.gid, 0)))
-                keys_to_load.extend(gk)
+                    t = tail + self.margins.get(gid, 0)
+                    keys_to_load = append(keys_to_load, self._boundary_key(rs, gid, t))
+                    kpos = append(kpos, t)
                 nblocks += npending
                 if groups is not None:
-                    groups[str(gc.gid)] = {"chunks": len(gk), "blocks": npending,
-                                           "start_block": start,
-                                           "ends": sorted(pos.get(k >> GROUP_BITS) for k in gk)}
+                    ends = [kpos[j] for j in range(first, len(kpos))]
+                    groups[str(gid)] = {"chunks": len(ends), "blocks": npending,
+                                        "start_block": start, "ends": sorted(ends)}
             rs.next_stored[gi] = nchunks
-        self.pool.prepare_load(keys_to_load, rs.st)
-        job = self._new_job(rs, vec[i64](keys_to_load), False)
+        self.pool.prepare_load(keys_to_load, rs, kpos)
+        job = self._new_job(rs, keys_to_load, False)
         job.blocks = nblocks
         job.groups = groups
         rs.add_job(job.jid)
         self.load_jobs.append(job)
-        self.loading_keys.update(keys_to_load)
+        lk = self.loading_keys
+        for key in keys_to_load:
+            lk.add(key)
         rs.tail = None
         rs.loading = True
         self.loaded_chunks += len(keys_to_load)
@@ -286,7 +298,7 @@ class OffloadConnector(ConnectorStores):
             if rs is None:
                 continue
             rs.signaled = True
-            self.pool.request_finished(rs.st)
+            self.pool.request_finished(rs)
             if len(rs.jobs) == 0:
                 self._forget(rs)
         if self.finished_ids:

@@ -106,16 +106,17 @@ class JobTable:
 NO_TABLE: list[Block] = []
 
 
-class ReqOffload:
-    """One request's offload state (vLLM's ``RequestOffloadState``)."""
+class ReqOffload(AccessState):
+    """One request's offload state (vLLM's ``RequestOffloadState``), and what it did to
+    the host pool (``AccessState``: one object a request, not two)."""
 
-    __slots__ = ("req", "st", "pk", "tables", "next_stored", "hit_end", "num_local",
+    __slots__ = ("req", "pk", "tables", "next_stored", "hit_end", "num_local",
                  "jobs", "tail", "loaded", "finished", "signaled", "loading", "swept",
                  "fresh", "step_tokens", "sched_step")
 
     def __init__(self, req: CacheRequest, ngroups: int, nlists: int, arc: bool = True):
+        super().__init__(arc)
         self.req = req
-        self.st = AccessState(arc)
         # the prefix keys of its chunks, one list per chunk size (a group's chunk key is
         # its prefix key with the group in the low bits: groups of one chunk size share one)
         self.pk: list[vec[i64]] = [vec[i64]() for _ in range(nlists)]

@@ -13,7 +13,7 @@ from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
-from sim.cache.key_map import KeyMap, PairHeap
+from sim.cache.key_map import PairHeap
 from sim.cache.offload_jobs import (NO_TABLE, GroupOffload, Job, JobTable, ReqOffload,
                                     StepTransfers, Transfers)
 from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, HostPool
@@ -87,7 +87,13 @@ class ConnectorLookup:
         # grid): per group, how many at each hash-grid position (indexed by tokens //
         # unit); and each one's position
         self.tail_pos: list[vec[i64]] = [vec[i64]() for _ in self.groups]
-        self.tail_keys = KeyMap(64)              # tail key -> its position (machine ints)
+        # (buffers kept: a sweep's keys to offer and their end tokens, a boundary store's)
+        self.sweep_keys = vec[i64]()
+        self.sweep_pos = vec[i64]()
+        self.one_key = vec[i64]([0])
+        self.one_pos = vec[i64]([0])
+        self.n_tail: i64 = 0                     # partial-tail keys the pool holds
+        self.tpc_of = vec[i64]([gc.tpc for gc in self.groups])   # group -> tokens a chunk
         # the jobs each GPU block fences (flushed if the block is handed out again before
         # they complete): per block id the one job (-1: none; -2: several, listed in
         # ``fence_more``), machine integers; ``n_fenced`` blocks have one
@@ -122,12 +128,10 @@ class ConnectorLookup:
     # ------------------------------------------------------------------ helpers --
     def _update_keys(self, rs: ReqOffload) -> None:
         """The request's chunk keys for every complete chunk of its hashes (prompt and
-        outputs), with their end tokens (the prefix order the host pool ranks by)."""
+        outputs); chunk ``c`` of a list ends at token ``(c + 1) * hpc * unit``."""
         req = rs.req
         bh = req.block_hashes
         n = bh.count
-        pos = rs.st.pos
-        u = self.unit
         for li, hpc in enumerate(self.hpcs):
             pks = rs.pk[li]
             want = n // hpc
@@ -136,9 +140,7 @@ class ConnectorLookup:
                 continue
             while k < want:
                 k += 1
-                pk = bh.key(k * hpc - 1)
-                pks = append(pks, pk)
-                pos.put(pk, k * hpc * u)
+                pks = append(pks, bh.key(k * hpc - 1))
             rs.pk[li] = pks
 
     def _gkeys(self, rs: ReqOffload, gi: int, lo: int, hi: int) -> list[int]:
@@ -153,8 +155,8 @@ class ConnectorLookup:
         return len(rs.pk[self.groups[gi].pki])
 
     def _boundary_key(self, rs: ReqOffload, gid: int, tokens: int) -> int:
+        """Group ``gid``'s key of the prefix ending at ``tokens`` (on the hash grid)."""
         pk = rs.req.block_hashes.key(tokens // self.unit - 1)
-        rs.st.pos.put(pk, tokens)
         return (pk << GROUP_BITS) | gid
 
     def _offloadable(self, rs: ReqOffload, n: int) -> int:

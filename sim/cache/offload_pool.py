@@ -42,7 +42,7 @@ from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
-from sim.cache.key_map import IntMap, KeyMap, SlotHeap, grown
+from sim.cache.key_map import IntSet, KeyMap, SlotHeap, grown
 
 GROUP_MASK: Final = (1 << GROUP_BITS) - 1
 
@@ -55,53 +55,67 @@ HIT_PENDING: Final = 2
 _UNUSED: set[int] = set()
 
 
+# observed keys a request searches linearly before it keeps them in a hash set too (most
+# requests observe fewer: no table to build)
+SCAN_KEYS: Final = 16
+
+
 class AccessState:
     """What one request did to the tier (vLLM's per-request cache-access record);
     ``arc``: whether its pool's policy reads the keys it inserted and reused."""
 
     def __init__(self, arc: bool = True) -> None:
-        self.seen = IntMap()              # keys observed (-> 1)
-        self.seen_keys = vec[i64]()       # ... in the order first observed
+        self.seen_keys = vec[i64]()       # keys observed, in the order first observed
+        self.seen_pos = vec[i64]()        # ... and each one's end token (-1: unknown)
+        self.seen: IntSet | None = None   # ... as a set, once there are many
         # (``arc`` only: the keys the request inserted, reused, and stored as a miss)
         self.inserted: set[int] = set() if arc else _UNUSED
         self.reused: set[int] = set() if arc else _UNUSED
         self.store_misses: set[int] = set() if arc else _UNUSED
-        self.finished = False
+        self.applied = False              # its recency applied (the pool saw its finish)
         self.lru_rank: i64 = 0            # 0: the policy has not ranked this request yet
-        # prefix key (a chunk key without its group bits) -> end token: the request's order
-        self.pos = IntMap()
+        # (the connector hands each key's end token beside it; ``prepare_store`` and
+        # ``prepare_load`` without them read it here: prefix key -> end token)
+        self.pos: dict[int, int] | None = None
 
-    def set_pos(self, pk: i64, tokens: i64) -> None:
-        self.pos.put(pk, tokens)
+    def observe(self, key: i64, p: i64) -> bool:
+        """The request observes ``key`` (ending at token ``p``): whether for the first
+        time (then it is kept, in order)."""
+        keys = self.seen_keys
+        seen = self.seen
+        if seen is None:
+            n = len(keys)
+            for j in range(n):
+                if keys[j] == key:
+                    return False
+            if n >= SCAN_KEYS:
+                seen = IntSet(2 * n)
+                for j in range(n):
+                    seen.add(keys[j])
+                seen.add(key)
+                self.seen = seen
+        elif not seen.add(key):
+            return False
+        self.seen_keys = append(keys, key)
+        self.seen_pos = append(self.seen_pos, p)
+        return True
 
-    def pos_of(self, pk: i64) -> i64:
+    def set_pos(self, pk: int, tokens: int) -> None:
+        if self.pos is None:
+            self.pos = {}
+        self.pos[pk] = tokens
+
+    def pos_of(self, pk: int) -> int:
         """The end token of prefix key ``pk``; -1 if unknown."""
-        return self.pos.get(pk)
+        pos = self.pos
+        return pos.get(pk, -1) if pos is not None else -1
 
-
-def _head_to_tail(st: AccessState) -> vec[i64]:
-    """Every observed key, head to tail: by position, then by key (vLLM: each group's
-    keys by position, the groups in order, then one stable sort by position; a key's group
-    is its low bits, and keys at one position share their prefix key).  An insertion sort
-    (the keys come mostly in order already)."""
-    keys = st.seen_keys
-    pos = st.pos
-    out = vec[i64](capacity=len(keys))
-    at = vec[i64](capacity=len(keys))
-    for j in range(len(keys)):
-        k = keys[j]
-        p = pos.get(k >> GROUP_BITS)
-        assert p >= 0, "an observed key without a position"
-        out = append(out, k)
-        at = append(at, p)
-        i: i64 = j
-        while i > 0 and (at[i - 1] > p or (at[i - 1] == p and out[i - 1] > k)):
-            at[i] = at[i - 1]
-            out[i] = out[i - 1]
-            i -= 1
-        at[i] = p
-        out[i] = k
-    return out
+    def positions(self, keys: vec[i64]) -> vec[i64]:
+        """The end tokens of ``keys`` (chunk keys) as ``set_pos`` gave them."""
+        out = vec[i64](capacity=len(keys))
+        for k in keys:
+            out = append(out, self.pos_of(k >> GROUP_BITS))
+        return out
 
 
 class Policy:
@@ -112,13 +126,16 @@ class Policy:
         self.capacity = capacity
         self.arc = False          # (whether it reads the requests' inserted/reused keys)
 
-    def insert(self, key: int, slot: i64, st: AccessState) -> None:
+    def insert(self, key: int, slot: i64, st: AccessState, p: i64) -> None:
+        """``key`` (ending at token ``p``; -1: unknown) enters ``slot``."""
         raise NotImplementedError
 
     def on_store_miss(self, keys: list[int], st: AccessState) -> None:
         return None
 
-    def on_request_finished(self, order: vec[i64], st: AccessState, pool: HostPool) -> None:
+    def on_request_finished(self, order: vec[i64], n: i64, st: AccessState,
+                            pool: HostPool) -> None:
+        """The request's observed keys finished, head to tail (``order``'s first ``n``)."""
         raise NotImplementedError
 
     def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> vec[i64] | None:
@@ -241,23 +258,21 @@ class LRUPolicy(Policy):
         self.head = 0
 
     # -- the policy -------------------------------------------------------------------
-    def insert(self, key: int, slot: i64, st: AccessState) -> None:
+    def insert(self, key: int, slot: i64, st: AccessState, p: i64) -> None:
         while len(self.rank) <= slot:
             self.rank = append(self.rank, -1)
             self.ev = append(self.ev, 0)
-        p = st.pos.get(key >> GROUP_BITS)
         if p < 0:
             self.rank[slot] = self._fresh(key)
         else:
             self.rank[slot] = ((((self._rank_of(st) << POS_BITS) | (TOP - p)) << GROUP_BITS)
                                | (key & GROUP_MASK))
 
-    def access(self, key: i64, st: AccessState, s: i64) -> None:
-        """The request observes ``key`` (in slot ``s``; -1: not resident) for the first
-        time: a resident key's rank is raised to the request's (vLLM's ``touch`` of the
-        keys a request looks up)."""
+    def access(self, key: i64, p: i64, st: AccessState, s: i64) -> None:
+        """The request observes ``key`` (ending at token ``p``, in slot ``s``; -1: not
+        resident) for the first time: a resident key's rank is raised to the request's
+        (vLLM's ``touch`` of the keys a request looks up)."""
         r = self._rank_of(st)
-        p = st.pos.get(key >> GROUP_BITS)
         if p < 0:
             return
         if s < 0:
@@ -269,9 +284,10 @@ class LRUPolicy(Policy):
         if self.ev[s]:
             self._push(s)
 
-    def on_request_finished(self, order: vec[i64], st: AccessState, pool: HostPool) -> None:
+    def on_request_finished(self, order: vec[i64], n: i64, st: AccessState,
+                            pool: HostPool) -> None:
         index = pool.index
-        for j in range(len(order) - 1, -1, -1):
+        for j in range(n - 1, -1, -1):
             key = order[j]
             s = index.only(key)
             if s < 0:
@@ -364,7 +380,7 @@ class ARCPolicy(Policy):
         self.b1: dict[int, None] = {}
         self.b2: dict[int, None] = {}
 
-    def insert(self, key: int, slot: i64, st: AccessState) -> None:
+    def insert(self, key: int, slot: i64, st: AccessState, p: i64) -> None:
         self.t1[key] = None
         self.b1.pop(key, None)
         self.b2.pop(key, None)
@@ -382,12 +398,13 @@ class ARCPolicy(Policy):
                 del self.b2[key]
                 self.b2[key] = None
 
-    def on_request_finished(self, order: vec[i64], st: AccessState, pool: HostPool) -> None:
+    def on_request_finished(self, order: vec[i64], n: i64, st: AccessState,
+                            pool: HostPool) -> None:
         inserted_only = st.inserted - st.reused
         reused = st.reused
         t1 = self.t1
         t2 = self.t2
-        for j in range(len(order) - 1, -1, -1):
+        for j in range(n - 1, -1, -1):
             key = order[j]
             if key in inserted_only:
                 if key in t1:
@@ -488,9 +505,16 @@ class HostPool:
         self.free_slots = vec[i64]()
         self.nfree: i64 = 0
         self.prot = vec[i64]()                  # slot -> the stamp of the last call offering it
+        self.spos = vec[i64]()                  # slot -> its key's end token (-1: unknown)
         self.kslots = vec[i64]()                # (prepare_store's scratch: its keys' slots)
         self.offered = vec[i64]()               # the last offer's keys to store
         self.evicted_now = vec[i64]()           # ... and the keys it evicted
+        # ... and their end tokens: the first len(evicted_now) entries (a buffer kept)
+        self.evicted_pos = vec[i64]()
+        self.none = self.evicted_now            # (an empty vec: no new one per call)
+        self.kpos = vec[i64]()                  # (offer's scratch: the keys to store's ends)
+        self.order = vec[i64]()                 # (request_finished's: the keys in order
+        self.order_at = vec[i64]()              # and their end tokens)
         self.stamp: i64 = 0
         self.num_evictable: i64 = 0
         self.num_pending: i64 = 0
@@ -519,14 +543,13 @@ class HostPool:
         return self.index.size
 
     # ------------------------------------------------------------- bookkeeping --
-    def _observe(self, key: i64, st: AccessState, s: i64) -> None:
-        """The request observes ``key`` (in slot ``s``; -1: not resident; first time: the
-        policy's ``touch``)."""
-        if st.seen.put(key, 1):
-            st.seen_keys = append(st.seen_keys, key)
+    def _observe(self, key: i64, p: i64, st: AccessState, s: i64) -> None:
+        """The request observes ``key`` (ending at token ``p``, in slot ``s``; -1: not
+        resident; first time: the policy's ``touch``)."""
+        if st.observe(key, p):
             lru = self.lru
             if lru is not None:
-                lru.access(key, st, s)
+                lru.access(key, p, st, s)
 
     def _reused(self, key: int, st: AccessState) -> None:
         if key not in st.inserted:
@@ -543,10 +566,12 @@ class HostPool:
             self.skey = append(self.skey, key)
             self.sref = append(self.sref, -1)
             self.prot = append(self.prot, 0)
+            self.spos = append(self.spos, -1)
         self.index.put(key, s)
         return s
 
-    def _drop(self, key: i64) -> None:
+    def _drop(self, key: i64) -> i64:
+        """``key`` leaves the pool (evicted): its end token."""
         s = self.index.only(key)
         self.index.remove(key, s)
         self.skey[s] = -1
@@ -556,9 +581,14 @@ class HostPool:
             self.free_slots[self.nfree] = s
         self.nfree += 1
         self.policy.freed(s)
+        return self.spos[s]
 
     # -------------------------------------------------------------- operations --
-    def prepare_load(self, keys: list[int], st: AccessState) -> None:
+    def prepare_load(self, keys: vec[i64], st: AccessState,
+                     kpos: vec[i64] | None = None) -> None:
+        """Pin ``keys`` (ending at tokens ``kpos``; None: as ``st.set_pos`` gave them)."""
+        if kpos is None:
+            kpos = st.positions(keys)
         index = self.index
         sref = self.sref
         pol = self.policy
@@ -570,8 +600,9 @@ class HostPool:
                 pol.mark_non_evictable(key, s)
                 self.num_evictable -= 1
             sref[s] = r + 1
-        for key in keys:
-            self._observe(key, st, index.only(key))
+        for j in range(len(keys)):
+            key = keys[j]
+            self._observe(key, kpos[j], st, index.only(key))
         if self.arc:
             for key in keys:
                 self._reused(key, st)
@@ -589,35 +620,44 @@ class HostPool:
 
     def prepare_store(self, keys: vec[i64], st: AccessState
                       ) -> tuple[vec[i64], vec[i64]] | None:
-        """(keys to store, keys evicted), or None when the pool cannot take them."""
-        if not self.offer(keys, st):
+        """(keys to store, keys evicted), or None when the pool cannot take them (the
+        keys' end tokens as ``st.set_pos`` gave them)."""
+        if not self.offer(keys, st.positions(keys), st):
             return None
         return self.offered, self.evicted_now
 
-    def offer(self, keys: vec[i64], st: AccessState) -> bool:
-        """``prepare_store`` without a tuple: whether the pool takes the keys; then the
-        keys to store are in ``offered`` and the keys evicted in ``evicted_now`` (vecs: no
-        int object a key)."""
+    def offer(self, keys: vec[i64], kpos: vec[i64], st: AccessState, n: i64 = -1) -> bool:
+        """``prepare_store`` without a tuple, the keys' end tokens beside them
+        (``kpos``; the first ``n`` of both, -1: all): whether the pool takes the keys; then
+        the keys to store are in ``offered`` (a new vec) and the keys evicted in
+        ``evicted_now`` (vecs: no int object a key)."""
         index = self.index
         sref = self.sref
-        to_store = vec[i64](capacity=len(keys))
+        to_store = self.none       # (a new vec from the first key to store)
         arc = self.arc
         # (each key's slot, -1 if absent, kept for the protection stamps below)
-        nk: i64 = len(keys)
+        nk: i64 = len(keys) if n < 0 else n
         if len(self.kslots) < nk:
             self.kslots = grown(self.kslots, nk)
+            self.kpos = grown(self.kpos, nk)
         kslots = self.kslots
+        to_pos = self.kpos
+        nto: i64 = 0
         for j in range(nk):
             key = keys[j]
             s = index.only(key)
             kslots[j] = s
             if s < 0:
+                if nto == 0:
+                    to_store = vec[i64](capacity=nk - j)
                 to_store = append(to_store, key)
+                to_pos[nto] = kpos[j]
+                nto += 1
             elif sref[s] < 0:
                 continue                 # (being written: neither stored nor observed)
             elif arc:
                 self._reused(key, st)
-            self._observe(key, st, s)
+            self._observe(key, kpos[j], st, s)
         if arc:
             misses = [k for k in to_store if k not in st.store_misses]
             if misses:
@@ -625,17 +665,17 @@ class HostPool:
                 st.store_misses.update(misses)
         if len(to_store) == 0:
             self.offered = to_store
-            self.evicted_now = vec[i64]()
+            self.evicted_now = self.none
             return True
         need = len(to_store) - (self.num_chunks - index.size)
-        evicted = vec[i64]()
+        evicted = self.none
         if need > 0:
             if need > self.num_evictable:
                 self.failed += 1
                 return False
             protected: set[int] | None = None
             if arc:
-                protected = set(keys)
+                protected = {keys[j] for j in range(nk)}
             else:
                 self.stamp += 1
                 stamp = self.stamp
@@ -648,19 +688,25 @@ class HostPool:
             if got is None:
                 self.failed += 1
                 return False
-            self.num_evictable -= len(got)
-            for key in got:
-                self._drop(key)
+            ng: i64 = len(got)
+            self.num_evictable -= ng
+            if len(self.evicted_pos) < ng:
+                self.evicted_pos = grown(self.evicted_pos, ng)
+            evicted_pos = self.evicted_pos
+            for j in range(ng):
+                evicted_pos[j] = self._drop(got[j])
             evicted = got
             self.evicted += len(got)
         pol = self.policy
-        for key in to_store:
+        for j in range(len(to_store)):
+            key = to_store[j]
             s = index.only(key)
             if s < 0:
                 s = self._take_slot(key)
             else:
                 self.sref[s] = -1        # (a key offered twice in one call)
-            pol.insert(key, s, st)
+            self.spos[s] = to_pos[j]
+            pol.insert(key, s, st, to_pos[j])
         self.num_pending += len(to_store)
         if arc:
             st.inserted.update(to_store)
@@ -682,7 +728,35 @@ class HostPool:
                 self.policy.mark_evictable(key, s)
 
     def request_finished(self, st: AccessState) -> None:
-        if st.finished:
+        if st.applied:
             return
-        st.finished = True
-        self.policy.on_request_finished(_head_to_tail(st), st, self)
+        st.applied = True
+        n = self._head_to_tail(st)
+        self.policy.on_request_finished(self.order, n, st, self)
+
+    def _head_to_tail(self, st: AccessState) -> i64:
+        """Every key ``st`` observed, head to tail, into ``order`` (its first entries: a
+        buffer kept; their count returned): by position, then by key (vLLM: each group's
+        keys by position, the groups in order, then one stable sort by position; a key's
+        group is its low bits, and keys at one position share their prefix key).  An
+        insertion sort (the keys come mostly in order already)."""
+        keys = st.seen_keys
+        kpos = st.seen_pos
+        n: i64 = len(keys)
+        if len(self.order) < n:
+            self.order = grown(self.order, n)
+            self.order_at = grown(self.order_at, n)
+        out = self.order
+        at = self.order_at
+        for j in range(n):
+            k = keys[j]
+            p = kpos[j]
+            assert p >= 0, "an observed key without a position"
+            i: i64 = j
+            while i > 0 and (at[i - 1] > p or (at[i - 1] == p and out[i - 1] > k)):
+                at[i] = at[i - 1]
+                out[i] = out[i - 1]
+                i -= 1
+            at[i] = p
+            out[i] = k
+        return n

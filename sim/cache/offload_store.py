@@ -12,6 +12,7 @@ from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
+from sim.cache.key_map import grown
 from sim.cache.offload_jobs import Job, ReqOffload
 from sim.cache.offload_lookup import ConnectorLookup
 from sim.cache.offload_pool import GROUP_MASK
@@ -85,18 +86,25 @@ class ConnectorStores(ConnectorLookup):
             self._rec().setdefault("stores", []).append(self._job_rec(job))
         return job
 
-    def _prepare_store(self, keys: vec[i64], rs: ReqOffload) -> vec[i64]:
-        """The host pool's ``prepare_store``: the keys to store (``pool.offered``; when the
+    def _prepare_store(self, keys: vec[i64], kpos: vec[i64], rs: ReqOffload,
+                       n: i64 = -1) -> vec[i64]:
+        """The host pool's ``prepare_store`` (the keys' end tokens in ``kpos``; the first
+        ``n`` of both, -1: all): the keys to store (``pool.offered``, a new vec; when the
         pool cannot take them, ``offer_failed`` is set and none are)."""
         pool = self.pool
-        ok = pool.offer(keys, rs.st)
+        ok = pool.offer(keys, kpos, rs, n)
         self.offer_failed = not ok
-        tk = self.tail_keys
-        if ok and tk.size > 0:
-            for key in pool.evicted_now:
-                t = tk.take_first(key)        # (and unmapped)
-                if t >= 0:
-                    self._tail_add(key & GROUP_MASK, t, -1)
+        if ok and self.n_tail > 0:
+            # (an evicted key off its group's chunk grid is a partial-tail key)
+            ev = pool.evicted_now
+            ep = pool.evicted_pos
+            tpc_of = self.tpc_of
+            for j in range(len(ev)):
+                gi = ev[j] & GROUP_MASK
+                p = ep[j]
+                if p % tpc_of[gi]:
+                    self._tail_add(gi, p, -1)
+                    self.n_tail -= 1
         if self.log is not None:
             if not ok:
                 r = self._rec()
@@ -138,16 +146,17 @@ class ConnectorStores(ConnectorLookup):
                     boundary = e[2]
                     if block.is_null or boundary > top or boundary % gc.tpc:
                         continue
-                    key = self._boundary_key(rs, gid, boundary)
-                    one = vec[i64]([key])
-                    if len(self._prepare_store(one, rs)) == 0:
+                    self.one_key[0] = self._boundary_key(rs, gid, boundary)
+                    self.one_pos[0] = boundary
+                    one = self._prepare_store(self.one_key, self.one_pos, rs, 1)
+                    if len(one) == 0:
                         continue
                     groups = ({str(gid): {"chunks": 1, "blocks": 1,
                                           "start_block": boundary // gc.tpb - 1,
                                           "ends": [boundary]}}
                               if self.log is not None else None)
                     job = self._store_job(rs, one, 1, groups)
-                    job.fenced = vec[i64]([block.block_id])
+                    job.fenced = append(job.fenced, block.block_id)
                     self._fence(block.block_id, job.jid)
 
     def _tail_stores(self, rids: list[str], gids: list[int],
@@ -201,28 +210,27 @@ class ConnectorStores(ConnectorLookup):
             if any(not gc.cow and idx >= len(rs.tables[gi])
                    for gi, gc in enumerate(self.groups)):
                 continue
-            keys = vec[i64]([self._boundary_key(rs, gc.gid,
-                                                boundary + self.margins.get(gc.gid, 0))
-                             for gc in self.groups])
+            ends = vec[i64]([boundary + gc.margin for gc in self.groups])
+            keys = vec[i64]([self._boundary_key(rs, gc.gid, ends[gi])
+                             for gi, gc in enumerate(self.groups)])
             bids = [cow[gc.gid].block_id if gc.cow else rs.tables[gi][idx].block_id
                     for gi, gc in enumerate(self.groups)]
-            took = self._prepare_store(keys, rs)
+            took = self._prepare_store(keys, ends, rs)
             if len(took) == 0:
                 continue
             stored = set(took)
             src = vec[i64]([bids[i] for i, k in enumerate(keys) if k in stored])
             for gi, gc in enumerate(self.groups):
                 k = keys[gi]
-                t = boundary + self.margins.get(gc.gid, 0)
+                t = ends[gi]
                 if k in stored and t % gc.tpc:
-                    self.tail_keys.put(k, t)
+                    self.n_tail += 1
                     self._tail_add(gi, t, 1)
             groups = None
             if self.log is not None:
-                pos = rs.st.pos
                 groups = {str(gc.gid): {"chunks": 1, "blocks": 1, "start_block": idx,
-                                        "ends": [pos.get(k >> GROUP_BITS)]}
-                          for gc, k in zip(self.groups, keys) if k in stored}
+                                        "ends": [ends[gi]]}
+                          for gi, gc in enumerate(self.groups) if keys[gi] in stored}
             job = self._store_job(rs, vec[i64]([k for k in keys if k in stored]), len(src),
                                   groups)
             job.fenced = src
@@ -269,7 +277,10 @@ class ConnectorStores(ConnectorLookup):
             return allocated
         offl = self._offloadable(rs, after)
         bpc = self.bpc
-        new_keys = vec[i64](capacity=16)   # (a sweep offers a few chunks: no regrowth)
+        # (the keys to offer and their end tokens: the first n of two buffers kept)
+        new_keys = self.sweep_keys
+        new_pos = self.sweep_pos
+        n_new: i64 = 0
         # (the attention groups only: a Mamba group's states are stored as the GPU cache
         # hands them off, and its count of stored chunks is never read)
         tops: list[int] = []
@@ -291,12 +302,17 @@ class ConnectorStores(ConnectorLookup):
                         ok = False
                         break
                 if ok:
-                    new_keys = append(new_keys, (pks[c] << GROUP_BITS) | gid)
-        if len(new_keys) == 0:
+                    if n_new == len(new_keys):
+                        new_keys = self.sweep_keys = grown(new_keys, n_new + 1)
+                        new_pos = self.sweep_pos = grown(new_pos, n_new + 1)
+                    new_keys[n_new] = (pks[c] << GROUP_BITS) | gid
+                    new_pos[n_new] = (c + 1) * gc.tpc
+                    n_new += 1
+        if n_new == 0:
             self._advance_to(rs, tops)
             self._check_swept(rs)
             return allocated
-        stored = self._prepare_store(new_keys, rs)
+        stored = self._prepare_store(new_keys, new_pos, rs, n_new)
         if self.offer_failed:
             return allocated
         if len(stored) == 0:
@@ -305,7 +321,6 @@ class ConnectorStores(ConnectorLookup):
             return allocated
         src = vec[i64](capacity=len(stored) * bpc)
         groups: dict[str, Any] | None = {} if self.log is not None else None
-        pos = rs.st.pos
         j = 0              # (the stored keys: in the order offered, a subsequence of them)
         nst = len(stored)
         for fi, gi in enumerate(self.full):
@@ -323,7 +338,7 @@ class ConnectorStores(ConnectorLookup):
                     continue
                 j += 1
                 if groups is not None:
-                    ends.append(pos.get(pks[c]))
+                    ends.append((c + 1) * gc.tpc)
                 for b in range(bpc):
                     bid = tbl[c * bpc + b].block_id
                     if bid == 0:

@@ -64,7 +64,7 @@ def replay(policy: str) -> list[tuple[str, list[str] | None, list[str] | None]]:
         store("f", [K("f", "f", x, 0) for x in range(16, 145, 16)], f"s{s} f sweep")
     pool.request_finished(ctx["f"])
     lk = [K("c", "p", x, 0) for x in range(16, 97, 16)] + [K("c", "p", 96, 1)]
-    pool.prepare_load(lk, ctx["c"])
+    pool.prepare_load(v(lk), ctx["c"])
     pool.complete_load(v(lk))
     o4 = store("c", [K("c", "c", 112, 1)], "s11 c boundary")
     o5 = store("c", [K("c", "c", 112, 0)], "s11 c sweep")
@@ -108,6 +108,28 @@ def test_lookup_and_pins():
     assert pool.failed == 1 and pool.used == 2
     pool.complete_store(v([a, b]))
     assert pool.lookup(a) == HIT
-    pool.prepare_load([a], st)                       # pinned while it loads
+    pool.prepare_load(v([a]), st)                     # pinned while it loads
     assert lists(pool.prepare_store(v([c]), AccessState())) == ([c], [b])
     assert pool.lookup(b) == MISS and pool.evicted == 1 and pool.peak == 2
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_offer_reads_only_its_first_n_keys(policy):
+    """``offer(keys, ends, st, n)`` (the connector's buffers, kept between calls, hold
+    older keys past ``n``) offers, observes and protects only the first ``n``: the
+    resident key past them is evicted as if it were not there."""
+    pool = HostPool(2, policy)
+    st = AccessState()
+    a, b, c = key("n", 16, 0), key("n", 32, 0), key("n", 48, 0)
+    assert pool.offer(v([a, b]), v([16, 32]), st)
+    pool.complete_store(v([a, b]))
+    # c offered alone from a buffer that still holds a and b past it
+    assert pool.offer(v([c, a, b]), v([48, 16, 32]), AccessState(), 1)
+    assert list(pool.offered) == [c]
+    assert len(pool.evicted_now) == 1 and pool.evicted_now[0] in (a, b)
+    assert pool.evicted_pos[0] == (16 if pool.evicted_now[0] == a else 32)
+    # both a and b were offered, so protected, when the whole buffer is read: no room
+    pool2 = HostPool(2, policy)
+    assert pool2.offer(v([a, b]), v([16, 32]), st)
+    pool2.complete_store(v([a, b]))
+    assert not pool2.offer(v([c, a, b]), v([48, 16, 32]), AccessState())
