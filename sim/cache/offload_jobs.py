@@ -6,7 +6,7 @@ host links' bandwidth: ``HostLinks``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from librt.vecs import append, remove, vec
 from mypy_extensions import i64
@@ -103,7 +103,7 @@ class JobTable:
 
 
 # (a request's block table before the connector holds one: shared, never written)
-NO_TABLE: list[Block] = []
+NO_TABLE: Final[list[Block]] = []
 
 
 class ReqOffload(AccessState):

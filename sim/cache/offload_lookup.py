@@ -90,6 +90,9 @@ class ConnectorLookup:
         # (buffers kept: a sweep's keys to offer and their end tokens, a boundary store's)
         self.sweep_keys = vec[i64]()
         self.sweep_pos = vec[i64]()
+        self.sweep_fi = vec[i64]()
+        self.sweep_c = vec[i64]()
+        self.sweep_tops = vec[i64]([0 for _ in self.full])   # (per attention group)
         self.one_key = vec[i64]([0])
         self.one_pos = vec[i64]([0])
         self.n_tail: i64 = 0                     # partial-tail keys the pool holds

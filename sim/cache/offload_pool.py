@@ -52,7 +52,7 @@ HIT_PENDING: Final = 2
 
 
 # (the sets of a request's state an ``lru`` pool never reads nor writes: shared, empty)
-_UNUSED: set[int] = set()
+_UNUSED: Final[set[int]] = set()
 
 
 # observed keys a request searches linearly before it keeps them in a hash set too (most

@@ -248,13 +248,16 @@ class ConnectorStores(ConnectorLookup):
         k = len(rs.pk[gc.pki])
         return k if k < n else n
 
-    def _advance_to(self, rs: ReqOffload, tops: list[int]) -> None:
+    def _advance_to(self, rs: ReqOffload, tops: vec[i64]) -> None:
         """Every attention group's chunks below ``tops`` (in ``full``'s order) count as
         stored."""
-        for fi, gi in enumerate(self.full):
+        full = self.full
+        ns = rs.next_stored
+        for fi in range(len(full)):
+            gi = full[fi]
             n = tops[fi]
-            if n > rs.next_stored[gi]:
-                rs.next_stored[gi] = n
+            if n > ns[gi]:
+                ns[gi] = n
 
     def _check_swept(self, rs: ReqOffload) -> None:
         """Prompt chunks only (vLLM's default): once every attention group stored its last
@@ -277,17 +280,22 @@ class ConnectorStores(ConnectorLookup):
             return allocated
         offl = self._offloadable(rs, after)
         bpc = self.bpc
-        # (the keys to offer and their end tokens: the first n of two buffers kept)
+        # (buffers kept, their first n_new entries: the keys to offer, their end tokens,
+        # and each one's attention group (its index in ``full``) and chunk)
         new_keys = self.sweep_keys
         new_pos = self.sweep_pos
+        new_fi = self.sweep_fi
+        new_c = self.sweep_c
         n_new: i64 = 0
         # (the attention groups only: a Mamba group's states are stored as the GPU cache
         # hands them off, and its count of stored chunks is never read)
-        tops: list[int] = []
-        for gi in self.full:
+        full = self.full
+        tops = self.sweep_tops
+        for fi in range(len(full)):
+            gi = full[fi]
             gc = self.groups[gi]
             n = self._storable(rs, gi, offl)
-            tops.append(n)
+            tops[fi] = n
             start = rs.next_stored[gi]
             if n <= start:
                 continue
@@ -305,8 +313,12 @@ class ConnectorStores(ConnectorLookup):
                     if n_new == len(new_keys):
                         new_keys = self.sweep_keys = grown(new_keys, n_new + 1)
                         new_pos = self.sweep_pos = grown(new_pos, n_new + 1)
+                        new_fi = self.sweep_fi = grown(new_fi, n_new + 1)
+                        new_c = self.sweep_c = grown(new_c, n_new + 1)
                     new_keys[n_new] = (pks[c] << GROUP_BITS) | gid
                     new_pos[n_new] = (c + 1) * gc.tpc
+                    new_fi[n_new] = fi
+                    new_c[n_new] = c
                     n_new += 1
         if n_new == 0:
             self._advance_to(rs, tops)
@@ -315,44 +327,24 @@ class ConnectorStores(ConnectorLookup):
         stored = self._prepare_store(new_keys, new_pos, rs, n_new)
         if self.offer_failed:
             return allocated
-        if len(stored) == 0:
-            self._advance_to(rs, tops)
+        self._advance_to(rs, tops)
+        nst = len(stored)
+        if nst == 0:
             self._check_swept(rs)
             return allocated
-        src = vec[i64](capacity=len(stored) * bpc)
-        groups: dict[str, Any] | None = {} if self.log is not None else None
-        j = 0              # (the stored keys: in the order offered, a subsequence of them)
-        nst = len(stored)
-        for fi, gi in enumerate(self.full):
-            gc = self.groups[gi]
-            n = tops[fi]
-            start = rs.next_stored[gi]
-            pks = rs.pk[gc.pki]
-            gid = gc.gid
-            tbl = rs.tables[gi]
-            nb = 0
-            first_blk = -1
-            ends = []
-            for c in range(start, n):
-                if j >= nst or stored[j] != ((pks[c] << GROUP_BITS) | gid):
-                    continue
+        # the source blocks of the keys stored (in the order offered, a subsequence of them)
+        src = vec[i64](capacity=nst * bpc)
+        j = 0
+        for k in range(n_new):
+            if j < nst and stored[j] == new_keys[k]:
                 j += 1
-                if groups is not None:
-                    ends.append((c + 1) * gc.tpc)
+                tbl = rs.tables[full[new_fi[k]]]
+                first = new_c[k] * bpc
                 for b in range(bpc):
-                    bid = tbl[c * bpc + b].block_id
-                    if bid == 0:
-                        continue
-                    if first_blk < 0:
-                        first_blk = c * bpc + b
-                    src = append(src, bid)
-                    nb += 1
-            if groups is not None and ends:
-                groups[str(gc.gid)] = {"chunks": len(ends), "blocks": nb,
-                                       "start_block": first_blk if first_blk >= 0 else 0,
-                                       "ends": sorted(ends)}
-            if n > rs.next_stored[gi]:
-                rs.next_stored[gi] = n
+                    bid = tbl[first + b].block_id
+                    if bid != 0:
+                        src = append(src, bid)
+        groups = self._sweep_groups(rs, stored, n_new) if self.log is not None else None
         job = self._store_job(rs, stored, len(src), groups)
         job.deferred = src
         self._check_swept(rs)
@@ -364,3 +356,34 @@ class ConnectorStores(ConnectorLookup):
                 if bid in allocated:
                     self.flush_jobs.add(job.jid)
         return allocated
+
+    def _sweep_groups(self, rs: ReqOffload, stored: vec[i64], n_new: i64) -> dict[str, Any]:
+        """A sweep's store job per group, for the step log (``sweep_*`` hold its keys)."""
+        groups: dict[str, Any] = {}
+        bpc = self.bpc
+        j = 0
+        for fi, gi in enumerate(self.full):
+            gc = self.groups[gi]
+            tbl = rs.tables[gi]
+            nb = 0
+            first_blk = -1
+            ends = []
+            for k in range(n_new):
+                if self.sweep_fi[k] != fi:
+                    continue
+                if j >= len(stored) or stored[j] != self.sweep_keys[k]:
+                    continue
+                j += 1
+                c = self.sweep_c[k]
+                ends.append(self.sweep_pos[k])
+                for b in range(bpc):
+                    if tbl[c * bpc + b].block_id == 0:
+                        continue
+                    if first_blk < 0:
+                        first_blk = c * bpc + b
+                    nb += 1
+            if ends:
+                groups[str(gc.gid)] = {"chunks": len(ends), "blocks": nb,
+                                       "start_block": first_blk if first_blk >= 0 else 0,
+                                       "ends": sorted(ends)}
+        return groups
