@@ -18,7 +18,7 @@ from sim.cache.coordinator import Coordinator, get_coordinator
 from sim.cache.events import KVEventLog
 from sim.cache.evictions import EvictionLog
 from sim.cache.hashing import PrefixHasher, PrefixKeys, Run
-from sim.cache.mamba_manager import MambaManager
+from sim.cache.mamba_manager import Handoffs, MambaManager
 from sim.cache.managers import SingleTypeManager
 from sim.cache.observers import PoolObserver
 from sim.cache.request import CacheRequest
@@ -107,7 +107,7 @@ class KVCacheManager:
         self.empty: list[list[Block]] = [[] for _ in c.specs]   # "no hit", per group
         # (with a KV connector: the Mamba states taken by the last take_offload_handoffs)
         self.handoff_groups: list[int] = []
-        self.handoff_lists: list[list[tuple[str, Block, int]]] = []
+        self.handoff_lists: list[Handoffs] = []
 
     @property
     def partial_hits(self) -> bool:
@@ -392,25 +392,30 @@ class KVCacheManager:
 
     def take_offload_handoffs(self) -> bool:
         """This step's committed Mamba states (vLLM's ``take_boundary_state_offloads``);
-        whether there are any.  They are then in ``handoff_lists``, one list of (request,
-        block, boundary tokens) per Mamba group with states, in commit order, the group of
-        each in ``handoff_groups``, groups in order: the groups' own lists (no copy), which
-        the taker empties with ``clear_offload_handoffs`` once it has read them."""
+        whether there are any.  They are then in ``handoff_lists``, one ``Handoffs`` (request,
+        block, boundary tokens of each, in commit order) per Mamba group with states, the
+        group of each in ``handoff_groups``, groups in order: the groups' own buffers (no
+        copy), which the taker empties with ``clear_offload_handoffs`` once it has read
+        them."""
         groups = self.handoff_groups
         lists = self.handoff_lists
         for m in self.coordinator.mamba_managers:
-            if not m.has_handoffs:
+            if m.n_handoffs == 0:
                 continue
-            for mi, entries in enumerate(m.handoffs):
-                if entries:
+            hs = m.handoffs
+            for mi in range(len(hs)):
+                h = hs[mi]
+                if h.n:
                     groups.append(m.group_ids[mi])
-                    lists.append(entries)
+                    lists.append(h)
         return len(groups) > 0
 
     def clear_offload_handoffs(self) -> None:
-        """The states ``take_offload_handoffs`` gave are taken: their lists emptied."""
-        for entries in self.handoff_lists:
-            entries.clear()
+        """The states ``take_offload_handoffs`` gave are taken: their buffers emptied."""
+        for h in self.handoff_lists:
+            h.n = 0
+        for m in self.coordinator.mamba_managers:
+            m.n_handoffs = 0
         self.handoff_groups.clear()
         self.handoff_lists.clear()
 

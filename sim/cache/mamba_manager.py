@@ -98,6 +98,42 @@ def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: 
 # ---------------------------------------------------------------- managers --
 
 
+class Handoffs:
+    """One Mamba group's committed states a KV connector has not taken yet, in commit
+    order: request, block and boundary tokens of each, the first ``n`` entries of three
+    buffers kept (overwritten, not freed, once taken: no tuple a state)."""
+
+    def __init__(self) -> None:
+        self.rids: list[str] = []
+        self.blocks: list[Block] = []
+        self.ends = vec[i64]()
+        self.n: i64 = 0
+
+    def add(self, rid: str, block: Block, end: i64) -> None:
+        n = self.n
+        if n < len(self.rids):
+            self.rids[n] = rid
+            self.blocks[n] = block
+            self.ends[n] = end
+        else:
+            self.rids.append(rid)
+            self.blocks.append(block)
+            self.ends = append(self.ends, end)
+        self.n = n + 1
+
+    def drop_request(self, rid: str) -> None:
+        """``rid``'s entries leave (the order of the rest kept)."""
+        k: i64 = 0
+        for j in range(self.n):
+            if self.rids[j] != rid:
+                if k != j:
+                    self.rids[k] = self.rids[j]
+                    self.blocks[k] = self.blocks[j]
+                    self.ends[k] = self.ends[j]
+                k += 1
+        self.n = k
+
+
 class MambaManager(SingleTypeManager):
     """Mamba in ``align`` mode: one running state block per request; cached
     states only where a chunk ends at a registered position.
@@ -145,12 +181,13 @@ class MambaManager(SingleTypeManager):
         # taken, (request, block, boundary tokens), and the requests whose own partial
         # prompt-tail state the next copy-on-write preserves (boundary tokens)
         self.has_handoffs = False
-        self.handoffs: list[list[tuple[str, Block, int]]] = []
+        self.handoffs: list[Handoffs] = []
+        self.n_handoffs: i64 = 0          # entries over every member's Handoffs
         self.producer_tail: dict[str, int] = {}
 
     def enable_handoffs(self) -> None:
         self.has_handoffs = True
-        self.handoffs = [[] for _g in self.group_ids]
+        self.handoffs = [Handoffs() for _g in self.group_ids]
 
     def _null_run(self, k: int) -> list[Block]:
         """``k`` null blocks (a list kept per length, never written: padding a table
@@ -424,7 +461,8 @@ class MambaManager(SingleTypeManager):
                     self.has_pending_cow = True
                     src.ref_cnt += 1
                     if tail >= 0:
-                        self.handoffs[mi].append((rid, cow, tail))
+                        self.handoffs[mi].add(rid, cow, tail)
+                        self.n_handoffs += 1
                     if cow.key >= 0:
                         self._cached_now(cow.key)
                 else:
@@ -454,10 +492,13 @@ class MambaManager(SingleTypeManager):
             # be handed to another request at once)
             if rid in self.producer_tail:
                 del self.producer_tail[rid]
-            for mi in range(len(self.handoffs)):
-                lst = self.handoffs[mi]
-                if lst:
-                    self.handoffs[mi] = [e for e in lst if e[0] != rid]
+            if self.n_handoffs:
+                n: i64 = 0
+                for h in self.handoffs:
+                    if h.n:
+                        h.drop_request(rid)
+                        n += h.n
+                self.n_handoffs = n
         if self.admission is not None:
             if rid in self.sequence_end:
                 del self.sequence_end[rid]   # (its last state stays: the sequence's end)
@@ -496,7 +537,8 @@ class MambaManager(SingleTypeManager):
                         continue
                     self._cached_now(b.key)
                     if self.has_handoffs:
-                        self.handoffs[mi].append((rid, b, b.key_tokens))
+                        self.handoffs[mi].add(rid, b, b.key_tokens)
+                        self.n_handoffs += 1
                     if mi == 0:
                         written += 1
         if written:

@@ -20,6 +20,7 @@ from sim.cache.offload_stop import ConnectorAssertion
 
 if TYPE_CHECKING:
     from sim.cache.block_pool import Block
+    from sim.cache.mamba_manager import Handoffs
 
 
 class ConnectorStores(ConnectorLookup):
@@ -117,18 +118,20 @@ class ConnectorStores(ConnectorLookup):
         return pool.offered
 
     @staticmethod
-    def _handoff_rids(lists: list[list[tuple[str, Block, int]]]) -> list[str]:
+    def _handoff_rids(lists: list[Handoffs]) -> list[str]:
         """The requests of this step's handed-off Mamba states, in the order first met
         (group by group): the order vLLM's connector takes them in."""
         rids: list[str] = []
-        for entries in lists:
-            for e in entries:
-                if e[0] not in rids:
-                    rids.append(e[0])
+        for h in lists:
+            hr = h.rids
+            for j in range(h.n):
+                rid = hr[j]
+                if rid not in rids:
+                    rids.append(rid)
         return rids
 
     def _boundary_stores(self, rids: list[str], gids: list[int],
-                         lists: list[list[tuple[str, Block, int]]]) -> None:
+                         lists: list[Handoffs]) -> None:
         """One store job per Mamba state committed on a chunk boundary within what the
         request may offload, request by request, its groups in order."""
         for rid in rids:
@@ -139,11 +142,12 @@ class ConnectorStores(ConnectorLookup):
             for li in range(len(lists)):
                 gid = gids[li]
                 gc = self.groups[gid]
-                for e in lists[li]:
-                    if e[0] != rid:
+                h = lists[li]
+                for j in range(h.n):
+                    if h.rids[j] != rid:
                         continue
-                    block = e[1]
-                    boundary = e[2]
+                    block = h.blocks[j]
+                    boundary = h.ends[j]
                     if block.is_null or boundary > top or boundary % gc.tpc:
                         continue
                     self.one_key[0] = self._boundary_key(rs, gid, boundary)
@@ -159,13 +163,13 @@ class ConnectorStores(ConnectorLookup):
                     job.fenced = append(job.fenced, block.block_id)
                     self._fence(block.block_id, job.jid)
 
-    def _tail_stores(self, rids: list[str], gids: list[int],
-                     lists: list[list[tuple[str, Block, int]]]) -> None:
+    def _tail_stores(self, rids: list[str], gids: list[int], lists: list[Handoffs]) -> None:
         B = self.pblock
         any_tail = False
-        for run in lists:
-            for e in run:
-                if e[2] % B:
+        for h in lists:
+            he = h.ends
+            for j in range(h.n):
+                if he[j] % B:
                     any_tail = True
                     break
         if not any_tail:
@@ -178,9 +182,10 @@ class ConnectorStores(ConnectorLookup):
             # order)
             entries: list[tuple[int, Block, int]] = []
             for li in range(len(lists)):
-                for e in lists[li]:
-                    if e[0] == rid and e[2] % B:
-                        entries.append((gids[li], e[1], e[2]))
+                h = lists[li]
+                for j in range(h.n):
+                    if h.rids[j] == rid and h.ends[j] % B:
+                        entries.append((gids[li], h.blocks[j], h.ends[j]))
             if not entries:
                 continue
             rs = self.reqs[rid]
