@@ -31,8 +31,8 @@ capacity), and a store of a ghost key moves the target.
 
 A resident key holds a *slot* (``KeyMap``: key -> slot, machine integers in ``librt`` vecs);
 its reference count and (``lru``) its rank and evictability live in vecs indexed by the slot,
-and the LRU order is a sorted FIFO of (rank, slot) pairs beside a heap of slots, over vecs:
-no boxed integer, dict or set per chunk on the hot path.
+and the LRU order is a sorted FIFO of (rank, slot) pairs beside a waiting list and a heap of
+slots, over vecs: no boxed integer, dict or set per chunk on the hot path.
 """
 from __future__ import annotations
 
@@ -162,17 +162,21 @@ class Policy:
 POS_BITS: Final = 22
 TOP: Final = (1 << POS_BITS) - 1
 SHIFT: Final = POS_BITS + GROUP_BITS
+NO_RANK: Final = 1 << 61       # (above every rank; a machine integer)
 
 
 class LRUPolicy(Policy):
     """vLLM's LRU policy: the evictable keys by rank, least first.  A slot's rank and
     whether it is evictable live in vecs (``rank``, ``ev``).  Ranks a request's finish
     hands out only grow, so they go to the end of a sorted list (``fifo_r``/``fifo_s``,
-    read from ``head``); any other goes to a heap of slots (``heap``, a ``SlotHeap``:
-    one entry a slot, taken out when the slot's rank changes or it stops being
-    evictable, so the heap stays as small as the ranks out of order).  A FIFO entry
-    (rank, slot) whose slot no longer has that rank, or is not evictable, is stale and
-    skipped, as vLLM's lazy heap skips it."""
+    read from ``head``); any other (a running request's rank) waits in an unsorted
+    list (``pend_r``/``pend_s``, the least rank there at most ``pend_min``) until an
+    eviction could take it: then the list goes into a heap of slots (``heap``, a
+    ``SlotHeap``: one entry a slot, taken out when the slot's rank changes or it stops
+    being evictable).  Evictions mostly take the FIFO's head, older than every running
+    request, so most waiting entries go stale (their request finished, handing out FIFO
+    ranks) without a heap operation.  An entry (rank, slot) whose slot no longer has
+    that rank, or is not evictable, is stale and skipped, as vLLM's lazy heap skips it."""
 
     def __init__(self, capacity: int):
         super().__init__(capacity)
@@ -180,6 +184,10 @@ class LRUPolicy(Policy):
         self.ev = vec[i64]()          # slot -> 1 if evictable
         self.nev: i64 = 0             # evictable slots
         self.heap = SlotHeap()        # slots by rank: the ranks below the FIFO's last
+        self.pend_r = vec[i64]()      # (the waiting entries: the first pend_n)
+        self.pend_s = vec[i64]()
+        self.pend_n: i64 = 0
+        self.pend_min: i64 = NO_RANK
         self.fifo_r = vec[i64]()
         self.fifo_s = vec[i64]()
         self.head: i64 = 0
@@ -204,7 +212,7 @@ class LRUPolicy(Policy):
         """Slot ``s`` (evictable) has a new rank, or became evictable: its entry."""
         r = self.rank[s]
         heap = self.heap
-        if heap.has(s):
+        if heap.n and heap.has(s):
             heap.remove(s)
         fn = len(self.fifo_r)
         if fn == self.head or r >= self.fifo_r[fn - 1]:
@@ -213,13 +221,67 @@ class LRUPolicy(Policy):
             if fn - self.head >= 4096 and fn - self.head >= 4 * self.nev:
                 self._compact_fifo()
         else:
-            heap.push(r, s)
+            n = self.pend_n
+            if n == len(self.pend_r):
+                self._compact_pending()
+                n = self.pend_n
+            self.pend_r[n] = r
+            self.pend_s[n] = s
+            self.pend_n = n + 1
+            if r < self.pend_min:
+                self.pend_min = r
+
+    def _valid_pending(self, r: i64, s: i64) -> bool:
+        return self.ev[s] != 0 and self.rank[s] == r and not self.heap.has(s)
+
+    def _compact_pending(self) -> None:
+        """The waiting list without its stale entries (its least rank exact again); its
+        buffers doubled if that leaves it more than half full."""
+        pr = self.pend_r
+        ps = self.pend_s
+        k: i64 = 0
+        low: i64 = NO_RANK
+        for j in range(self.pend_n):
+            r = pr[j]
+            s = ps[j]
+            if self._valid_pending(r, s):
+                pr[k] = r
+                ps[k] = s
+                k += 1
+                if r < low:
+                    low = r
+        self.pend_n = k
+        self.pend_min = low
+        if 2 * k >= len(pr):
+            self.pend_r = grown(pr, 2 * k + 2)
+            self.pend_s = grown(ps, 2 * k + 2)
+
+    def _release_pending(self) -> None:
+        """Every live waiting entry into the heap (an eviction may take one next)."""
+        pr = self.pend_r
+        ps = self.pend_s
+        heap = self.heap
+        for j in range(self.pend_n):
+            r = pr[j]
+            s = ps[j]
+            if self._valid_pending(r, s):
+                heap.push(r, s)
+        self.pend_n = 0
+        self.pend_min = NO_RANK
 
     def _pop(self) -> tuple[i64, i64]:
-        """The least (rank, slot) of the two ((-1, -1): none)."""
+        """The least (rank, slot) of the three ((-1, -1): none)."""
         h = self.head
         fr = self.fifo_r
         heap = self.heap
+        if self.pend_n:
+            least: i64 = NO_RANK
+            if h < len(fr):
+                least = fr[h]
+            if heap.n and heap.keys[0] < least:
+                least = heap.keys[0]
+            if self.pend_min < least:
+                self._release_pending()
         if h < len(fr) and (heap.n == 0 or fr[h] < heap.keys[0]):
             s = self.fifo_s[h]
             r = fr[h]
