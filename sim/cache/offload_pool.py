@@ -78,23 +78,27 @@ class AccessState:
         # ``prepare_load`` without them read it here: prefix key -> end token)
         self.pos: dict[int, int] | None = None
 
-    def observe(self, key: i64, p: i64) -> bool:
+    def observe(self, key: i64, p: i64, absent: bool = False) -> bool:
         """The request observes ``key`` (ending at token ``p``): whether for the first
-        time (then it is kept, in order)."""
+        time (then it is kept, in order).  ``absent``: the pool does not hold the key, so
+        it is kept unsearched -- a second entry of a key (observed, then evicted, offered
+        again) only repeats it next to itself in the finish's head-to-tail order, which
+        then hands it two fresh ranks in a row: the same order."""
         keys = self.seen_keys
         seen = self.seen
         if seen is None:
             n = len(keys)
-            for j in range(n):
-                if keys[j] == key:
-                    return False
+            if not absent:
+                for j in range(n):
+                    if keys[j] == key:
+                        return False
             if n >= SCAN_KEYS:
                 seen = IntSet(2 * n)
                 for j in range(n):
                     seen.add(keys[j])
                 seen.add(key)
                 self.seen = seen
-        elif not seen.add(key):
+        elif not seen.add(key) and not absent:
             return False
         self.seen_keys = append(keys, key)
         self.seen_pos = append(self.seen_pos, p)
@@ -608,7 +612,7 @@ class HostPool:
     def _observe(self, key: i64, p: i64, st: AccessState, s: i64) -> None:
         """The request observes ``key`` (ending at token ``p``, in slot ``s``; -1: not
         resident; first time: the policy's ``touch``)."""
-        if st.observe(key, p):
+        if st.observe(key, p, s < 0):
             lru = self.lru
             if lru is not None:
                 lru.access(key, p, st, s)
@@ -760,13 +764,23 @@ class HostPool:
             evicted = got
             self.evicted += len(got)
         pol = self.policy
-        for j in range(len(to_store)):
+        # (every key to store was absent when offered: each takes a free slot, unless a
+        # key is offered twice in one call -- then the second finds the first's slot)
+        twice = nto > 8
+        if 1 < nto <= 8:
+            for a in range(1, nto):
+                for b in range(a):
+                    if to_store[a] == to_store[b]:
+                        twice = True
+        for j in range(nto):
             key = to_store[j]
-            s = index.only(key)
+            s = -1
+            if twice:
+                s = index.only(key)
             if s < 0:
                 s = self._take_slot(key)
             else:
-                self.sref[s] = -1        # (a key offered twice in one call)
+                self.sref[s] = -1
             self.spos[s] = to_pos[j]
             pol.insert(key, s, st, to_pos[j])
         self.num_pending += len(to_store)

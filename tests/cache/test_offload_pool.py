@@ -133,3 +133,12 @@ def test_offer_reads_only_its_first_n_keys(policy):
     assert pool2.offer(v([a, b]), v([16, 32]), st)
     pool2.complete_store(v([a, b]))
     assert not pool2.offer(v([c, a, b]), v([48, 16, 32]), AccessState())
+
+
+def test_a_key_offered_twice_in_one_call_takes_one_slot():
+    pool = HostPool(4, "lru")
+    a, b = key("t", 16, 0), key("t", 32, 0)
+    assert pool.offer(v([a, b, a]), v([16, 32, 16]), AccessState())
+    assert pool.used == 2 and pool.lookup(a) == HIT_PENDING
+    pool.complete_store(v([a, b]))
+    assert pool.lookup(a) == HIT and pool.lookup(b) == HIT
