@@ -180,7 +180,7 @@ class OffloadConnector(ConnectorStores):
         heap = self.due
         if not heap.n or heap.first() > now:
             return
-        done: list[Job] = []
+        done = self.done                 # (a list kept, emptied below)
         while heap.n and heap.first() <= now:
             seen, jid = heap.pop()
             job = self.jobs.get(jid)
@@ -221,6 +221,7 @@ class OffloadConnector(ConnectorStores):
                     self.req_log[job.rid]["load_done_step"] = job.due
             if self.log is not None:
                 self._done_rec(job)
+        done.clear()
 
 
     def _done_rec(self, job: Job) -> None:

@@ -93,6 +93,7 @@ class ConnectorLookup:
         self.sweep_fi = vec[i64]()
         self.sweep_c = vec[i64]()
         self.sweep_tops = vec[i64]([0 for _ in self.full])   # (per attention group)
+        self.unconfirmed = vec[i64]([0 for _ in self.groups])
         self.one_key = vec[i64]([0])
         self.one_pos = vec[i64]([0])
         self.n_tail: i64 = 0                     # partial-tail keys the pool holds
@@ -105,6 +106,7 @@ class ConnectorLookup:
         self.n_fenced: i64 = 0
         # this step's
         self.load_jobs: list[Job] = []
+        self.done: list[Job] = []                # (start_step's completions)
         self.sweep_rs: list[ReqOffload] = []     # the scheduled requests still sweeping
         self.flush_jobs: set[int] = set()
         self.admitted: list[str] = []            # requests allocated in the waiting loop
@@ -491,18 +493,25 @@ class ConnectorLookup:
         B = self.pblock
         bridge = cb // B
         bridge_end = (bridge + 1) * B
-        unconfirmed: list[int] = []
         pending = False
         if maxb >= bridge_end:
+            # (the attention groups' keys of the bridging block not confirmed by the
+            # complete lookup: the first n_unc of a buffer kept)
+            unc = self.unconfirmed
+            n_unc: i64 = 0
+            lk = self.loading_keys
+            watch = len(lk) > 0     # (loads in flight are rare: no boxed key to test)
             for gi, gc in enumerate(self.groups):
                 if gc.cow:
                     continue
                 key = (rs.pk[gc.pki][bridge] << GROUP_BITS) | gc.gid
-                pending = pending or key in self.loading_keys
+                if watch and key in lk:
+                    pending = True
                 if rs.hit_end[gi] <= bridge:
-                    unconfirmed.append(key)
-            for key in unconfirmed:
-                r = self.pool.lookup(key)
+                    unc[n_unc] = key
+                    n_unc += 1
+            for j in range(n_unc):
+                r = self.pool.lookup(unc[j])
                 if r == MISS:
                     maxb = bridge_end - u
                     break

@@ -119,6 +119,9 @@ class Scheduler:
         self.inflight: dict[str, SimRequest] = {}
         self.spec_step_blocks: i64 = 0
         self.step_states: list[ReqOffload] = []   # (the connector's step: its scheduled requests)
+        # (the tier's waiting loop: the requests it sets aside for this step, emptied after)
+        self.held: list[SimRequest] = []
+        self.passed: list[SimRequest] = []
         # what schedule() and update_from_output() return: one list each, refilled every
         # step (a new list a step was an allocation, its growth and its free; every
         # caller reads them before the next step).  schedule() overwrites ``out`` in

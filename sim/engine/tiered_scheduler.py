@@ -41,8 +41,8 @@ class TieredScheduler(Scheduler):
         kv = self.kv
         obs = self.observers
         sbs: i64 = kv.scheduler_block_size
-        held: list[SimRequest] = []
-        passed: list[SimRequest] = []
+        held = self.held                   # (lists kept, emptied below)
+        passed = self.passed
         while budget > 0:
             queue = self.holding if self.holding else self.waiting
             if not queue:
@@ -141,13 +141,17 @@ class TieredScheduler(Scheduler):
                 kp = self.num_speculative_tokens
             self._emit(out, r, n, computed, not padded, kp, new_local, padded)
             budget -= n
-        for k in range(len(held) - 1, -1, -1):
-            self.holding.prepend_request(held[k])
-        for k in range(len(passed) - 1, -1, -1):
-            if self.watchers:
-                for qw in self.watchers:
-                    qw.put_back(passed[k])
-            self.waiting.prepend_request(passed[k])
+        if held:
+            for k in range(len(held) - 1, -1, -1):
+                self.holding.prepend_request(held[k])
+            held.clear()
+        if passed:
+            for k in range(len(passed) - 1, -1, -1):
+                if self.watchers:
+                    for qw in self.watchers:
+                        qw.put_back(passed[k])
+                self.waiting.prepend_request(passed[k])
+            passed.clear()
         return budget
 
     def _first_admission(self, r: SimRequest, lookup: Lookup | None, new_local: i64, ext: i64,
