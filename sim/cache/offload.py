@@ -59,7 +59,12 @@ class OffloadConnector(ConnectorStores):
 
     # ---------------------------------------------------------------- requests --
     def add_request(self, req: CacheRequest) -> None:
-        rs = ReqOffload(req, len(self.groups), len(self.hpcs), self.pool.arc)
+        spare = self.spare
+        if spare:
+            rs = spare.pop()
+            rs.reuse(req, self.pool.arc)
+        else:
+            rs = ReqOffload(req, len(self.groups), len(self.hpcs), self.pool.arc)
         self.reqs[req.request_id] = rs
         req.offload = rs
         if self.req_log is not None:
@@ -337,9 +342,12 @@ class OffloadConnector(ConnectorStores):
 
     def _forget(self, rs: ReqOffload) -> None:
         """The request's state is done with (finished, no job left); the request and its
-        state stop pointing at each other (no cycle left for the garbage collector)."""
+        state stop pointing at each other (no cycle left for the garbage collector), and
+        the state waits to be reused by a new request (a few kept)."""
         del self.reqs[rs.req.request_id]
         rs.req.offload = None
+        if len(self.spare) < 64:
+            self.spare.append(rs)
 
     def _is_batch_load(self, jid: int) -> bool:
         for j in self.load_jobs:

@@ -138,6 +138,33 @@ class ReqOffload(AccessState):
         self.step_tokens = 0             # tokens scheduled in this step (``build``)
         self.sched_step: i64 = -1        # the connector step it was last scheduled in
 
+    def reuse(self, req: CacheRequest, arc: bool) -> None:
+        """This state, done with (``OffloadConnector._forget``), now ``req``'s: as new,
+        its lists kept (no objects made and freed a request)."""
+        self.reset(arc)
+        self.req = req
+        pk = self.pk
+        for i in range(len(pk)):
+            pk[i] = vec[i64]()
+        tables = self.tables
+        ns = self.next_stored
+        he = self.hit_end
+        for gi in range(len(tables)):
+            tables[gi] = NO_TABLE
+            ns[gi] = 0
+            he[gi] = 0
+        self.num_local = 0
+        self.jobs = vec[i64]()
+        self.tail = None
+        self.loaded = False
+        self.finished = False
+        self.signaled = False
+        self.loading = False
+        self.swept = False
+        self.fresh = False
+        self.step_tokens = 0
+        self.sched_step = -1
+
     def add_job(self, jid: i64) -> None:
         self.jobs = append(self.jobs, jid)
 

@@ -79,6 +79,7 @@ class ConnectorLookup:
         for gc in self.groups:
             gc.margin = self.margins.get(gc.gid, 0)
         self.reqs: dict[str, ReqOffload] = {}
+        self.spare: list[ReqOffload] = []        # states done with, to reuse
         self.jobs = JobTable()                   # the jobs in flight, by id
         self.due = PairHeap()                    # (seen, job): completions, as a heap
         self.next_job = 0

@@ -78,6 +78,19 @@ class AccessState:
         # ``prepare_load`` without them read it here: prefix key -> end token)
         self.pos: dict[int, int] | None = None
 
+    def reset(self, arc: bool) -> None:
+        """As new (a state reused for another request)."""
+        self.seen_keys = vec[i64]()
+        self.seen_pos = vec[i64]()
+        self.seen = None
+        if arc:
+            self.inserted = set()
+            self.reused = set()
+            self.store_misses = set()
+        self.applied = False
+        self.lru_rank = 0
+        self.pos = None
+
     def observe(self, key: i64, p: i64, absent: bool = False) -> bool:
         """The request observes ``key`` (ending at token ``p``): whether for the first
         time (then it is kept, in order).  ``absent``: the pool does not hold the key, so
