@@ -185,24 +185,31 @@ class OffloadConnector(ConnectorStores):
         heap = self.due
         if not heap.n or heap.first() > now:
             return
-        done = self.done                 # (a list kept, emptied below)
+        # (the completions, in (store, job id) order: loads first; an insertion, the list
+        # is short; the first nd entries of a list kept, overwritten)
+        done = self.done
+        nd: i64 = 0
         while heap.n and heap.first() <= now:
             seen, jid = heap.pop()
             job = self.jobs.get(jid)
             if job is not None and job.seen == seen:
                 job.seen = -3            # (taken: a second entry of the job is stale)
-                # (in (store, job id) order: loads first; an insertion, the list is short)
-                k = len(done)
-                done.append(job)
+                k = nd
+                if nd < len(done):
+                    done[nd] = job
+                else:
+                    done.append(job)
+                nd += 1
                 while k > 0 and (done[k - 1].store > job.store
                                  or (done[k - 1].store == job.store
                                      and done[k - 1].jid > job.jid)):
                     done[k] = done[k - 1]
                     k -= 1
                 done[k] = job
-        if not done:
+        if nd == 0:
             return
-        for job in done:
+        for d in range(nd):
+            job = done[d]
             rs = job.rs
             if job.store:
                 self.pool.complete_store(job.keys)
@@ -226,7 +233,6 @@ class OffloadConnector(ConnectorStores):
                     self.req_log[job.rid]["load_done_step"] = job.due
             if self.log is not None:
                 self._done_rec(job)
-        done.clear()
 
 
     def _done_rec(self, job: Job) -> None:
@@ -244,26 +250,37 @@ class OffloadConnector(ConnectorStores):
             recs.insert(k, r)
         r.setdefault("done_stores" if job.store else "done_loads", []).append(job.jid)
 
-    def build(self, scheduled: list[ReqOffload]) -> None:
+    def build(self, scheduled: list[ReqOffload], n: i64 = -1) -> None:
         """vLLM's ``build_connector_meta``.  Every request this step schedules has its
         ``step_tokens`` and ``sched_step`` (this step's ``step_no``) set; ``scheduled``
-        lists, in scheduling order, those of them still sweeping or ``fresh`` (from the
-        waiting queue): the others' part here is only their tokens, read by the partial
-        tails (most of a step's requests are decoding, their sweeps over)."""
+        lists (its first ``n`` entries; -1: all), in scheduling order, those of them still
+        sweeping or ``fresh`` (from the waiting queue): the others' part here is only their
+        tokens, read by the partial tails (most of a step's requests are decoding, their
+        sweeps over)."""
+        if n < 0:
+            n = len(scheduled)
+        self.n_sched = n
         kv = self.kv
         now = self.now
         allocated: set[int] | None = None
         # the scheduled requests' keys and (attention) block tables; those whose sweeps
         # are not over
+        # (the first n_sw entries of a list kept, overwritten)
         sweep_rs = self.sweep_rs
-        for srs in scheduled:
+        n_sw: i64 = 0
+        for k in range(n):
+            srs = scheduled[k]
             if srs.fresh:
                 rid = srs.req.request_id
                 for gi in self.full:
                     srs.tables[gi] = kv.group_table(rid, gi)
             if not srs.swept:
                 self._update_keys(srs)
-                sweep_rs.append(srs)
+                if n_sw < len(sweep_rs):
+                    sweep_rs[n_sw] = srs
+                else:
+                    sweep_rs.append(srs)
+                n_sw += 1
         # flushes: preempted requests' jobs, jobs whose source blocks come back
         for rid in self.preempted_ids:
             rs = self.reqs.get(rid)
@@ -278,12 +295,11 @@ class OffloadConnector(ConnectorStores):
             if self.partial:
                 self._tail_stores(rids, kv.handoff_groups, kv.handoff_lists)
             kv.clear_offload_handoffs()
-        for rs in sweep_rs:
+        for k in range(n_sw):
+            rs = sweep_rs[k]
             if not rs.swept:
                 allocated = self._sweep(rs, rs.req.num_computed_tokens + rs.step_tokens,
                                         allocated, scheduled)
-        if sweep_rs:
-            sweep_rs.clear()
         finished = self.finished_ids
         if len(finished) > 1:
             # vLLM walks the finished ids as a Python set (hash order, which varies from

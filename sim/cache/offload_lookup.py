@@ -109,6 +109,7 @@ class ConnectorLookup:
         self.load_jobs: list[Job] = []
         self.done: list[Job] = []                # (start_step's completions)
         self.sweep_rs: list[ReqOffload] = []     # the scheduled requests still sweeping
+        self.n_sched: i64 = 0                    # (build's: the scheduled requests listed)
         self.flush_jobs: set[int] = set()
         self.admitted: list[str] = []            # requests allocated in the waiting loop
         self.recving: set[str] = set()           # loads reported done, not yet promoted

@@ -41,7 +41,8 @@ class ConnectorStores(ConnectorLookup):
                 for b in t:
                     if not b.is_null:
                         out.add(b.block_id)
-        for srs in scheduled:
+        for k in range(self.n_sched):
+            srs = scheduled[k]
             if srs.fresh:
                 for t in kv.group_tables(srs.req.request_id):
                     for b in t:
@@ -62,7 +63,8 @@ class ConnectorStores(ConnectorLookup):
                 self._flush_block(bid)
         for rid in self.admitted:
             self._flush_tables(kv.group_tables(rid))
-        for srs in scheduled:
+        for k in range(self.n_sched):
+            srs = scheduled[k]
             if srs.fresh:
                 self._flush_tables(kv.group_tables(srs.req.request_id))
 

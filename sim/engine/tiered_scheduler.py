@@ -247,7 +247,8 @@ class TieredScheduler(Scheduler):
         in-flight prefills."""
         conn = self.connector
         assert conn is not None
-        sched = self.step_states           # (one list, refilled each step)
+        sched = self.step_states     # (one list kept: its first n entries, overwritten)
+        n: i64 = 0
         stamp = conn.step_no
         for it in out:
             rs = it.req.cache.offload
@@ -255,9 +256,12 @@ class TieredScheduler(Scheduler):
             rs.step_tokens = it.num_tokens
             rs.sched_step = stamp
             if rs.fresh or not rs.swept:   # (the others: nothing to do but their tokens)
-                sched.append(rs)
-        conn.build(sched)
-        sched.clear()
+                if n < len(sched):
+                    sched[n] = rs
+                else:
+                    sched.append(rs)
+                n += 1
+        conn.build(sched, n)
         if self.inflight:
             for it in out:
                 r = it.req
