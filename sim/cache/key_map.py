@@ -326,18 +326,6 @@ class IntSet:
         self.keys = vec[i64]([-1] * cap)
         self.size: i64 = 0
 
-    def has(self, key: i64) -> bool:
-        mask = self.mask
-        keys = self.keys
-        i = ((key >> 5) ^ ((key & 31) * MIX)) & mask
-        while True:
-            k = keys[i]
-            if k == key:
-                return True
-            if k < 0:
-                return False
-            i = (i + 1) & mask
-
     def add(self, key: i64) -> bool:
         """Add ``key``; whether it is new."""
         mask = self.mask

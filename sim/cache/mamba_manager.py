@@ -189,6 +189,12 @@ class MambaManager(SingleTypeManager):
         self.has_handoffs = True
         self.handoffs = [Handoffs() for _g in self.group_ids]
 
+    def _hand_off(self, mi: i64, rid: str, block: Block, end: i64) -> None:
+        """Member ``mi`` committed ``rid``'s state in ``block`` at ``end`` tokens: the
+        connector takes it with the step's others."""
+        self.handoffs[mi].add(rid, block, end)
+        self.n_handoffs += 1
+
     def _null_run(self, k: int) -> list[Block]:
         """``k`` null blocks (a list kept per length, never written: padding a table
         extends it from here instead of building one per member)."""
@@ -461,8 +467,7 @@ class MambaManager(SingleTypeManager):
                     self.has_pending_cow = True
                     src.ref_cnt += 1
                     if tail >= 0:
-                        self.handoffs[mi].add(rid, cow, tail)
-                        self.n_handoffs += 1
+                        self._hand_off(mi, rid, cow, tail)
                     if cow.key >= 0:
                         self._cached_now(cow.key)
                 else:
@@ -537,8 +542,7 @@ class MambaManager(SingleTypeManager):
                         continue
                     self._cached_now(b.key)
                     if self.has_handoffs:
-                        self.handoffs[mi].add(rid, b, b.key_tokens)
-                        self.n_handoffs += 1
+                        self._hand_off(mi, rid, b, b.key_tokens)
                     if mi == 0:
                         written += 1
         if written:

@@ -140,7 +140,7 @@ class OffloadConnector(ConnectorStores):
                     keys_to_load = append(keys_to_load, (pks[c] << GROUP_BITS) | gid)
                     kpos = append(kpos, (c + 1) * gc.tpc)
                 if tail is not None:
-                    t = tail + self.margins.get(gid, 0)
+                    t = tail + gc.margin
                     keys_to_load = append(keys_to_load, self._boundary_key(rs, gid, t))
                     kpos = append(kpos, t)
                 nblocks += npending

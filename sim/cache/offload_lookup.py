@@ -69,15 +69,12 @@ class ConnectorLookup:
                         and any(gc.cow and gc.tpb > self.unit for gc in self.groups))
         self.pblock = self.groups[0].tpb if self.partial else 0
         partial_hash_hits = kv.partial_hits and self.unit < self.pblock
-        self.margins: dict[int, int] = {}
+        # (each group's partial-tail key lies ``gc.margin`` tokens past the tail)
         if self.partial:
             for gc in self.groups:
                 if gc.eagle and not gc.cow:
-                    self.margins[gc.gid] = eagle_proof_margin(self.pblock, self.unit,
-                                                              partial_hash_hits)
-        self.max_margin = max(self.margins.values(), default=0)
-        for gc in self.groups:
-            gc.margin = self.margins.get(gc.gid, 0)
+                    gc.margin = eagle_proof_margin(self.pblock, self.unit, partial_hash_hits)
+        self.max_margin = max((gc.margin for gc in self.groups), default=0)
         self.reqs: dict[str, ReqOffload] = {}
         self.spare: list[ReqOffload] = []        # states done with, to reuse
         self.jobs = JobTable()                   # the jobs in flight, by id
@@ -157,9 +154,6 @@ class ConnectorLookup:
         if hi > len(pks):
             hi = len(pks)
         return [(pks[i] << GROUP_BITS) | gid for i in range(lo, hi)]
-
-    def _nkeys(self, rs: ReqOffload, gi: int) -> int:
-        return len(rs.pk[self.groups[gi].pki])
 
     def _boundary_key(self, rs: ReqOffload, gid: int, tokens: int) -> int:
         """Group ``gid``'s key of the prefix ending at ``tokens`` (on the hash grid)."""
