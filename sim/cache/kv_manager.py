@@ -390,6 +390,14 @@ class KVCacheManager:
         for m in self.coordinator.mamba_managers:
             m.enable_handoffs()
 
+    def has_offload_handoffs(self) -> bool:
+        """Whether the cache committed Mamba states for the connector since they were
+        last taken."""
+        for m in self.coordinator.mamba_managers:
+            if m.n_handoffs:
+                return True
+        return False
+
     def take_offload_handoffs(self) -> bool:
         """This step's committed Mamba states (vLLM's ``take_boundary_state_offloads``);
         whether there are any.  They are then in ``handoff_lists``, one ``Handoffs`` (request,

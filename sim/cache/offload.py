@@ -157,7 +157,7 @@ class OffloadConnector(ConnectorStores):
         self.load_jobs.append(job)
         lk = self.loading_keys
         for key in keys_to_load:
-            lk.add(key)
+            lk.put(key, 0)
         rs.tail = None
         rs.loading = True
         self.loaded_chunks += len(keys_to_load)
@@ -217,7 +217,7 @@ class OffloadConnector(ConnectorStores):
                 self.pool.complete_load(job.keys)
                 lk = self.loading_keys
                 for key in job.keys:
-                    lk.discard(key)
+                    lk.remove(key, 0)
             if self.n_fenced:
                 self._unfence(job.jid, job.fenced)
                 if rs.finished:
@@ -233,6 +233,7 @@ class OffloadConnector(ConnectorStores):
                     self.req_log[job.rid]["load_done_step"] = job.due
             if self.log is not None:
                 self._done_rec(job)
+            self._spare_job(job)
 
 
     def _done_rec(self, job: Job) -> None:

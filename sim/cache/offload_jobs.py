@@ -54,6 +54,22 @@ class Job:
         self.nbytes = 0                  # bytes over one GPU's host link
         self.groups: dict[str, Any] | None = None   # per group, for step logs
 
+    def reuse(self, jid: int, rs: ReqOffload, keys: vec[i64], store: bool) -> None:
+        """This job, completed (nothing holds its id any more), as a new one."""
+        self.jid = jid
+        self.rs = rs
+        self.rid = rs.req.request_id
+        self.keys = keys
+        self.store = store
+        self.fenced = vec[i64]()
+        self.deferred = vec[i64]()
+        self.chunks = len(keys)
+        self.blocks = 0
+        self.due = -1
+        self.seen = -1
+        self.nbytes = 0
+        self.groups = None
+
 
 class JobTable:
     """The connector's jobs in flight by id.  Ids are handed out in order and jobs
@@ -112,7 +128,7 @@ class ReqOffload(AccessState):
 
     __slots__ = ("req", "pk", "tables", "next_stored", "hit_end", "num_local",
                  "jobs", "tail", "loaded", "finished", "signaled", "loading", "swept",
-                 "fresh", "step_tokens", "sched_step")
+                 "fresh", "step_tokens", "sched_step", "listed")
 
     def __init__(self, req: CacheRequest, ngroups: int, nlists: int, arc: bool = True):
         super().__init__(arc)
@@ -137,6 +153,7 @@ class ReqOffload(AccessState):
         self.fresh = False               # allocated in this step's waiting loop
         self.step_tokens = 0             # tokens scheduled in this step (``build``)
         self.sched_step: i64 = -1        # the connector step it was last scheduled in
+        self.listed = False              # among the scheduler's sweeping requests
 
     def reuse(self, req: CacheRequest, arc: bool) -> None:
         """This state, done with (``OffloadConnector._forget``), now ``req``'s: as new,
@@ -164,6 +181,7 @@ class ReqOffload(AccessState):
         self.fresh = False
         self.step_tokens = 0
         self.sched_step = -1
+        self.listed = False
 
     def add_job(self, jid: i64) -> None:
         self.jobs = append(self.jobs, jid)

@@ -13,7 +13,7 @@ from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.block_pool import GROUP_BITS
-from sim.cache.key_map import PairHeap
+from sim.cache.key_map import KeyMap, PairHeap
 from sim.cache.offload_jobs import (NO_TABLE, GroupOffload, Job, JobTable, ReqOffload,
                                     StepTransfers, Transfers)
 from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, HostPool
@@ -78,13 +78,19 @@ class ConnectorLookup:
         self.reqs: dict[str, ReqOffload] = {}
         self.spare: list[ReqOffload] = []        # states done with, to reuse
         self.jobs = JobTable()                   # the jobs in flight, by id
+        self.spare_jobs: list[Job] = []          # completed jobs, to reuse
+        self.n_spare_jobs: i64 = 0
         self.due = PairHeap()                    # (seen, job): completions, as a heap
         self.next_job = 0
-        self.loading_keys: set[int] = set()      # keys of async loads in flight
+        # keys of async loads in flight (a key map used as a set of machine integers)
+        self.loading_keys = KeyMap()
         # the partial-tail keys the pool holds (the only keys off their group's chunk
         # grid): per group, how many at each hash-grid position (indexed by tokens //
         # unit); and each one's position
         self.tail_pos: list[vec[i64]] = [vec[i64]() for _ in self.groups]
+        # (the first group's: per chunk, how many of its positions hold one -- a lookup's
+        # walk down the hash grid skips a chunk without any at once)
+        self.tail_chunks0 = vec[i64]()
         # (buffers kept: a sweep's keys to offer and their end tokens, a boundary store's)
         self.sweep_keys = vec[i64]()
         self.sweep_pos = vec[i64]()
@@ -169,10 +175,30 @@ class ConnectorLookup:
         return n
 
     def _new_job(self, rs: ReqOffload, keys: vec[i64], store: bool) -> Job:
-        job = Job(self.next_job, rs, keys, store)
+        n = self.n_spare_jobs
+        if n:
+            n -= 1
+            job = self.spare_jobs[n]
+            self.n_spare_jobs = n
+            job.reuse(self.next_job, rs, keys, store)
+        else:
+            job = Job(self.next_job, rs, keys, store)
         self.next_job += 1
         self.jobs.add(job)
         return job
+
+    def _spare_job(self, job: Job) -> None:
+        """A completed job (out of ``jobs``: only stale heap entries name its id), kept
+        for the next ``_new_job`` (up to 256: the first ``n_spare_jobs`` entries)."""
+        n = self.n_spare_jobs
+        spare = self.spare_jobs
+        if n < len(spare):
+            spare[n] = job
+        elif n < 256:
+            spare.append(job)
+        else:
+            return
+        self.n_spare_jobs = n + 1
 
     def step_stall(self) -> int:
         """ns this step's forward waits for flushed stores (timed transfers only)."""
@@ -309,6 +335,14 @@ class ConnectorLookup:
         if d > 0 and c < 0:
             c = 0
         v[i] = c + d
+        if gi == 0 and (c > 0) != (c + d > 0):
+            q = t // self.groups[0].tpc
+            tc = self.tail_chunks0
+            if q >= len(tc):
+                while len(tc) <= q:
+                    tc = append(tc, 0)
+                self.tail_chunks0 = tc
+            tc[q] += 1 if c + d > 0 else -1
 
     def _flush_block(self, bid: i64) -> None:
         """The jobs block ``bid`` fences are flushed (it is allocated again)."""
@@ -459,14 +493,14 @@ class ConnectorLookup:
                 num_hit = new
         if defer:
             return None
-        if self.loading_keys:
+        if self.loading_keys.size:
             end = c0 + num_hit
             for gi, gc in enumerate(self.groups):
                 sub = self._gkeys(rs, gi, c0 // gc.tpc, cdiv(end, gc.tpc))
                 if gc.window is not None:
                     sub = sub[-gc.window:]
                 for key in sub:
-                    if key in self.loading_keys:
+                    if self.loading_keys.has(key):
                         return None
         return num_hit
 
@@ -496,12 +530,12 @@ class ConnectorLookup:
             unc = self.unconfirmed
             n_unc: i64 = 0
             lk = self.loading_keys
-            watch = len(lk) > 0     # (loads in flight are rare: no boxed key to test)
+            watch = lk.size > 0     # (loads in flight are rare: no probe then)
             for gi, gc in enumerate(self.groups):
                 if gc.cow:
                     continue
                 key = (rs.pk[gc.pki][bridge] << GROUP_BITS) | gc.gid
-                if watch and key in lk:
+                if watch and lk.has(key):
                     pending = True
                 if rs.hit_end[gi] <= bridge:
                     unc[n_unc] = key
@@ -516,27 +550,42 @@ class ConnectorLookup:
         first = self.groups[0]
         m0: i64 = first.margin
         tpc0: i64 = first.tpc
+        hpc0: i64 = first.hpc
         tp0 = self.tail_pos[0]
         n0: i64 = len(tp0)
+        tc0 = self.tail_chunks0
+        nc0: i64 = len(tc0)
         b: i64 = maxb
         stop: i64 = cb
         step: i64 = u
         # (b = maxb, maxb - u, ... above cb; the first group's position t0 = b + m0 on the
         # hash grid, its index i0 = t0 // u and its offset in a chunk rem = t0 % tpc0
-        # stepped along, not divided out each time)
+        # stepped along, not divided out each time.  Off the chunk grid the first group's
+        # key would be a partial-tail key: a miss at once where the pool holds none there
+        # -- and where its chunk holds none, every position down to the chunk grid is
+        # one, skipped together.  A miss at b >= bridge_end with the bridge pending makes
+        # the answer pending: maxb is such a b whenever the bridge is, so it is pending
+        # from the start.)
         i0: i64 = (b + m0) // step
         rem: i64 = (b + m0) % tpc0
         while b > stop:
-            if rem != 0 and (i0 >= n0 or tp0[i0] <= 0):
-                # (_lookup_tail's first test, inline: a miss at b)
-                if b >= bridge_end and bridge_pending:
-                    pending = True
-            else:
-                hit, bpend = self._lookup_tail(rs, b, b >= bridge_end and bridge_pending)
-                if hit:
-                    rs.tail = b
-                    return b - local
-                pending = pending or bpend
+            if rem != 0:
+                q = i0 // hpc0
+                if q >= nc0 or tc0[q] <= 0:
+                    b -= rem
+                    i0 -= rem // step
+                    rem = 0
+                    continue
+                if i0 >= n0 or tp0[i0] <= 0:
+                    b -= step
+                    i0 -= 1
+                    rem -= step
+                    continue
+            hit, bpend = self._lookup_tail(rs, b, b >= bridge_end and bridge_pending)
+            if hit:
+                rs.tail = b
+                return b - local
+            pending = pending or bpend
             b -= step
             i0 -= 1
             rem -= step

@@ -106,10 +106,13 @@ class ScheduledItem(StepItem):
     plan's item, which the engine hands to the backend, plus the scheduler's own handle
     on the request (no backend reads it)."""
 
-    __slots__ = ("req",)
+    __slots__ = ("req", "pos")
 
     def __init__(self, req: SimRequest, num_tokens: int, context: int, is_prefill: bool,
                  spec_tokens: int = 0, new_hit: int = 0, padded: bool = False):
         super().__init__(req.cache, req.out_stream, num_tokens, context, is_prefill,
                          spec_tokens, new_hit, padded)
         self.req = req
+        # its index in the scheduler's list when last scheduled (the step's, while the
+        # entry there is this item: the CPU tier's connector finds its few requests so)
+        self.pos: i64 = -1

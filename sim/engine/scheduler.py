@@ -287,6 +287,7 @@ class Scheduler:
                         it.new_hit = 0
                         it.padded = False
                         k_out = self.n_out    # inline of Scheduler._put
+                        it.pos = k_out
                         if k_out < len(out):
                             out[k_out] = it
                         else:
@@ -458,6 +459,7 @@ class Scheduler:
     def _put(self, out: list, it: ScheduledItem) -> None:
         """``it`` as entry ``n_out`` of ``out`` (over an earlier step's entry, if any)."""
         k = self.n_out
+        it.pos = k
         if k < len(out):
             out[k] = it
         else:

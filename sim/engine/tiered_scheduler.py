@@ -6,6 +6,7 @@ admitted prefills still reserve, and the connector's part of each step (vLLM's
 which only this subclass does."""
 from __future__ import annotations
 
+from librt.vecs import append, vec
 from mypy_extensions import i64
 
 from sim.cache.kv_manager import Lookup
@@ -28,6 +29,11 @@ class TieredScheduler(Scheduler):
                 if kind != "mamba":
                     blocks += -(-n // bs)
         self.spec_step_blocks = blocks
+        # the requests allocated in the waiting loop whose sweep may not be over (in the
+        # order allocated; pruned as sweeps end), and the connector step's scratch
+        self.sweeping: list[SimRequest] = []
+        self.sched_pos = vec[i64]()
+        self.gone: list[SimRequest] = []
 
     def _admit_with_tier(self, now: int, budget: i64, out: list[ScheduledItem],
                          num_running_scheduled: i64, prefill_scheduled: bool) -> i64:
@@ -113,6 +119,10 @@ class TieredScheduler(Scheduler):
             if not ok:
                 break
             conn.update_state_after_alloc(c, ext, looked_up, new_local)
+            rs = c.offload
+            if rs is not None and not rs.listed:
+                rs.listed = True
+                self.sweeping.append(r)
             first = looked_up and r.hit_tokens < 0
             if first:
                 self._first_admission(r, lookup, new_local, ext, attn_alone, computed + n)
@@ -244,28 +254,112 @@ class TieredScheduler(Scheduler):
     def _connector_step(self, out: list[ScheduledItem]) -> None:
         """After the step is scheduled: the connector's part of it (stores, flushes, the
         finished requests' recency), then the requests done prefilling leave the set of
-        in-flight prefills."""
+        in-flight prefills.  The connector's part needs, in scheduling order, the
+        scheduled requests admitted in this step or still sweeping (``sweeping``: every
+        request allocated in the waiting loop, until its sweep is over) and every
+        scheduled request's tokens -- those of the others are read only by the Mamba
+        hand-offs' tail stores, so only a step with hand-offs (or a preemption, which
+        moves items in ``out``) walks every item; the others find their few requests by
+        ``ScheduledItem.pos``."""
         conn = self.connector
         assert conn is not None
         sched = self.step_states     # (one list kept: its first n entries, overwritten)
         n: i64 = 0
         stamp = conn.step_no
-        for it in out:
-            rs = it.req.cache.offload
-            assert rs is not None
-            rs.step_tokens = it.num_tokens
+        if conn.preempted_ids or self.kv.has_offload_handoffs():
+            for it in out:
+                rs = it.req.cache.offload
+                assert rs is not None
+                rs.step_tokens = it.num_tokens
+                rs.sched_step = stamp
+                if rs.fresh or not rs.swept:   # (the others: their tokens only)
+                    if n < len(sched):
+                        sched[n] = rs
+                    else:
+                        sched.append(rs)
+                    n += 1
+            self._prune_sweeping()
+            conn.build(sched, n)
+            if self.inflight:
+                for it in out:
+                    r = it.req
+                    if r.in_flight and not r.is_prefill_chunk:
+                        del self.inflight[r.cache.request_id]
+                        r.in_flight = False
+            return
+        # (the listed requests scheduled in this step, by their index in ``out``: an
+        # insertion, there are few; their indices beside them in ``sched_pos``)
+        n_out: i64 = len(out)
+        cands = self.sweeping
+        spos = self.sched_pos
+        m: i64 = 0
+        for j in range(len(cands)):
+            r = cands[j]
+            rs = r.cache.offload
+            if rs is None or rs.finished or (rs.swept and not rs.fresh):
+                if rs is not None:
+                    rs.listed = False
+                continue
+            if m != j:
+                cands[m] = r
+            m += 1
+            item = r.item
+            if item is None:
+                continue
+            k: i64 = item.pos
+            if k < 0 or k >= n_out or out[k] is not item:
+                continue
+            rs.step_tokens = item.num_tokens
             rs.sched_step = stamp
-            if rs.fresh or not rs.swept:   # (the others: nothing to do but their tokens)
-                if n < len(sched):
-                    sched[n] = rs
-                else:
-                    sched.append(rs)
-                n += 1
+            if n == len(sched):
+                sched.append(rs)
+            if n == len(spos):
+                spos = self.sched_pos = append(spos, k)
+            i = n
+            while i > 0 and spos[i - 1] > k:
+                sched[i] = sched[i - 1]
+                spos[i] = spos[i - 1]
+                i -= 1
+            sched[i] = rs
+            spos[i] = k
+            n += 1
+        if m < len(cands):
+            del cands[m:]
         conn.build(sched, n)
         if self.inflight:
-            for it in out:
-                r = it.req
-                if r.in_flight and not r.is_prefill_chunk:
-                    del self.inflight[r.cache.request_id]
-                    r.in_flight = False
+            gone = self.gone               # (kept; its first ng entries)
+            ng: i64 = 0
+            for r in self.inflight.values():
+                if r.is_prefill_chunk:
+                    continue
+                item = r.item
+                if item is None:
+                    continue
+                k = item.pos
+                if k < 0 or k >= n_out or out[k] is not item:
+                    continue
+                if ng < len(gone):
+                    gone[ng] = r
+                else:
+                    gone.append(r)
+                ng += 1
+            for j in range(ng):
+                r = gone[j]
+                del self.inflight[r.cache.request_id]
+                r.in_flight = False
 
+    def _prune_sweeping(self) -> None:
+        """``sweeping`` without the requests whose sweep is over (or that finished)."""
+        cands = self.sweeping
+        m: i64 = 0
+        for j in range(len(cands)):
+            r = cands[j]
+            rs = r.cache.offload
+            if rs is None or rs.finished or (rs.swept and not rs.fresh):
+                if rs is not None:
+                    rs.listed = False
+                continue
+            cands[m] = r
+            m += 1
+        if m < len(cands):
+            del cands[m:]

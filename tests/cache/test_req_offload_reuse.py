@@ -9,11 +9,11 @@ from mypy_extensions import i64
 
 from sim.cache.block_pool import Block
 from sim.cache.hashing import PrefixHasher
-from sim.cache.offload_jobs import ReqOffload
+from sim.cache.offload_jobs import Job, ReqOffload
 from sim.cache.request import CacheRequest
 
 FIELDS = ("pk", "tables", "next_stored", "hit_end", "num_local", "jobs", "tail", "loaded",
-          "finished", "signaled", "loading", "swept", "fresh", "step_tokens", "sched_step",
+          "finished", "signaled", "loading", "swept", "fresh", "step_tokens", "sched_step", "listed",
           "seen_keys", "seen_pos", "seen", "inserted", "reused", "store_misses", "applied",
           "lru_rank", "pos")
 
@@ -51,6 +51,7 @@ def test_a_reused_state_is_as_new(arc):
     old.swept = old.fresh = True
     old.step_tokens = 16
     old.sched_step = 4
+    old.listed = True
     for k in range(20):                      # (past the linear search: a hash set made)
         old.observe(100 + k, 16 * (k + 1))
     assert old.seen is not None
@@ -65,3 +66,30 @@ def test_a_reused_state_is_as_new(arc):
     assert old.req is new_req
     assert state(old) == state(fresh)
     assert old.observe(100, 16)              # (the old request's keys are not seen)
+
+
+JOB_FIELDS = ("jid", "rs", "rid", "keys", "store", "fenced", "deferred", "chunks", "blocks",
+              "due", "seen", "nbytes", "groups")
+
+
+def test_a_reused_job_is_as_new():
+    """A completed transfer job the connector keeps (``Job.reuse``) is, for its next
+    job, what a new ``Job`` is: none of the old job's blocks, times, bytes or log."""
+    hasher = PrefixHasher(16)
+    rs_old = ReqOffload(CacheRequest("old", [(1, 0, 64)], hasher), 2, 1, False)
+    rs_new = ReqOffload(CacheRequest("new", [(2, 0, 64)], hasher), 2, 1, False)
+    job = Job(3, rs_old, vec[i64]([1, 2, 3]), True)
+    job.fenced = vec[i64]([7, 8])
+    job.deferred = vec[i64]([9])
+    job.blocks = 5
+    job.due = job.seen = 40
+    job.nbytes = 1 << 20
+    job.groups = {"0": {"chunks": 3}}
+    keys = vec[i64]([11])
+    job.reuse(8, rs_new, keys, False)
+    fresh = Job(8, rs_new, keys, False)
+
+    def fields(j):
+        return {f: (list(v) if f in ("keys", "fenced", "deferred") else v)
+                for f in JOB_FIELDS for v in [getattr(j, f)]}
+    assert fields(job) == fields(fresh)
