@@ -65,8 +65,11 @@ class AccessState:
     ``arc``: whether its pool's policy reads the keys it inserted and reused."""
 
     def __init__(self, arc: bool = True) -> None:
-        self.seen_keys = vec[i64]()       # keys observed, in the order first observed
-        self.seen_pos = vec[i64]()        # ... and each one's end token (-1: unknown)
+        # keys observed, in the order first observed, and each one's end token (-1:
+        # unknown): the first n_seen entries of buffers kept
+        self.seen_keys = vec[i64]()
+        self.seen_pos = vec[i64]()
+        self.n_seen: i64 = 0
         self.seen: IntSet | None = None   # ... as a set, once there are many
         # (``arc`` only: the keys the request inserted, reused, and stored as a miss)
         self.inserted: set[int] = set() if arc else _UNUSED
@@ -79,9 +82,8 @@ class AccessState:
         self.pos: dict[int, int] | None = None
 
     def reset(self, arc: bool) -> None:
-        """As new (a state reused for another request)."""
-        self.seen_keys = vec[i64]()
-        self.seen_pos = vec[i64]()
+        """As new (a state reused for another request; its buffers kept)."""
+        self.n_seen = 0
         self.seen = None
         if arc:
             self.inserted = set()
@@ -99,8 +101,8 @@ class AccessState:
         then hands it two fresh ranks in a row: the same order."""
         keys = self.seen_keys
         seen = self.seen
+        n = self.n_seen
         if seen is None:
-            n = len(keys)
             if not absent:
                 for j in range(n):
                     if keys[j] == key:
@@ -113,8 +115,12 @@ class AccessState:
                 self.seen = seen
         elif not seen.add(key) and not absent:
             return False
-        self.seen_keys = append(keys, key)
-        self.seen_pos = append(self.seen_pos, p)
+        if n == len(keys):
+            keys = self.seen_keys = grown(keys, n + 1)
+            self.seen_pos = grown(self.seen_pos, n + 1)
+        keys[n] = key
+        self.seen_pos[n] = p
+        self.n_seen = n + 1
         return True
 
     def set_pos(self, pk: int, tokens: int) -> None:
@@ -185,29 +191,34 @@ NO_RANK: Final = 1 << 61       # (above every rank; a machine integer)
 class LRUPolicy(Policy):
     """vLLM's LRU policy: the evictable keys by rank, least first.  A slot's rank and
     whether it is evictable live in vecs (``rank``, ``ev``).  Ranks a request's finish
-    hands out only grow, so they go to the end of a sorted list (``fifo_r``/``fifo_s``,
-    read from ``head``); any other (a running request's rank) waits in an unsorted
+    hands out only grow, so those slots go to the tail of a list linked through the slots
+    (``prv``/``nxt``, ``inl`` marking the slots in it; ``first``/``last`` its ends), in
+    rank order from the head; any other (a running request's rank) waits in an unsorted
     list (``pend_r``/``pend_s``, the least rank there at most ``pend_min``) until an
     eviction could take it: then the list goes into a heap of slots (``heap``, a
     ``SlotHeap``: one entry a slot, taken out when the slot's rank changes or it stops
-    being evictable).  Evictions mostly take the FIFO's head, older than every running
-    request, so most waiting entries go stale (their request finished, handing out FIFO
-    ranks) without a heap operation.  An entry (rank, slot) whose slot no longer has
-    that rank, or is not evictable, is stale and skipped, as vLLM's lazy heap skips it."""
+    being evictable).  A slot is in the linked list or the heap, not both, and leaves
+    either when its rank changes; evictions mostly take the linked list's head, older than
+    every running request, so most waiting entries go stale (their request finished,
+    handing out list ranks) without a heap operation.  A waiting entry (rank, slot) whose
+    slot no longer has that rank, is not evictable, or is in the list or the heap, is
+    stale and skipped, as vLLM's lazy heap skips it."""
 
     def __init__(self, capacity: int):
         super().__init__(capacity)
         self.rank = vec[i64]()        # slot -> rank (-1: free)
         self.ev = vec[i64]()          # slot -> 1 if evictable
         self.nev: i64 = 0             # evictable slots
-        self.heap = SlotHeap()        # slots by rank: the ranks below the FIFO's last
+        self.heap = SlotHeap()        # slots by rank: ranks that came out of order
         self.pend_r = vec[i64]()      # (the waiting entries: the first pend_n)
         self.pend_s = vec[i64]()
         self.pend_n: i64 = 0
         self.pend_min: i64 = NO_RANK
-        self.fifo_r = vec[i64]()
-        self.fifo_s = vec[i64]()
-        self.head: i64 = 0
+        self.prv = vec[i64]()         # slot -> the slot before it in the list (-1: none)
+        self.nxt = vec[i64]()         # slot -> the slot after it (-1: none)
+        self.inl = vec[i64]()         # slot -> 1 if in the list
+        self.first: i64 = -1          # the list's head (least rank; -1: empty)
+        self.last: i64 = -1           # its tail (greatest rank)
         self.next_rank: i64 = 0
         # (evict's scratch: the entries selected, and those passed over as protected)
         self.sel_r = vec[i64]()
@@ -225,18 +236,54 @@ class LRUPolicy(Policy):
         self.next_rank += 1
         return (((self.next_rank << POS_BITS) | TOP) << GROUP_BITS) | (key & GROUP_MASK)
 
+    def _unlink(self, s: i64) -> None:
+        """Slot ``s`` out of the linked list (it is in it)."""
+        prv = self.prv
+        nxt = self.nxt
+        p = prv[s]
+        q = nxt[s]
+        if p >= 0:
+            nxt[p] = q
+        else:
+            self.first = q
+        if q >= 0:
+            prv[q] = p
+        else:
+            self.last = p
+        self.inl[s] = 0
+
     def _push(self, s: i64) -> None:
         """Slot ``s`` (evictable) has a new rank, or became evictable: its entry."""
-        r = self.rank[s]
+        rank = self.rank
+        r = rank[s]
         heap = self.heap
         if heap.n and heap.has(s):
             heap.remove(s)
-        fn = len(self.fifo_r)
-        if fn == self.head or r >= self.fifo_r[fn - 1]:
-            self.fifo_r = append(self.fifo_r, r)
-            self.fifo_s = append(self.fifo_s, s)
-            if fn - self.head >= 4096 and fn - self.head >= 4 * self.nev:
-                self._compact_fifo()
+        prv = self.prv
+        nxt = self.nxt
+        inl = self.inl
+        if inl[s]:                    # (_unlink, inline)
+            p = prv[s]
+            q = nxt[s]
+            if p >= 0:
+                nxt[p] = q
+            else:
+                self.first = q
+            if q >= 0:
+                prv[q] = p
+            else:
+                self.last = p
+            inl[s] = 0
+        last = self.last
+        if last < 0 or r >= rank[last]:
+            prv[s] = last
+            nxt[s] = -1
+            if last >= 0:
+                nxt[last] = s
+            else:
+                self.first = s
+            self.last = s
+            inl[s] = 1
         else:
             n = self.pend_n
             if n == len(self.pend_r):
@@ -249,7 +296,8 @@ class LRUPolicy(Policy):
                 self.pend_min = r
 
     def _valid_pending(self, r: i64, s: i64) -> bool:
-        return self.ev[s] != 0 and self.rank[s] == r and not self.heap.has(s)
+        return (self.ev[s] != 0 and self.rank[s] == r and not self.inl[s]
+                and not self.heap.has(s))
 
     def _compact_pending(self) -> None:
         """The waiting list without its stale entries (its least rank exact again); its
@@ -287,60 +335,38 @@ class LRUPolicy(Policy):
         self.pend_min = NO_RANK
 
     def _pop(self) -> tuple[i64, i64]:
-        """The least (rank, slot) of the three ((-1, -1): none)."""
-        h = self.head
-        fr = self.fifo_r
+        """The least (rank, slot) of the three, out of its list or heap ((-1, -1): none)."""
+        f = self.first
         heap = self.heap
         if self.pend_n:
             least: i64 = NO_RANK
-            if h < len(fr):
-                least = fr[h]
+            if f >= 0:
+                least = self.rank[f]
             if heap.n and heap.keys[0] < least:
                 least = heap.keys[0]
             if self.pend_min < least:
                 self._release_pending()
-        if h < len(fr) and (heap.n == 0 or fr[h] < heap.keys[0]):
-            s = self.fifo_s[h]
-            r = fr[h]
-            h += 1
-            self.head = h
-            if h > 4096 and 2 * h > len(fr):
-                self._compact_fifo()
-            return r, s
+        if f >= 0 and (heap.n == 0 or self.rank[f] < heap.keys[0]):
+            q = self.nxt[f]           # (_unlink of the head, inline)
+            self.first = q
+            if q >= 0:
+                self.prv[q] = -1
+            else:
+                self.last = -1
+            self.inl[f] = 0
+            return self.rank[f], f
         if heap.n > 0:
             return heap.pop()
         return -1, -1
-
-    def _compact_fifo(self) -> None:
-        """The FIFO from ``head`` without its stale entries (nor a slot's second entry of
-        one rank: they are adjacent, the FIFO being sorted)."""
-        fr = self.fifo_r
-        fs = self.fifo_s
-        rank = self.rank
-        ev = self.ev
-        heap = self.heap
-        nr = vec[i64](capacity=len(fr) - self.head)
-        ns = vec[i64](capacity=len(fr) - self.head)
-        last_r: i64 = -1
-        last_s: i64 = -1
-        for i in range(self.head, len(fr)):
-            r = fr[i]
-            s = fs[i]
-            if not ev[s] or rank[s] != r or heap.has(s) or (r == last_r and s == last_s):
-                continue
-            nr = append(nr, r)
-            ns = append(ns, s)
-            last_r = r
-            last_s = s
-        self.fifo_r = nr
-        self.fifo_s = ns
-        self.head = 0
 
     # -- the policy -------------------------------------------------------------------
     def insert(self, key: int, slot: i64, st: AccessState, p: i64) -> None:
         while len(self.rank) <= slot:
             self.rank = append(self.rank, -1)
             self.ev = append(self.ev, 0)
+            self.prv = append(self.prv, -1)
+            self.nxt = append(self.nxt, -1)
+            self.inl = append(self.inl, 0)
         if p < 0:
             self.rank[slot] = self._fresh(key)
         else:
@@ -447,6 +473,8 @@ class LRUPolicy(Policy):
         self.ev[slot] = 0
         if self.heap.has(slot):
             self.heap.remove(slot)
+        if self.inl[slot]:
+            self._unlink(slot)
 
 
 class ARCPolicy(Policy):
@@ -714,6 +742,7 @@ class HostPool:
         sref = self.sref
         to_store = self.none       # (a new vec from the first key to store)
         arc = self.arc
+        lru = self.lru
         # (each key's slot, -1 if absent, kept for the protection stamps below)
         nk: i64 = len(keys) if n < 0 else n
         if len(self.kslots) < nk:
@@ -730,8 +759,16 @@ class HostPool:
                 if nto == 0:
                     to_store = vec[i64](capacity=nk - j)
                 to_store = append(to_store, key)
-                to_pos[nto] = kpos[j]
+                p = kpos[j]
+                to_pos[nto] = p
                 nto += 1
+                # (_observe of an absent key, inline: kept unsearched, and the policy
+                # ranks the request if it has not yet -- all LRU's access does then)
+                st.observe(key, p, True)
+                if lru is not None and st.lru_rank == 0:
+                    lru.next_rank += 1
+                    st.lru_rank = lru.next_rank
+                continue
             elif sref[s] < 0:
                 continue                 # (being written: neither stored nor observed)
             elif arc:
@@ -831,7 +868,7 @@ class HostPool:
         insertion sort (the keys come mostly in order already)."""
         keys = st.seen_keys
         kpos = st.seen_pos
-        n: i64 = len(keys)
+        n: i64 = st.n_seen
         if len(self.order) < n:
             self.order = grown(self.order, n)
             self.order_at = grown(self.order_at, n)

@@ -1,6 +1,6 @@
-"""The host pool's LRU (``sim/cache/offload_pool.LRUPolicy``: a FIFO of finish ranks, a
-waiting list of running requests' ranks released into a heap only when an eviction could
-take one) against brute force: through random stores, completions, loads and finishes of
+"""The host pool's LRU (``sim/cache/offload_pool.LRUPolicy``: a list linked through the
+slots in finish-rank order, a waiting list of running requests' ranks released into a heap
+only when an eviction could take one) against brute force: through random stores, completions, loads and finishes of
 many interleaved requests, every eviction takes exactly the least-ranked evictable keys
 not offered in that call."""
 from __future__ import annotations

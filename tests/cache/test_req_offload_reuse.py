@@ -14,7 +14,7 @@ from sim.cache.request import CacheRequest
 
 FIELDS = ("pk", "tables", "next_stored", "hit_end", "num_local", "jobs", "tail", "loaded",
           "finished", "signaled", "loading", "swept", "fresh", "step_tokens", "sched_step", "listed",
-          "seen_keys", "seen_pos", "seen", "inserted", "reused", "store_misses", "applied",
+          "seen_keys", "seen_pos", "n_seen", "seen", "inserted", "reused", "store_misses", "applied",
           "lru_rank", "pos")
 
 
@@ -24,8 +24,10 @@ def state(rs: ReqOffload) -> dict:
         v = getattr(rs, f)
         if f == "pk":
             v = [list(x) for x in v]
-        elif f in ("jobs", "seen_keys", "seen_pos"):
+        elif f == "jobs":
             v = list(v)
+        elif f in ("seen_keys", "seen_pos"):     # (buffers kept: their first n_seen)
+            v = list(v)[:rs.n_seen]
         elif f == "tables":
             v = [list(t) for t in v]
         elif isinstance(v, (list, set)):
