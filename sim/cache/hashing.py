@@ -403,7 +403,11 @@ class PrefixKeys:
         """The keys at the ends of blocks ``first`` .. ``last - 1`` of ``scale`` units
         (units ``(j + 1) * scale - 1``; each < ``count``), as ``keys_at`` walks them, in
         a vec: machine integers, no boxed key (the cache's block registration)."""
-        out = vec[i64]()
+        return self.add_block_keys(vec[i64](), first, last, scale)
+
+    def add_block_keys(self, out: vec[i64], first: i64, last: i64, scale: i64) -> vec[i64]:
+        """``out`` with ``block_keys(first, last, scale)`` appended (the CPU tier's chunk
+        keys, grown as the request's hashes are)."""
         if first >= last:
             return out
         if (last * scale - 1 >= self.count) or first < 0:

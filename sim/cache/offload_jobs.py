@@ -140,8 +140,8 @@ class ReqOffload(AccessState):
         # step it is scheduled after a lookup; the table itself: it only grows while the
         # request runs, and stays as it was once the request has finished)
         self.tables: list[list[Block]] = [NO_TABLE] * ngroups
-        self.next_stored = [0] * ngroups
-        self.hit_end = [0] * ngroups
+        self.next_stored = vec[i64]([0] * ngroups)
+        self.hit_end = vec[i64]([0] * ngroups)
         self.num_local = 0
         self.jobs = vec[i64]()           # its jobs in flight (ids; a request has a few)
         self.tail: int | None = None     # partial-tail boundary of the pending load

@@ -148,10 +148,7 @@ class ConnectorLookup:
             k = len(pks)
             if k >= want:
                 continue
-            while k < want:
-                k += 1
-                pks = append(pks, bh.key(k * hpc - 1))
-            rs.pk[li] = pks
+            rs.pk[li] = bh.add_block_keys(pks, k, want, hpc)
 
     def _gkeys(self, rs: ReqOffload, gi: int, lo: int, hi: int) -> list[int]:
         """Group ``gi``'s chunk keys ``lo`` .. ``hi - 1``."""
@@ -166,7 +163,7 @@ class ConnectorLookup:
         pk = rs.req.block_hashes.key(tokens // self.unit - 1)
         return (pk << GROUP_BITS) | gid
 
-    def _offloadable(self, rs: ReqOffload, n: int) -> int:
+    def _offloadable(self, rs: ReqOffload, n: i64) -> i64:
         req = rs.req
         if n > req.num_tokens:
             n = req.num_tokens
@@ -391,10 +388,10 @@ class ConnectorLookup:
             self.req_log[rid]["lookups"].append([self.now, local, hit, bool(hit)])
         return hit
 
-    def _prefix_lookup(self, pks: vec[i64], lo: int, hi: int, gid: int) -> int | None:
+    def _prefix_lookup(self, pks: vec[i64], lo: i64, hi: i64, gid: i64) -> i64:
         """Chunks ``lo`` .. ``hi - 1`` of a group: how many, from ``lo``, the pool holds
-        (being written counts, but makes the answer None: deferred)."""
-        n = 0
+        (being written counts, but makes the answer -1: deferred)."""
+        n: i64 = 0
         defer = False
         pool = self.pool
         for i in range(lo, hi):
@@ -404,15 +401,18 @@ class ConnectorLookup:
             n += 1
             if r == HIT_PENDING:
                 defer = True
-        return None if defer else n
+        if defer:
+            return -1
+        return n
 
-    def _window_lookup(self, pks: vec[i64], lo: int, hi: int, gid: int, window: int,
-                       first_window: int) -> int | None:
+    def _window_lookup(self, pks: vec[i64], lo: i64, hi: i64, gid: i64, window: i64,
+                       first_window: i64) -> i64:
         """Chunks ``lo`` .. ``hi - 1`` of a group with a window (Mamba: one chunk), from the
-        end: the end (from ``lo``) of the last run of ``window`` chunks held."""
+        end: the end (from ``lo``) of the last run of ``window`` chunks held (-1:
+        deferred)."""
         pending = False
-        run = 0
-        need = first_window or window
+        run: i64 = 0
+        need: i64 = first_window if first_window else window
         pool = self.pool
         for idx in range(hi - lo - 1, -1, -1):
             r = pool.lookup((pks[lo + idx] << GROUP_BITS) | gid)
@@ -426,18 +426,23 @@ class ConnectorLookup:
                 pending = False
                 need = window
             if run == need:
-                return None if pending else idx + need
-        return None if pending else run
+                if pending:
+                    return -1
+                return idx + need
+        if pending:
+            return -1
+        return run
 
     def _lookup_complete(self, rs: ReqOffload) -> int | None:
         req = rs.req
-        c0 = rs.num_local
-        cap = req.num_tokens
+        c0: i64 = rs.num_local
+        cap: i64 = req.num_tokens
         if self.sliding:
             cap -= 1
             if self.mamba_align is not None:
-                cap = cap // self.mamba_align * self.mamba_align
-        num_hit = 0
+                align: i64 = self.mamba_align
+                cap = cap // align * align
+        num_hit: i64 = 0
         defer = False
         for gi in range(len(self.groups)):
             rs.hit_end[gi] = 0
@@ -449,28 +454,39 @@ class ConnectorLookup:
             groups = ()
             for gi in current:
                 gc = self.groups[gi]
-                tpc = gc.tpc
+                tpc: i64 = gc.tpc
                 pks = rs.pk[gc.pki]
-                nk = len(pks)
+                nk: i64 = len(pks)
                 unverified = gc.eagle and not (verified >> gi) & 1
                 if cap > nk * tpc:
                     cap = nk * tpc
                 if cap - c0 < tpc:
                     return 0
-                query_max = cap
+                query_max: i64 = cap
                 if unverified:
-                    query_max = min(cap + tpc, nk * tpc)
-                nchunks = min(cdiv(query_max, tpc), nk)
-                start = c0 // tpc
-                if gc.window is None:
+                    query_max = cap + tpc
+                    if query_max > nk * tpc:
+                        query_max = nk * tpc
+                nchunks: i64 = (query_max + tpc - 1) // tpc
+                if nchunks > nk:
+                    nchunks = nk
+                start: i64 = c0 // tpc
+                window = gc.window
+                nh: i64 = 0
+                if window is None:
                     nh = self._prefix_lookup(pks, start, nchunks, gc.gid)
-                    rs.hit_end[gi] = start + (nh or 0)
+                    if nh > 0:
+                        rs.hit_end[gi] = start + nh
+                    else:
+                        rs.hit_end[gi] = start
                 else:
-                    w = gc.window + (1 if unverified else 0)
+                    w: i64 = window
+                    if unverified:
+                        w += 1
                     nh = self._window_lookup(pks, start, nchunks, gc.gid, w, w)
                 if nh == 0:
                     return 0
-                if nh is None:
+                if nh < 0:
                     defer = True
                 else:
                     if unverified:
@@ -478,7 +494,7 @@ class ConnectorLookup:
                         verified |= 1 << gi
                     if cap > tpc * (start + nh):
                         cap = tpc * (start + nh)
-                new = cap - c0
+                new: i64 = cap - c0
                 if new < tpc:
                     return 0
                 if new < num_hit:

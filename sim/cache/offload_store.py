@@ -136,6 +136,7 @@ class ConnectorStores(ConnectorLookup):
                          lists: list[Handoffs]) -> None:
         """One store job per Mamba state committed on a chunk boundary within what the
         request may offload, request by request, its groups in order."""
+        single = len(rids) == 1      # (most steps: every state is one request's)
         for rid in rids:
             rs = self.reqs.get(rid)
             if rs is None:
@@ -146,7 +147,7 @@ class ConnectorStores(ConnectorLookup):
                 gc = self.groups[gid]
                 h = lists[li]
                 for j in range(h.n):
-                    if h.rids[j] != rid:
+                    if not single and h.rids[j] != rid:
                         continue
                     block = h.blocks[j]
                     boundary = h.ends[j]
@@ -225,35 +226,45 @@ class ConnectorStores(ConnectorLookup):
             took = self._prepare_store(keys, ends, rs)
             if len(took) == 0:
                 continue
-            stored = set(took)
-            src = vec[i64]([bids[i] for i, k in enumerate(keys) if k in stored])
+            # (which groups' keys the pool takes: a subsequence of ``keys``, in order)
+            stored = vec[i64]()
+            src = vec[i64]()
+            j = 0
             for gi, gc in enumerate(self.groups):
                 k = keys[gi]
-                t = ends[gi]
-                if k in stored and t % gc.tpc:
-                    self.n_tail += 1
-                    self._tail_add(gi, t, 1)
+                if j < len(took) and took[j] == k:
+                    j += 1
+                    stored = append(stored, gi)
+                    src = append(src, bids[gi])
+                    t = ends[gi]
+                    if t % gc.tpc:
+                        self.n_tail += 1
+                        self._tail_add(gi, t, 1)
             groups = None
             if self.log is not None:
-                groups = {str(gc.gid): {"chunks": 1, "blocks": 1, "start_block": idx,
-                                        "ends": [ends[gi]]}
-                          for gi, gc in enumerate(self.groups) if keys[gi] in stored}
-            job = self._store_job(rs, vec[i64]([k for k in keys if k in stored]), len(src),
-                                  groups)
+                groups = {str(self.groups[gi].gid): {"chunks": 1, "blocks": 1,
+                                                     "start_block": idx, "ends": [ends[gi]]}
+                          for gi in stored}
+            job = self._store_job(rs, took, len(src), groups)
             job.fenced = src
             for bid in src:
                 self._fence(bid, job.jid)
 
-    def _storable(self, rs: ReqOffload, gi: int, offl: int) -> int:
+    def _storable(self, rs: ReqOffload, gi: int, offl: i64) -> i64:
         gc = self.groups[gi]
-        n = offl // gc.tpc
+        tpc: i64 = gc.tpc
+        n: i64 = offl // tpc
         if gc.eagle and offl > rs.req.num_prompt_tokens and not rs.finished:
-            n = n - 1 if n > 0 else 0
-        a = len(rs.tables[gi]) // self.bpc
+            if n > 0:
+                n -= 1
+        bpc: i64 = self.bpc
+        a: i64 = len(rs.tables[gi]) // bpc
         if a < n:
             n = a
-        k = len(rs.pk[gc.pki])
-        return k if k < n else n
+        k: i64 = len(rs.pk[gc.pki])
+        if k < n:
+            n = k
+        return n
 
     def _advance_to(self, rs: ReqOffload, tops: vec[i64]) -> None:
         """Every attention group's chunks below ``tops`` (in ``full``'s order) count as
@@ -286,7 +297,7 @@ class ConnectorStores(ConnectorLookup):
         if rs.swept:
             return allocated
         offl = self._offloadable(rs, after)
-        bpc = self.bpc
+        bpc: i64 = self.bpc
         # (buffers kept, their first n_new entries: the keys to offer, their end tokens,
         # and each one's attention group (its index in ``full``) and chunk)
         new_keys = self.sweep_keys
@@ -301,13 +312,14 @@ class ConnectorStores(ConnectorLookup):
         for fi in range(len(full)):
             gi = full[fi]
             gc = self.groups[gi]
-            n = self._storable(rs, gi, offl)
+            n: i64 = self._storable(rs, gi, offl)
             tops[fi] = n
-            start = rs.next_stored[gi]
+            start: i64 = rs.next_stored[gi]
             if n <= start:
                 continue
             pks = rs.pk[gc.pki]
-            gid = gc.gid
+            gid: i64 = gc.gid
+            tpc: i64 = gc.tpc
             tbl = rs.tables[gi]
             for c in range(start, n):
                 first = c * bpc
@@ -323,7 +335,7 @@ class ConnectorStores(ConnectorLookup):
                         new_fi = self.sweep_fi = grown(new_fi, n_new + 1)
                         new_c = self.sweep_c = grown(new_c, n_new + 1)
                     new_keys[n_new] = (pks[c] << GROUP_BITS) | gid
-                    new_pos[n_new] = (c + 1) * gc.tpc
+                    new_pos[n_new] = (c + 1) * tpc
                     new_fi[n_new] = fi
                     new_c[n_new] = c
                     n_new += 1

@@ -24,7 +24,7 @@ def state(rs: ReqOffload) -> dict:
         v = getattr(rs, f)
         if f == "pk":
             v = [list(x) for x in v]
-        elif f == "jobs":
+        elif f in ("jobs", "next_stored", "hit_end"):
             v = list(v)
         elif f in ("seen_keys", "seen_pos"):     # (buffers kept: their first n_seen)
             v = list(v)[:rs.n_seen]
