@@ -90,11 +90,19 @@ class KeyMap:
         return v
 
     def only(self, key: i64) -> i64:
-        """The id of the one block holding ``key``; -1 if none, MULTI if several."""
-        i = self._slot(key)
-        if i < 0:    # (a statement: a conditional expression joining -1 and an i64 makes
-            return -1    # a Python int of the value, boxed when it is a large one)
-        return self.vals[i]
+        """The id of the one block holding ``key``; -1 if none, MULTI if several.  (The
+        probe of ``_slot``, inline: the CPU tier's pool asks this for every key it
+        touches.)"""
+        mask = self.mask
+        keys = self.keys
+        i = ((key >> 5) ^ ((key & 31) * MIX)) & mask   # (_home)
+        while True:
+            k = keys[i]
+            if k == key:
+                return self.vals[i]
+            if k == EMPTY:
+                return -1
+            i = (i + 1) & mask
 
     def maps(self, key: i64, block_id: i64) -> bool:
         """Whether block ``block_id`` holds ``key``."""

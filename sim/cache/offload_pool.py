@@ -679,7 +679,10 @@ class HostPool:
 
     def _drop(self, key: i64) -> i64:
         """``key`` leaves the pool (evicted): its end token."""
-        s = self.index.only(key)
+        return self._drop_slot(key, self.index.only(key))
+
+    def _drop_slot(self, key: i64, s: i64) -> i64:
+        """``key``, in slot ``s``, leaves the pool (evicted): its end token."""
         self.index.remove(key, s)
         self.skey[s] = -1
         if self.nfree == len(self.free_slots):
@@ -809,8 +812,14 @@ class HostPool:
             if len(self.evicted_pos) < ng:
                 self.evicted_pos = grown(self.evicted_pos, ng)
             evicted_pos = self.evicted_pos
-            for j in range(ng):
-                evicted_pos[j] = self._drop(got[j])
+            if lru is not None:
+                # (the LRU leaves the evicted keys' slots in its scratch, in order)
+                sel = lru.sel_s
+                for j in range(ng):
+                    evicted_pos[j] = self._drop_slot(got[j], sel[j])
+            else:
+                for j in range(ng):
+                    evicted_pos[j] = self._drop(got[j])
             evicted = got
             self.evicted += len(got)
         pol = self.policy

@@ -90,3 +90,24 @@ def test_evictions_take_the_least_ranked(seed):
         else:
             pool.request_finished(running.pop(rid))
     assert evictions > 100      # (the pool was under pressure)
+
+
+def test_a_finish_skips_a_key_evicted_since_it_was_observed():
+    """A request's finish re-ranks the keys it observed that are still resident: one
+    evicted since (its slot now another key's) is skipped, and the key now in its slot
+    keeps its rank."""
+    pool = HostPool(2, "lru")
+    a, b, c = AccessState(), AccessState(), AccessState()
+    k1, k2, k3, k4 = ((pk << GROUP_BITS) for pk in (11, 12, 13, 14))
+
+    def store(st, key, end):
+        assert pool.offer(vec[i64]([key]), vec[i64]([end]), st)
+        pool.complete_store(vec[i64]([key]))
+
+    store(a, k1, 16)
+    store(b, k2, 16)
+    store(b, k3, 32)               # (evicts k1, a's; k3 takes its slot)
+    assert list(pool.evicted_now) == [k1]
+    pool.request_finished(a)       # (k1 is gone: k3, in its old slot, keeps b's rank)
+    store(c, k4, 16)
+    assert list(pool.evicted_now) == [k3]     # (b's deeper key is its older)
