@@ -392,13 +392,16 @@ class LRUPolicy(Policy):
     def on_request_finished(self, order: vec[i64], n: i64, st: AccessState,
                             pool: HostPool) -> None:
         index = pool.index
+        rank = self.rank
+        ev = self.ev
         for j in range(n - 1, -1, -1):
             key = order[j]
             s = index.only(key)
             if s < 0:
                 continue
-            self.rank[s] = self._fresh(key)
-            if self.ev[s]:
+            self.next_rank += 1      # (_fresh, inline)
+            rank[s] = (((self.next_rank << POS_BITS) | TOP) << GROUP_BITS) | (key & GROUP_MASK)
+            if ev[s]:
                 self._push(s)
 
     def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> vec[i64] | None:
@@ -854,13 +857,20 @@ class HostPool:
     def complete_store(self, keys: vec[i64]) -> None:
         index = self.index
         sref = self.sref
+        lru = self.lru
         for key in keys:
             s = index.only(key)
             if s >= 0 and sref[s] < 0:
                 sref[s] = 0
                 self.num_pending -= 1
                 self.num_evictable += 1
-                self.policy.mark_evictable(key, s)
+                if lru is not None:          # (LRUPolicy.mark_evictable, inline)
+                    if not lru.ev[s]:
+                        lru.nev += 1
+                    lru.ev[s] = 1
+                    lru._push(s)
+                else:
+                    self.policy.mark_evictable(key, s)
 
     def request_finished(self, st: AccessState) -> None:
         if st.applied:

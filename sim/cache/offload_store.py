@@ -57,9 +57,12 @@ class ConnectorStores(ConnectorLookup):
         kv = self.kv
         pool = kv.pool
         pv = pool.popped
+        f = self.fence_job
+        nf: i64 = len(f)
         for j in range(pool.n_popped):
             bid = pv[j]
-            if bid != 0:
+            # (_flush_block's first test inline: most blocks fence nothing)
+            if bid != 0 and bid < nf and f[bid] != -1:
                 self._flush_block(bid)
         for rid in self.admitted:
             self._flush_tables(kv.group_tables(rid))
@@ -69,10 +72,13 @@ class ConnectorStores(ConnectorLookup):
                 self._flush_tables(kv.group_tables(srs.req.request_id))
 
     def _flush_tables(self, tables: list[list[Block]]) -> None:
+        f = self.fence_job
+        nf: i64 = len(f)
         for t in tables:
             for b in t:
-                bid = b.block_id
-                if not b.is_null and bid != 0:
+                bid: i64 = b.block_id
+                # (_flush_block's first test inline: most blocks fence nothing)
+                if bid != 0 and bid < nf and f[bid] != -1 and not b.is_null:
                     self._flush_block(bid)
 
     def _store_job(self, rs: ReqOffload, keys: vec[i64], blocks: int,
