@@ -179,8 +179,12 @@ class OffloadConnector(ConnectorStores):
         """Before ``schedule()``: the completions reported since the last one."""
         self.now = now
         self.step_no += 1
-        for started in self.worker.start_step(now):
-            self._watch(started)
+        worker = self.worker
+        ns = worker.start_step(now)
+        if ns:
+            started = worker.started
+            for j in range(ns):
+                self._watch(started[j])
         self.kv.pool.start_popping()
         heap = self.due
         if not heap.n or heap.first() > now:

@@ -198,6 +198,7 @@ class Transfers:
 
     def __init__(self) -> None:
         self.steps = False       # (times in steps, the oracle's; else in engine ns)
+        self.started: list[Job] = []
 
     def load(self, job: Job, nbytes: int, now: int) -> None:
         raise NotImplementedError
@@ -208,9 +209,10 @@ class Transfers:
     def flush(self, job: Job, now: int) -> None:
         raise NotImplementedError
 
-    def start_step(self, now: int) -> list[Job]:
-        """At a step's start: the jobs whose completion time became known."""
-        return []
+    def start_step(self, now: int) -> i64:
+        """At a step's start: how many jobs' completion times became known; they are the
+        first that many entries of ``started`` (until the next step's start)."""
+        return 0
 
     def stall_ns(self) -> int:
         return 0
@@ -286,7 +288,10 @@ class TimedTransfers(Transfers):
     def __init__(self, load_bytes_per_s: float, store_bytes_per_s: float):
         super().__init__()
         self.links = HostLinks(load_bytes_per_s, store_bytes_per_s)
-        self.queued: list[Job] = []      # stores waiting for the next step
+        # stores waiting for the next step: the first nq entries of a list kept (at a
+        # step's start they are ``started``)
+        self.queued: list[Job] = []
+        self.nq: i64 = 0
         self.stall = 0                   # ns the step waits for flushed jobs
 
     def load(self, job: Job, nbytes: int, now: int) -> None:
@@ -295,21 +300,41 @@ class TimedTransfers(Transfers):
 
     def store(self, job: Job, nbytes: int, now: int) -> None:
         job.nbytes = nbytes
-        self.queued.append(job)          # (submitted with the next step: seen unknown)
-
-    def start_step(self, now: int) -> list[Job]:
-        self.stall = 0
+        # (submitted with the next step: seen unknown)
         q = self.queued
-        if not q:
-            return q
-        self.queued = []
-        for job in q:
-            job.due = job.seen = self.links.store(job.nbytes, now)
-        return q
+        n = self.nq
+        if n < len(q):
+            q[n] = job
+        else:
+            q.append(job)
+        self.nq = n + 1
+
+    def start_step(self, now: int) -> i64:
+        self.stall = 0
+        n = self.nq
+        if n == 0:
+            return 0
+        q = self.queued
+        links = self.links
+        for j in range(n):
+            job = q[j]
+            job.due = job.seen = links.store(job.nbytes, now)
+        self.started = q
+        self.nq = 0
+        return n
 
     def flush(self, job: Job, now: int) -> None:
         if job.seen < 0:
-            self.queued.remove(job)
+            q = self.queued
+            n = self.nq
+            k: i64 = 0
+            while k < n and q[k] is not job:
+                k += 1
+            assert k < n, "a flushed store neither started nor queued"
+            while k + 1 < n:
+                q[k] = q[k + 1]
+                k += 1
+            self.nq = n - 1
             job.due = job.seen = self.links.store(job.nbytes, now)
         wait = job.due - now
         if wait > self.stall:
@@ -319,4 +344,4 @@ class TimedTransfers(Transfers):
         return self.stall
 
     def waiting_to_start(self) -> bool:
-        return bool(self.queued)
+        return self.nq > 0
