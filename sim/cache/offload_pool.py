@@ -31,8 +31,9 @@ capacity), and a store of a ghost key moves the target.
 
 A resident key holds a *slot* (``KeyMap``: key -> slot, machine integers in ``librt`` vecs);
 its reference count and (``lru``) its rank and evictability live in vecs indexed by the slot,
-and the LRU order is a sorted FIFO of (rank, slot) pairs beside a waiting list and a heap of
-slots, over vecs: no boxed integer, dict or set per chunk on the hot path.
+and the LRU order is a list linked through the slots (the ranks finishes hand out, in
+order) beside a waiting list and a heap of slots, over vecs: no boxed integer, dict or set
+per chunk on the hot path.
 """
 from __future__ import annotations
 
