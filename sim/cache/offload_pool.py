@@ -263,18 +263,8 @@ class LRUPolicy(Policy):
         prv = self.prv
         nxt = self.nxt
         inl = self.inl
-        if inl[s]:                    # (_unlink, inline)
-            p = prv[s]
-            q = nxt[s]
-            if p >= 0:
-                nxt[p] = q
-            else:
-                self.first = q
-            if q >= 0:
-                prv[q] = p
-            else:
-                self.last = p
-            inl[s] = 0
+        if inl[s]:
+            self._unlink(s)
         last = self.last
         if last < 0 or r >= rank[last]:
             prv[s] = last

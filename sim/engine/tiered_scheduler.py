@@ -290,21 +290,12 @@ class TieredScheduler(Scheduler):
         # (the listed requests scheduled in this step, by their index in ``out``: an
         # insertion, there are few; their indices beside them in ``sched_pos``)
         n_out: i64 = len(out)
-        cands = self.sweeping
+        self._prune_sweeping()
         spos = self.sched_pos
-        m: i64 = 0
-        for j in range(len(cands)):
-            r = cands[j]
+        for r in self.sweeping:
             rs = r.cache.offload
-            if rs is None or rs.finished or (rs.swept and not rs.fresh):
-                if rs is not None:
-                    rs.listed = False
-                continue
-            if m != j:
-                cands[m] = r
-            m += 1
             item = r.item
-            if item is None:
+            if rs is None or item is None:
                 continue
             k: i64 = item.pos
             if k < 0 or k >= n_out or out[k] is not item:
@@ -323,8 +314,6 @@ class TieredScheduler(Scheduler):
             sched[i] = rs
             spos[i] = k
             n += 1
-        if m < len(cands):
-            del cands[m:]
         conn.build(sched, n)
         if self.inflight:
             gone = self.gone               # (kept; its first ng entries)
@@ -359,7 +348,8 @@ class TieredScheduler(Scheduler):
                 if rs is not None:
                     rs.listed = False
                 continue
-            cands[m] = r
+            if m != j:
+                cands[m] = r
             m += 1
         if m < len(cands):
             del cands[m:]
