@@ -392,7 +392,13 @@ class BlockPool:
         km = self.key_map
         obs = self.observers
         ix = self.at_unit
-        i = 0
+        # (with a KV connector: each block's id listed in ``popped`` as it is taken)
+        popping = self.popping
+        m: i64 = self.n_popped
+        pv = self.popped
+        if popping and m + n > len(pv):
+            pv = self.popped = grown(pv, m + n)
+        i: i64 = 0
         while i < n:
             # inline of FreeBlockQueue.popleft (once per block; the count once, below)
             b = head.next_free
@@ -429,15 +435,11 @@ class BlockPool:
             b.ref_cnt += 1
             b.kind = kind
             out[i] = b
+            if popping:
+                pv[m + i] = b.block_id
             i += 1
         q.num_free_blocks -= n   # (n <= the free count, checked above: no sentinel popped)
-        if self.popping:
-            m = self.n_popped
-            pv = self.popped
-            if m + n > len(pv):
-                pv = self.popped = grown(pv, m + n)
-            for j in range(n):
-                pv[m + j] = out[j].block_id
+        if popping:
             self.n_popped = m + n
         o = occ[kind] + n
         occ[kind] = o
