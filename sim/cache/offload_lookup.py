@@ -158,9 +158,10 @@ class ConnectorLookup:
             hi = len(pks)
         return [(pks[i] << GROUP_BITS) | gid for i in range(lo, hi)]
 
-    def _boundary_key(self, rs: ReqOffload, gid: int, tokens: int) -> int:
+    def _boundary_key(self, rs: ReqOffload, gid: i64, tokens: i64) -> i64:
         """Group ``gid``'s key of the prefix ending at ``tokens`` (on the hash grid)."""
-        pk = rs.req.block_hashes.key(tokens // self.unit - 1)
+        u: i64 = self.unit
+        pk = rs.req.block_hashes.key(tokens // u - 1)
         return (pk << GROUP_BITS) | gid
 
     def _offloadable(self, rs: ReqOffload, n: i64) -> i64:

@@ -353,13 +353,13 @@ class ConnectorStores(ConnectorLookup):
         if self.offer_failed:
             return allocated
         self._advance_to(rs, tops)
-        nst = len(stored)
+        nst: i64 = len(stored)
         if nst == 0:
             self._check_swept(rs)
             return allocated
         # the source blocks of the keys stored (in the order offered, a subsequence of them)
         src = vec[i64](capacity=nst * bpc)
-        j = 0
+        j: i64 = 0
         for k in range(n_new):
             if j < nst and stored[j] == new_keys[k]:
                 j += 1
