@@ -340,14 +340,24 @@ def quiet_gc():
 
 def with_tier_columns(table: RequestTable, figures: list[TierFigures]) -> RequestTable:
     """``table`` with the CPU tier's per-request columns (``OFFLOAD_COLUMNS``) from the
-    recorders' ``TierFigures`` (one per replica; "" for a request refused on arrival)."""
-    got: dict[int, tuple[int, int]] = {}
+    recorders' ``TierFigures`` (one per replica; "" for a request refused on arrival),
+    scattered by arrival index with numpy: no int object a request."""
+    import numpy as np
+
+    n = len(table)
+    blank = np.ones(n, dtype=np.int64)
+    values = [np.zeros(n, dtype=np.int64) for _ in OFFLOAD_COLUMNS]
     for f in figures:
-        for j in range(len(f.index)):
-            got[f.index[j]] = (f.cpu_hit[j], f.no_state[j])
-    for j, name in enumerate(OFFLOAD_COLUMNS):
-        table = table.with_column(name, [got[i][j] if i in got else ""
-                                         for i in range(len(table))])
+        k = len(f.index)
+        if not k:
+            continue
+        idx = np.frombuffer(f.index, dtype=np.int64, count=k)
+        blank[idx] = 0
+        for col, got in zip(values, (f.cpu_hit, f.no_state)):
+            col[idx] = np.frombuffer(got, dtype=np.int64, count=k)
+    blanks = blank if blank.any() else None
+    for name, col in zip(OFFLOAD_COLUMNS, values):
+        table = table.with_int_column(name, col, blanks)
     return table
 
 

@@ -555,6 +555,18 @@ class RequestTable(Sequence):
         col.ids = {}
         return RequestTable({**self._cols, name: col}, None, self._n)
 
+    def with_int_column(self, name: str, values: Any, blanks: Any) -> RequestTable:
+        """``with_column`` of integers given as a buffer of 64-bit values, one per request
+        in arrival order, "" where ``blanks`` (a buffer of 64-bit 0/1 flags, or None:
+        none) has a 1: the same table, without a boxed number per request."""
+        n = len(memoryview(values).cast("B")) // 8
+        if self._pos is not None or n != self._n or name in self._cols:
+            raise ValueError(f"cannot add column {name!r} to this table")
+        col = _Column("i")
+        col.extend_buffer(values, "q", n, blanks)
+        col.ids = {}
+        return RequestTable({**self._cols, name: col}, None, self._n)
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self._row(k) for k in range(*i.indices(self._n))]
