@@ -172,6 +172,12 @@ class PrefixKeys:
         # run without reading three columns
         self.tail_stream: i64 = 0
         self.tail_next: i64 = -1
+        # the keys at the ends of blocks 0 .. len(memo) - 1 of ``memo_scale`` units (0:
+        # none kept), filled by the CPU tier's connector (``memo_block_keys``: every
+        # complete chunk's key at a request's first lookup); the GPU cache's walks at
+        # that scale read them there instead of hashing the same keys again
+        self.memo = vec[i64]()
+        self.memo_scale: i64 = 0
         if runs:
             streams = vec[i64]()
             starts = vec[i64]()
@@ -375,6 +381,12 @@ class PrefixKeys:
         vLLM's hash list raises)."""
         if i < 0 or i >= self.count:
             raise IndexError("list index out of range")
+        ms = self.memo_scale
+        if ms:
+            # (a block end the CPU tier's connector keyed already)
+            q: i64 = i + 1
+            if q % ms == 0 and q // ms <= len(self.memo):
+                return self.memo[q // ms - 1]
         e: i64 = (i + 1) * self.unit + self.lookahead
         pre, b0, _end = self.run_at(e)
         return unit_end(pre, e - b0)
@@ -403,7 +415,26 @@ class PrefixKeys:
         """The keys at the ends of blocks ``first`` .. ``last - 1`` of ``scale`` units
         (units ``(j + 1) * scale - 1``; each < ``count``), as ``keys_at`` walks them, in
         a vec: machine integers, no boxed key (the cache's block registration)."""
+        memo = self.memo
+        if scale == self.memo_scale and 0 <= first and last <= len(memo):
+            out = vec[i64](capacity=last - first if last > first else 0)
+            for j in range(first, last):
+                out = append(out, memo[j])
+            return out
         return self.add_block_keys(vec[i64](), first, last, scale)
+
+    def memo_block_keys(self, last: i64, scale: i64) -> vec[i64]:
+        """The keys at the ends of blocks 0 .. ``last - 1`` of ``scale`` units, kept
+        (``memo``: the first scale asked for; another is computed anew each time, into a
+        new vec) and returned: a vec the caller only reads."""
+        if self.memo_scale == 0:
+            self.memo_scale = scale
+        if scale != self.memo_scale:
+            return self.add_block_keys(vec[i64](), 0, last, scale)
+        memo = self.memo
+        if len(memo) < last:
+            memo = self.memo = self.add_block_keys(memo, len(memo), last, scale)
+        return memo
 
     def add_block_keys(self, out: vec[i64], first: i64, last: i64, scale: i64) -> vec[i64]:
         """``out`` with ``block_keys(first, last, scale)`` appended (the CPU tier's chunk

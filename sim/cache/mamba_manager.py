@@ -63,15 +63,23 @@ def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: 
         pre: i64 = 0
         b0: i64 = 0
         nxt: i64 = -1    # last token of the located run (-1: none located yet)
+        # (the block ends' keys the CPU tier's connector already computed, if any)
+        mscale: i64 = block_size // h
+        memo = hashes.memo
+        nmemo: i64 = len(memo) if hashes.memo_scale == mscale else 0
         while fi >= 0:
             slot: i64 = ((fi + 1) << GROUP_BITS) | g0
             if slot >= nix or ix[slot] <= 0:
                 fi -= 1
                 continue
-            e = (fi + 1) * unit + la
-            if e <= b0 or e > nxt:
-                pre, b0, nxt = hashes.run_at(e)
-            kf = unit_end(pre, e - b0)
+            q: i64 = fi + 1
+            if nmemo and q % mscale == 0 and q // mscale <= nmemo:
+                kf = memo[q // mscale - 1]     # (a block end the CPU tier keyed)
+            else:
+                e = q * unit + la
+                if e <= b0 or e > nxt:
+                    pre, b0, nxt = hashes.run_at(e)
+                kf = unit_end(pre, e - b0)
             # cheap membership probe on the first group before the full lookup
             if km.has((kf << GROUP_BITS) | g0):
                 got = pool.get_cached_block(kf, group_ids)
@@ -80,11 +88,14 @@ def find_mamba(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: 
             fi -= 1
         return miss, 0
     scale = block_size // h
+    # (the keys the CPU tier's connector already computed at this scale, if any)
+    memo = hashes.memo
+    nmemo = len(memo) if hashes.memo_scale == scale else 0
     for i in range(max_length // block_size - 1, -1, -1):
         idx = (i + 1) * scale - 1
         if idx >= hashes.count:
             raise IndexError("list index out of range")
-        kx = hashes.key(idx)
+        kx = memo[i] if i < nmemo else hashes.key(idx)
         if not km.has((kx << GROUP_BITS) | g0):
             continue
         got = pool.get_cached_block(kx, group_ids)

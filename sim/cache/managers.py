@@ -64,15 +64,22 @@ def find_full(pool: BlockPool, hashes: PrefixKeys, max_length: int, group_ids: l
         nxt: i64 = -1    # last token of the located run (-1: none located yet)
         ix0 = pool.at_unit
         nix0: i64 = len(ix0)
+        # (the keys the CPU tier's connector already computed at this scale, if any)
+        memo = hashes.memo
+        nmemo: i64 = len(memo) if hashes.memo_scale == scale else 0
         j = 0
         while j < nb:
             # (no key of this group at the block's end: the walk stops there)
             slot0: i64 = (((j + 1) * scale) << GROUP_BITS) | g0
             if slot0 >= nix0 or ix0[slot0] <= 0:
                 break
-            if e > nxt:
-                pre, b0, nxt = hashes.run_at(e)
-            bid = km.first((unit_end(pre, e - b0) << GROUP_BITS) | g0)
+            if j < nmemo:
+                kj = memo[j]
+            else:
+                if e > nxt:
+                    pre, b0, nxt = hashes.run_at(e)
+                kj = unit_end(pre, e - b0)
+            bid = km.first((kj << GROUP_BITS) | g0)
             if bid < 0:
                 break
             c0.append(pool.blocks[bid])

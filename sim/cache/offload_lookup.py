@@ -136,6 +136,13 @@ class ConnectorLookup:
         kv.enable_offload_handoffs()
 
     # ------------------------------------------------------------------ helpers --
+    def prime_keys(self, req: CacheRequest) -> None:
+        """The request's chunk keys computed before the GPU cache's lookup (the same
+        keys either way: that lookup then reads them rather than hashing them again)."""
+        rs = req.offload
+        if rs is not None:
+            self._update_keys(rs)
+
     def _update_keys(self, rs: ReqOffload) -> None:
         """The request's chunk keys for every complete chunk of its hashes (prompt and
         outputs); chunk ``c`` of a list ends at token ``(c + 1) * hpc * unit``."""
@@ -148,7 +155,13 @@ class ConnectorLookup:
             k = len(pks)
             if k >= want:
                 continue
-            rs.pk[li] = bh.add_block_keys(pks, k, want, hpc)
+            ms: i64 = bh.memo_scale
+            if ms == 0 or ms == hpc:
+                # (kept on the request's keys too: the GPU cache's walks at this scale
+                # read them there)
+                rs.pk[li] = bh.memo_block_keys(want, hpc)
+            else:
+                rs.pk[li] = bh.add_block_keys(pks, k, want, hpc)
 
     def _gkeys(self, rs: ReqOffload, gi: int, lo: int, hi: int) -> list[int]:
         """Group ``gi``'s chunk keys ``lo`` .. ``hi - 1``."""

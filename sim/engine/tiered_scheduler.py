@@ -75,6 +75,7 @@ class TieredScheduler(Scheduler):
             ext: i64 = 0
             hit_blocks = None
             if looked_up:
+                conn.prime_keys(c)
                 lookup = kv.get_computed_blocks(c)
                 c.shared_prefix_boundary = lookup.junction
                 new_local = lookup.hit

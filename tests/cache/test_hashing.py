@@ -220,3 +220,72 @@ def test_count_follows_the_total_through_appends():
             fresh = PrefixHasher(unit, la).keys_of(keys.runs)
             assert (fresh.total, fresh.count) == (keys.total, keys.count)
         assert keys.keys() == fresh.keys()
+
+
+def test_memo_block_keys_read_back_as_the_keys_they_are():
+    """The block-end keys the CPU tier's connector keeps on a request's keys
+    (``memo_block_keys``) are what ``key``, ``block_keys`` and a fresh walk give, and
+    grow with the hashes; a second scale is computed anew, never kept in their place."""
+    from sim.cache.hashing import PrefixKeys
+
+    rng = random.Random(33)
+    for _ in range(300):
+        runs = [(rng.randint(1, 3), rng.randint(0, 40), rng.randint(1, 120))
+                for _ in range(rng.randint(1, 5))]
+        unit, la = rng.choice([1, 4, 16]), rng.choice([0, 2])
+        scale = rng.randint(1, 5)
+        ref = PrefixKeys(runs, unit, la).keys()
+        keys = PrefixKeys(runs, unit, la)
+        nb = keys.count // scale
+        first = rng.randint(0, nb)
+        got = keys.memo_block_keys(first, scale)
+        assert list(got) == [ref[(j + 1) * scale - 1] for j in range(first)]
+        got = keys.memo_block_keys(nb, scale)          # (grown, not recomputed)
+        assert list(got) == [ref[(j + 1) * scale - 1] for j in range(nb)]
+        assert keys.memo_scale == scale and len(keys.memo) == nb
+        assert [keys.key(i) for i in range(keys.count)] == ref
+        a = rng.randint(0, nb)
+        b = rng.randint(a, nb)
+        assert list(keys.block_keys(a, b, scale)) == [ref[(j + 1) * scale - 1]
+                                                      for j in range(a, b)]
+        other = scale + 1
+        no = keys.count // other
+        assert list(keys.memo_block_keys(no, other)) == [ref[(j + 1) * other - 1]
+                                                         for j in range(no)]
+        assert keys.memo_scale == scale and len(keys.memo) == nb
+
+
+def test_lookups_read_the_memo_as_they_hash():
+    """The GPU cache's walks (``find_full``, ``find_mamba``) give the same hit with the
+    CPU tier's block keys kept on the request as without them."""
+    from sim.cache.block_pool import BlockPool
+    from sim.cache.hashing import PrefixKeys
+    from sim.cache.mamba_manager import find_mamba
+    from sim.cache.managers import find_full
+
+    rng = random.Random(5)
+    unit, bs = 4, 16
+    for _ in range(200):
+        pool = BlockPool(64, hash_block_size=unit)
+        runs = [(1, 0, rng.randint(20, 160))]
+        cached = PrefixKeys(runs, unit, 0)
+        # cache a random prefix of its blocks (both groups) and some inner units
+        nb = cached.count * unit // bs
+        k = rng.randint(0, nb)
+        blocks = pool.get_new_blocks(2 * k) if k else []
+        for g in range(2):
+            pool.cache_full_range(cached.block_keys(0, k, bs // unit),
+                                  blocks[g * k:(g + 1) * k], 0, bs, g)
+        probe = PrefixKeys(runs + [(2, 0, rng.randint(0, 40))], unit, 0)
+        plain = (find_full(pool, probe, probe.count * unit, [0], bs, False, bs),
+                 find_mamba(pool, probe, probe.count * unit, [1], bs, bs, [[]]),
+                 find_mamba(pool, probe, probe.count * unit, [1], bs, unit, [[]]))
+        memo = PrefixKeys(probe.runs, unit, 0)
+        memo.memo_block_keys(rng.randint(0, memo.count // (bs // unit)), bs // unit)
+        kept = (find_full(pool, memo, memo.count * unit, [0], bs, False, bs),
+                find_mamba(pool, memo, memo.count * unit, [1], bs, bs, [[]]),
+                find_mamba(pool, memo, memo.count * unit, [1], bs, unit, [[]]))
+        for (pl, ph), (kl, kh) in zip(plain, kept):
+            assert ph == kh
+            assert [[b.block_id for b in x] for x in pl] == [[b.block_id for b in x]
+                                                            for x in kl]
