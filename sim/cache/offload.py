@@ -255,13 +255,14 @@ class OffloadConnector(ConnectorStores):
             recs.insert(k, r)
         r.setdefault("done_stores" if job.store else "done_loads", []).append(job.jid)
 
-    def build(self, scheduled: list[ReqOffload], n: i64 = -1) -> None:
+    def build(self, scheduled: list[ReqOffload], n: i64 = -1, handoffs: bool = True) -> None:
         """vLLM's ``build_connector_meta``.  Every request this step schedules has its
         ``step_tokens`` and ``sched_step`` (this step's ``step_no``) set; ``scheduled``
         lists (its first ``n`` entries; -1: all), in scheduling order, those of them still
         sweeping or ``fresh`` (from the waiting queue): the others' part here is only their
         tokens, read by the partial tails (most of a step's requests are decoding, their
-        sweeps over)."""
+        sweeps over).  ``handoffs``: False when the caller knows the cache committed no
+        Mamba state for the connector since the last step (none to take)."""
         if n < 0:
             n = len(scheduled)
         self.n_sched = n
@@ -294,7 +295,7 @@ class OffloadConnector(ConnectorStores):
             self.flush_jobs.update(j for j in rs.jobs if not self._is_batch_load(j))
         if self.n_fenced:
             self._flush_allocated(scheduled)
-        if kv.take_offload_handoffs():
+        if handoffs and kv.take_offload_handoffs():
             rids = self._handoff_rids(kv.handoff_lists)
             self._boundary_stores(rids, kv.handoff_groups, kv.handoff_lists)
             if self.partial:
@@ -330,7 +331,7 @@ class OffloadConnector(ConnectorStores):
                 self._forget(rs)
         if self.finished_ids:
             self.finished_ids.clear()
-        if self.flush_jobs:
+        if len(self.flush_jobs):
             rec = self._rec() if self.log is not None else None
             for jid in sorted(self.flush_jobs):
                 job = self.jobs.get(jid)
@@ -349,7 +350,7 @@ class OffloadConnector(ConnectorStores):
         # (the step's lists and set, emptied in place: no new objects every step)
         if self.load_jobs:
             self.load_jobs.clear()
-        if self.flush_jobs:
+        if len(self.flush_jobs):
             self.flush_jobs.clear()
         if self.admitted:
             for rid in self.admitted:

@@ -45,7 +45,10 @@ from mypy_extensions import i64
 from sim.cache.block_pool import GROUP_BITS
 from sim.cache.key_map import IntSet, KeyMap, SlotHeap, grown
 
-GROUP_MASK: Final = (1 << GROUP_BITS) - 1
+# (a literal: mypyc folds it into the code; computed from the imported GROUP_BITS it
+# would be a module global read and unboxed at every use)
+GROUP_MASK: Final = 31
+assert GROUP_MASK == (1 << GROUP_BITS) - 1, "GROUP_MASK must follow block_pool.GROUP_BITS"
 
 MISS: Final = 0
 HIT: Final = 1
@@ -162,9 +165,11 @@ class Policy:
         """The request's observed keys finished, head to tail (``order``'s first ``n``)."""
         raise NotImplementedError
 
-    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> vec[i64] | None:
+    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> i64:
         """``n`` keys to evict, none offered in this call (``protected``, or with ``lru``
-        the slots ``pool.prot`` stamps with ``pool.stamp``); None if there are too few."""
+        the slots ``pool.prot`` stamps with ``pool.stamp``), written to the first ``n``
+        entries of ``pool.ev_keys`` (a buffer kept: no vec a call); ``n``, or -1 if there
+        are too few."""
         raise NotImplementedError
 
     def mark_evictable(self, key: int, slot: i64) -> None:
@@ -395,9 +400,9 @@ class LRUPolicy(Policy):
             if ev[s]:
                 self._push(s)
 
-    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> vec[i64] | None:
+    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> i64:
         if n == 0:
-            return vec[i64]()
+            return 0
         prot = pool.prot
         stamp = pool.stamp
         rank = self.rank
@@ -443,17 +448,19 @@ class LRUPolicy(Policy):
                 ev[s] = 1
                 if not heap.has(s):
                     heap.push(sel_r[j], s)
-            return None
+            return -1
         skey = pool.skey
-        out = vec[i64](capacity=n)
+        if len(pool.ev_keys) < n:
+            pool.ev_keys = grown(pool.ev_keys, n)
+        out = pool.ev_keys
         for j in range(n):
             s = sel_s[j]
             if heap.has(s):
                 heap.remove(s)      # (its second entry: it had one in each)
             rank[s] = -1
-            out = append(out, skey[s])
+            out[j] = skey[s]
         self.nev -= n
-        return out
+        return n
 
     def mark_evictable(self, key: int, slot: i64) -> None:
         if not self.ev[slot]:
@@ -537,9 +544,9 @@ class ARCPolicy(Policy):
         at[0] = i
         return -1
 
-    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> vec[i64] | None:
+    def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> i64:
         if n == 0:
-            return vec[i64]()
+            return 0
         assert protected is not None
         t1 = list(self.t1)
         t2 = list(self.t2)
@@ -560,11 +567,14 @@ class ARCPolicy(Policy):
             if key < 0:
                 key = self._next(t1, at1, pool, protected)
                 if key < 0:
-                    return None
+                    return -1
                 from_t1 = True
                 virtual_t1 -= 1
             picks.append((key, from_t1))
-        out = vec[i64]()
+        if len(pool.ev_keys) < n:
+            pool.ev_keys = grown(pool.ev_keys, n)
+        out = pool.ev_keys
+        j: i64 = 0
         for key, from_t1 in picks:
             if from_t1:
                 del self.t1[key]
@@ -572,13 +582,14 @@ class ARCPolicy(Policy):
             else:
                 del self.t2[key]
                 self.b2[key] = None
-            out = append(out, key)
+            out[j] = key
+            j += 1
         for ghost in (self.b1, self.b2):
             extra = len(ghost) - self.capacity
             if extra > 0:
                 for key in list(ghost)[:extra]:
                     del ghost[key]
-        return out
+        return n
 
 
 def make_policy(name: str, capacity: int) -> Policy:
@@ -600,7 +611,9 @@ class HostPool:
         self.arc = self.policy.arc
         pol = self.policy
         self.lru: LRUPolicy | None = pol if isinstance(pol, LRUPolicy) else None
-        self.index = KeyMap(num_chunks if num_chunks < 4096 else 4096)
+        # (the index at most a quarter full once the pool is: short probe runs for the
+        # ~50 probes a request makes; a table of at most 2**20 slots to start with)
+        self.index = KeyMap(2 * num_chunks if num_chunks < (1 << 18) else (1 << 19))
         self.skey = vec[i64]()                  # slot -> key (-1: free)
         self.sref = vec[i64]()                  # slot -> reference count
         self.free_slots = vec[i64]()
@@ -609,10 +622,12 @@ class HostPool:
         self.spos = vec[i64]()                  # slot -> its key's end token (-1: unknown)
         self.kslots = vec[i64]()                # (prepare_store's scratch: its keys' slots)
         self.offered = vec[i64]()               # the last offer's keys to store
-        self.evicted_now = vec[i64]()           # ... and the keys it evicted
-        # ... and their end tokens: the first len(evicted_now) entries (a buffer kept)
+        # ... and the keys it evicted, and their end tokens: the first n_evicted entries
+        # of buffers kept (``evicted_now``: a vec of them)
+        self.ev_keys = vec[i64]()
         self.evicted_pos = vec[i64]()
-        self.none = self.evicted_now            # (an empty vec: no new one per call)
+        self.n_evicted: i64 = 0
+        self.none = vec[i64]()                  # (an empty vec: no new one per call)
         self.kpos = vec[i64]()                  # (offer's scratch: the keys to store's ends)
         self.order = vec[i64]()                 # (request_finished's: the keys in order
         self.order_at = vec[i64]()              # and their end tokens)
@@ -730,11 +745,20 @@ class HostPool:
             return None
         return self.offered, self.evicted_now
 
+    @property
+    def evicted_now(self) -> vec[i64]:
+        """The keys the last offer evicted (a new vec)."""
+        out = vec[i64](capacity=self.n_evicted)
+        ek = self.ev_keys
+        for j in range(self.n_evicted):
+            out = append(out, ek[j])
+        return out
+
     def offer(self, keys: vec[i64], kpos: vec[i64], st: AccessState, n: i64 = -1) -> bool:
         """``prepare_store`` without a tuple, the keys' end tokens beside them
         (``kpos``; the first ``n`` of both, -1: all): whether the pool takes the keys; then
-        the keys to store are in ``offered`` (a new vec) and the keys evicted in
-        ``evicted_now`` (vecs: no int object a key)."""
+        the keys to store are in ``offered`` (a new vec) and the keys evicted in the
+        first ``n_evicted`` entries of ``ev_keys`` (vecs: no int object a key)."""
         index = self.index
         sref = self.sref
         to_store = self.none       # (a new vec from the first key to store)
@@ -776,12 +800,11 @@ class HostPool:
             if misses:
                 self.policy.on_store_miss(misses, st)
                 st.store_misses.update(misses)
+        self.n_evicted = 0
         if len(to_store) == 0:
             self.offered = to_store
-            self.evicted_now = self.none
             return True
         need = len(to_store) - (self.num_chunks - index.size)
-        evicted = self.none
         if need > 0:
             if need > self.num_evictable:
                 self.failed += 1
@@ -797,11 +820,11 @@ class HostPool:
                     s = kslots[j]
                     if s >= 0:
                         prot[s] = stamp
-            got = self.policy.evict(need, protected, self)
-            if got is None:
+            ng = self.policy.evict(need, protected, self)
+            if ng < 0:
                 self.failed += 1
                 return False
-            ng: i64 = len(got)
+            got = self.ev_keys
             self.num_evictable -= ng
             if len(self.evicted_pos) < ng:
                 self.evicted_pos = grown(self.evicted_pos, ng)
@@ -814,8 +837,8 @@ class HostPool:
             else:
                 for j in range(ng):
                     evicted_pos[j] = self._drop(got[j])
-            evicted = got
-            self.evicted += len(got)
+            self.n_evicted = ng
+            self.evicted += ng
         pol = self.policy
         # (every key to store was absent when offered: each takes a free slot, unless a
         # key is offered twice in one call -- then the second finds the first's slot)
@@ -842,7 +865,6 @@ class HostPool:
         if index.size > self.peak:
             self.peak = index.size
         self.offered = to_store
-        self.evicted_now = evicted
         return True
 
     def complete_store(self, keys: vec[i64]) -> None:

@@ -105,10 +105,10 @@ class ConnectorStores(ConnectorLookup):
         self.offer_failed = not ok
         if ok and self.n_tail > 0:
             # (an evicted key off its group's chunk grid is a partial-tail key)
-            ev = pool.evicted_now
+            ev = pool.ev_keys
             ep = pool.evicted_pos
             tpc_of = self.tpc_of
-            for j in range(len(ev)):
+            for j in range(pool.n_evicted):
                 gi = ev[j] & GROUP_MASK
                 p = ep[j]
                 if p % tpc_of[gi]:
@@ -118,9 +118,9 @@ class ConnectorStores(ConnectorLookup):
             if not ok:
                 r = self._rec()
                 r["alloc_fail"] = r.get("alloc_fail", 0) + 1
-            elif len(pool.evicted_now) > 0:
+            elif pool.n_evicted > 0:
                 r = self._rec()
-                r["evicted"] = r.get("evicted", 0) + len(pool.evicted_now)
+                r["evicted"] = r.get("evicted", 0) + pool.n_evicted
         if not ok:
             return vec[i64]()
         return pool.offered
@@ -130,10 +130,14 @@ class ConnectorStores(ConnectorLookup):
         """The requests of this step's handed-off Mamba states, in the order first met
         (group by group): the order vLLM's connector takes them in."""
         rids: list[str] = []
+        last = ""      # (the last one met: a request's states come in runs)
         for h in lists:
             hr = h.rids
             for j in range(h.n):
                 rid = hr[j]
+                if rid is last:
+                    continue
+                last = rid
                 if rid not in rids:
                     rids.append(rid)
         return rids

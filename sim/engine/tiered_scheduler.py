@@ -267,7 +267,8 @@ class TieredScheduler(Scheduler):
         sched = self.step_states     # (one list kept: its first n entries, overwritten)
         n: i64 = 0
         stamp = conn.step_no
-        if conn.preempted_ids or self.kv.has_offload_handoffs():
+        handoffs = self.kv.has_offload_handoffs()
+        if handoffs or conn.preempted_ids:
             for it in out:
                 rs = it.req.cache.offload
                 assert rs is not None
@@ -280,7 +281,7 @@ class TieredScheduler(Scheduler):
                         sched.append(rs)
                     n += 1
             self._prune_sweeping()
-            conn.build(sched, n)
+            conn.build(sched, n, handoffs)
             if self.inflight:
                 for it in out:
                     r = it.req
@@ -315,7 +316,7 @@ class TieredScheduler(Scheduler):
             sched[i] = rs
             spos[i] = k
             n += 1
-        conn.build(sched, n)
+        conn.build(sched, n, False)
         if self.inflight:
             gone = self.gone               # (kept; its first ng entries)
             ng: i64 = 0
