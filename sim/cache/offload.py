@@ -84,7 +84,7 @@ class OffloadConnector(ConnectorStores):
             assert job is not None
             for bid in job.deferred:
                 self._fence(bid, jid)
-        self.finished_ids.append(req.request_id)
+        self.finished.append(rs)
 
     def preempted(self, req: CacheRequest) -> None:
         self.preempted_ids.append(req.request_id)
@@ -96,9 +96,9 @@ class OffloadConnector(ConnectorStores):
         """After a waiting request's allocation: ``ext`` tokens to load (0: none);
         ``looked_up``: an admission that looked the prefix up, ``local`` GPU tokens."""
         rid = req.request_id
-        self.admitted.append(rid)
         rs = req.offload
         assert rs is not None
+        self.admitted.append(rs)
         rs.fresh = True
         if looked_up and self.req_log is not None:
             adm = self.req_log[rid]["admissions"]
@@ -116,7 +116,6 @@ class OffloadConnector(ConnectorStores):
         kpos = vec[i64]()            # (each key's end token)
         nblocks = 0
         groups: dict[str, Any] | None = {} if self.log is not None else None
-        pks_of = rs.pk
         for gi, gc in enumerate(self.groups):
             table = tables[gi]
             tpb = gc.tpb
@@ -131,7 +130,7 @@ class OffloadConnector(ConnectorStores):
             nchunks = cdiv(cached, gc.tpc)
             if npending:
                 first = len(keys_to_load)
-                pks = pks_of[gc.pki]
+                pks = rs.keys_of(gc.pki)
                 hi = nchunks - (tail is not None)
                 if hi > len(pks):
                     hi = len(pks)
@@ -306,31 +305,33 @@ class OffloadConnector(ConnectorStores):
             if not rs.swept:
                 allocated = self._sweep(rs, rs.req.num_computed_tokens + rs.step_tokens,
                                         allocated, scheduled)
-        finished = self.finished_ids
+        finished = self.finished
         if len(finished) > 1:
             # vLLM walks the finished ids as a Python set (hash order, which varies from
-            # process to process); here in the order they finished
-            self.finish_ties.append((now, list(finished)))
+            # process to process); here in the order they finished (the ties recorded for
+            # the step log's readers, who may replay them in other orders)
+            if self.log is not None:
+                self.finish_ties.append((now, [f.req.request_id for f in finished]))
             if self.finish_orders is not None and now in self.finish_orders:
-                finished = [rid for rid in self.finish_orders[now] if rid in finished]
-        for rid in finished:
-            rs = self.reqs.get(rid)
-            if rs is not None:
+                by_id = {f.req.request_id: f for f in finished}
+                finished = [by_id[rid] for rid in self.finish_orders[now] if rid in by_id]
+        # (a state still its request's: not forgotten, as ``reqs`` holds it)
+        for rs in finished:
+            if rs.req.offload is rs:
                 req = rs.req
                 after = req.num_tokens - 1
                 if after < req.num_prompt_tokens:
                     after = req.num_prompt_tokens
                 allocated = self._sweep(rs, after, allocated, scheduled)
-        for rid in finished:
-            rs = self.reqs.get(rid)
-            if rs is None:
+        for rs in finished:
+            if rs.req.offload is not rs:
                 continue
             rs.signaled = True
             self.pool.request_finished(rs)
             if len(rs.jobs) == 0:
                 self._forget(rs)
-        if self.finished_ids:
-            self.finished_ids.clear()
+        if len(self.finished):
+            self.finished.clear()
         if len(self.flush_jobs):
             rec = self._rec() if self.log is not None else None
             for jid in sorted(self.flush_jobs):
@@ -352,11 +353,9 @@ class OffloadConnector(ConnectorStores):
             self.load_jobs.clear()
         if len(self.flush_jobs):
             self.flush_jobs.clear()
-        if self.admitted:
-            for rid in self.admitted:
-                ars = self.reqs.get(rid)
-                if ars is not None:
-                    ars.fresh = False
+        if len(self.admitted):
+            for ars in self.admitted:
+                ars.fresh = False
             self.admitted.clear()
         if self.preempted_ids:
             self.preempted_ids.clear()

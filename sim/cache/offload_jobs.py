@@ -126,7 +126,7 @@ class ReqOffload(AccessState):
     """One request's offload state (vLLM's ``RequestOffloadState``), and what it did to
     the host pool (``AccessState``: one object a request, not two)."""
 
-    __slots__ = ("req", "pk", "tables", "next_stored", "hit_end", "num_local",
+    __slots__ = ("req", "pk", "pk0", "tables", "next_stored", "hit_end", "num_local",
                  "jobs", "tail", "loaded", "finished", "signaled", "loading", "swept",
                  "fresh", "step_tokens", "sched_step", "listed")
 
@@ -134,7 +134,10 @@ class ReqOffload(AccessState):
         super().__init__(arc)
         self.req = req
         # the prefix keys of its chunks, one list per chunk size (a group's chunk key is
-        # its prefix key with the group in the low bits: groups of one chunk size share one)
+        # its prefix key with the group in the low bits: groups of one chunk size share
+        # one): the first in ``pk0`` (a vec attribute, no box to make and open), any others
+        # in ``pk`` at their index (``keys_of``, ``set_keys``)
+        self.pk0 = vec[i64]()
         self.pk: list[vec[i64]] = [vec[i64]() for _ in range(nlists)]
         # its block table in each attention group as vLLM's connector holds it (from the
         # step it is scheduled after a lookup; the table itself: it only grows while the
@@ -160,8 +163,9 @@ class ReqOffload(AccessState):
         its lists kept (no objects made and freed a request)."""
         self.reset(arc)
         self.req = req
+        self.pk0 = vec[i64]()
         pk = self.pk
-        for i in range(len(pk)):
+        for i in range(1, len(pk)):
             pk[i] = vec[i64]()
         tables = self.tables
         ns = self.next_stored
@@ -182,6 +186,18 @@ class ReqOffload(AccessState):
         self.step_tokens = 0
         self.sched_step = -1
         self.listed = False
+
+    def keys_of(self, li: i64) -> vec[i64]:
+        """Its chunk keys of chunk-size list ``li``."""
+        if li == 0:
+            return self.pk0
+        return self.pk[li]
+
+    def set_keys(self, li: i64, keys: vec[i64]) -> None:
+        if li == 0:
+            self.pk0 = keys
+        else:
+            self.pk[li] = keys
 
     def add_job(self, jid: i64) -> None:
         self.jobs = append(self.jobs, jid)

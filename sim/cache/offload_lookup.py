@@ -114,9 +114,9 @@ class ConnectorLookup:
         self.sweep_rs: list[ReqOffload] = []     # the scheduled requests still sweeping
         self.n_sched: i64 = 0                    # (build's: the scheduled requests listed)
         self.flush_jobs: set[int] = set()
-        self.admitted: list[str] = []            # requests allocated in the waiting loop
+        self.admitted: list[ReqOffload] = []     # requests allocated in the waiting loop
         self.recving: set[str] = set()           # loads reported done, not yet promoted
-        self.finished_ids: list[str] = []        # finished since the last build
+        self.finished: list[ReqOffload] = []     # finished since the last build
         self.preempted_ids: list[str] = []       # preempted in this step
         # totals
         self.loaded_chunks = 0
@@ -150,7 +150,7 @@ class ConnectorLookup:
         bh = req.block_hashes
         n = bh.count
         for li, hpc in enumerate(self.hpcs):
-            pks = rs.pk[li]
+            pks = rs.keys_of(li)
             want = n // hpc
             k = len(pks)
             if k >= want:
@@ -159,14 +159,14 @@ class ConnectorLookup:
             if ms == 0 or ms == hpc:
                 # (kept on the request's keys too: the GPU cache's walks at this scale
                 # read them there)
-                rs.pk[li] = bh.memo_block_keys(want, hpc)
+                rs.set_keys(li, bh.memo_block_keys(want, hpc))
             else:
-                rs.pk[li] = bh.add_block_keys(pks, k, want, hpc)
+                rs.set_keys(li, bh.add_block_keys(pks, k, want, hpc))
 
     def _gkeys(self, rs: ReqOffload, gi: int, lo: int, hi: int) -> list[int]:
         """Group ``gi``'s chunk keys ``lo`` .. ``hi - 1``."""
         gid = self.groups[gi].gid
-        pks = rs.pk[self.groups[gi].pki]
+        pks = rs.keys_of(self.groups[gi].pki)
         if hi > len(pks):
             hi = len(pks)
         return [(pks[i] << GROUP_BITS) | gid for i in range(lo, hi)]
@@ -229,7 +229,7 @@ class ConnectorLookup:
         here but let transfers complete: 0 no (a finished request to wrap up, a store
         waiting for the next step's start), 1 yes, 2 yes if every running request's sweep
         is over (``ReqOffload.swept``: the scheduler looks)."""
-        if self.finished_ids:
+        if len(self.finished):
             return 0
         if self.jobs.n == 0:
             return 1
@@ -240,7 +240,7 @@ class ConnectorLookup:
     def busy(self) -> bool:
         """Whether the engine must keep stepping (vLLM's ``has_pending_push_work`` and
         finished requests whose last stores are still to be built)."""
-        return self.jobs.n > 0 or bool(self.finished_ids)
+        return self.jobs.n > 0 or len(self.finished) > 0
 
     def cached_positions(self, req: CacheRequest) -> dict[str, list[int]]:
         """Per group, the hash-grid positions of ``req``'s prompt whose key the host pool
@@ -271,7 +271,7 @@ class ConnectorLookup:
         reach = cap
         for gi in self.full:
             gc = self.groups[gi]
-            pks = rs.pk[gc.pki]
+            pks = rs.keys_of(gc.pki)
             gid = gc.gid
             first = start // gc.tpc
             i = first
@@ -469,7 +469,7 @@ class ConnectorLookup:
             for gi in current:
                 gc = self.groups[gi]
                 tpc: i64 = gc.tpc
-                pks = rs.pk[gc.pki]
+                pks = rs.keys_of(gc.pki)
                 nk: i64 = len(pks)
                 unverified = gc.eagle and not (verified >> gi) & 1
                 if cap > nk * tpc:
@@ -564,7 +564,7 @@ class ConnectorLookup:
             for gi, gc in enumerate(self.groups):
                 if gc.cow:
                     continue
-                key = (rs.pk[gc.pki][bridge] << GROUP_BITS) | gc.gid
+                key = (rs.keys_of(gc.pki)[bridge] << GROUP_BITS) | gc.gid
                 if watch and lk.has(key):
                     pending = True
                 if rs.hit_end[gi] <= bridge:

@@ -36,8 +36,8 @@ class ConnectorStores(ConnectorLookup):
         pv = pool.popped
         for j in range(pool.n_popped):
             out.add(pv[j])
-        for rid in self.admitted:
-            for t in kv.group_tables(rid):
+        for ars in self.admitted:
+            for t in kv.group_tables(ars.req.request_id):
                 for b in t:
                     if not b.is_null:
                         out.add(b.block_id)
@@ -64,8 +64,8 @@ class ConnectorStores(ConnectorLookup):
             # (_flush_block's first test inline: most blocks fence nothing)
             if bid != 0 and bid < nf and f[bid] != -1:
                 self._flush_block(bid)
-        for rid in self.admitted:
-            self._flush_tables(kv.group_tables(rid))
+        for ars in self.admitted:
+            self._flush_tables(kv.group_tables(ars.req.request_id))
         for k in range(self.n_sched):
             srs = scheduled[k]
             if srs.fresh:
@@ -271,7 +271,7 @@ class ConnectorStores(ConnectorLookup):
         a: i64 = len(rs.tables[gi]) // bpc
         if a < n:
             n = a
-        k: i64 = len(rs.pk[gc.pki])
+        k: i64 = len(rs.keys_of(gc.pki))
         if k < n:
             n = k
         return n
@@ -327,7 +327,7 @@ class ConnectorStores(ConnectorLookup):
             start: i64 = rs.next_stored[gi]
             if n <= start:
                 continue
-            pks = rs.pk[gc.pki]
+            pks = rs.keys_of(gc.pki)
             gid: i64 = gc.gid
             tpc: i64 = gc.tpc
             tbl = rs.tables[gi]

@@ -10,9 +10,10 @@ from mypy_extensions import i64
 from sim.cache.block_pool import Block
 from sim.cache.hashing import PrefixHasher
 from sim.cache.offload_jobs import Job, ReqOffload
+from sim.cache.offload_pool import SCAN_KEYS
 from sim.cache.request import CacheRequest
 
-FIELDS = ("pk", "tables", "next_stored", "hit_end", "num_local", "jobs", "tail", "loaded",
+FIELDS = ("pk", "pk0", "tables", "next_stored", "hit_end", "num_local", "jobs", "tail", "loaded",
           "finished", "signaled", "loading", "swept", "fresh", "step_tokens", "sched_step", "listed",
           "seen_keys", "seen_pos", "n_seen", "seen", "inserted", "reused", "store_misses", "applied",
           "lru_rank", "pos")
@@ -24,7 +25,7 @@ def state(rs: ReqOffload) -> dict:
         v = getattr(rs, f)
         if f == "pk":
             v = [list(x) for x in v]
-        elif f in ("jobs", "next_stored", "hit_end"):
+        elif f in ("pk0", "jobs", "next_stored", "hit_end"):
             v = list(v)
         elif f in ("seen_keys", "seen_pos"):     # (buffers kept: their first n_seen)
             v = list(v)[:rs.n_seen]
@@ -41,8 +42,9 @@ def test_a_reused_state_is_as_new(arc):
     hasher = PrefixHasher(16)
     old = ReqOffload(CacheRequest("old", [(1, 0, 64)], hasher), 3, 2, arc)
     # (the old request's life: keys, tables, jobs, observations, recency, flags)
-    old.pk[0] = vec[i64]([5, 6, 7])
-    old.pk[1] = vec[i64]([9])
+    old.set_keys(0, vec[i64]([5, 6, 7]))
+    old.set_keys(1, vec[i64]([9]))
+    assert list(old.keys_of(0)) == [5, 6, 7] and list(old.keys_of(1)) == [9]
     old.tables[1] = [Block(3), Block(4)]
     old.next_stored[0] = 2
     old.hit_end[2] = 1
@@ -54,7 +56,7 @@ def test_a_reused_state_is_as_new(arc):
     old.step_tokens = 16
     old.sched_step = 4
     old.listed = True
-    for k in range(20):                      # (past the linear search: a hash set made)
+    for k in range(SCAN_KEYS + 4):           # (past the linear search: a hash set made)
         old.observe(100 + k, 16 * (k + 1))
     assert old.seen is not None
     if arc:                                  # (an LRU pool's sets are shared, empty)
@@ -67,6 +69,7 @@ def test_a_reused_state_is_as_new(arc):
     fresh = ReqOffload(CacheRequest("new", [(2, 0, 64)], hasher), 3, 2, arc)
     assert old.req is new_req
     assert state(old) == state(fresh)
+    assert list(old.keys_of(0)) == [] and list(old.keys_of(1)) == []
     assert old.observe(100, 16)              # (the old request's keys are not seen)
 
 
