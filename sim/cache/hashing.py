@@ -385,8 +385,10 @@ class PrefixKeys:
         if ms:
             # (a block end the CPU tier's connector keyed already)
             q: i64 = i + 1
-            if q % ms == 0 and q // ms <= len(self.memo):
-                return self.memo[q // ms - 1]
+            if q <= len(self.memo) * ms:
+                c: i64 = q // ms
+                if c * ms == q:
+                    return self.memo[c - 1]
         e: i64 = (i + 1) * self.unit + self.lookahead
         pre, b0, _end = self.run_at(e)
         return unit_end(pre, e - b0)

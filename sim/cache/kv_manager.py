@@ -105,7 +105,7 @@ class KVCacheManager:
         self.event_log: KVEventLog | None = None   # (the KV event log among its observers)
         self.hasher = PrefixHasher(c.hash_block_size, c.pool.lookahead)
         self.empty: list[list[Block]] = [[] for _ in c.specs]   # "no hit", per group
-        # (with a KV connector: the Mamba states taken by the last take_offload_handoffs)
+        # (with a KV connector: every Mamba group's committed states, and its group id)
         self.handoff_groups: list[int] = []
         self.handoff_lists: list[Handoffs] = []
 
@@ -387,8 +387,13 @@ class KVCacheManager:
     def enable_offload_handoffs(self) -> None:
         """A KV connector reads the Mamba states the cache commits (``take_offload_handoffs``)
         and the blocks each step hands out (``BlockPool.start_popping``, ``popped``)."""
+        self.handoff_groups.clear()
+        self.handoff_lists.clear()
         for m in self.coordinator.mamba_managers:
             m.enable_handoffs()
+            for mi in range(len(m.handoffs)):
+                self.handoff_groups.append(m.group_ids[mi])
+                self.handoff_lists.append(m.handoffs[mi])
 
     def has_offload_handoffs(self) -> bool:
         """Whether the cache committed Mamba states for the connector since they were
@@ -400,23 +405,12 @@ class KVCacheManager:
 
     def take_offload_handoffs(self) -> bool:
         """This step's committed Mamba states (vLLM's ``take_boundary_state_offloads``);
-        whether there are any.  They are then in ``handoff_lists``, one ``Handoffs`` (request,
-        block, boundary tokens of each, in commit order) per Mamba group with states, the
-        group of each in ``handoff_groups``, groups in order: the groups' own buffers (no
-        copy), which the taker empties with ``clear_offload_handoffs`` once it has read
-        them."""
-        groups = self.handoff_groups
-        lists = self.handoff_lists
-        for m in self.coordinator.mamba_managers:
-            if m.n_handoffs == 0:
-                continue
-            hs = m.handoffs
-            for mi in range(len(hs)):
-                h = hs[mi]
-                if h.n:
-                    groups.append(m.group_ids[mi])
-                    lists.append(h)
-        return len(groups) > 0
+        whether there are any.  They are in ``handoff_lists``, one ``Handoffs`` (request,
+        block, boundary tokens of each, in commit order; ``n`` of them, 0 for a group with
+        none this step) per Mamba group, the group of each in ``handoff_groups``, groups
+        in order: the groups' own buffers (no copy, the same lists every step), which the
+        taker empties with ``clear_offload_handoffs`` once it has read them."""
+        return self.has_offload_handoffs()
 
     def clear_offload_handoffs(self) -> None:
         """The states ``take_offload_handoffs`` gave are taken: their buffers emptied."""
@@ -424,8 +418,6 @@ class KVCacheManager:
             h.n = 0
         for m in self.coordinator.mamba_managers:
             m.n_handoffs = 0
-        self.handoff_groups.clear()
-        self.handoff_lists.clear()
 
     def group_blocks(self, req: CacheRequest, kind: str) -> list:
         """The block table of the first group of ``kind`` for ``req`` (empty if none)."""

@@ -24,15 +24,16 @@ class GroupOffload:
     __slots__ = ("gid", "tpb", "tpc", "hpc", "window", "eagle", "cow", "pki", "margin")
 
     def __init__(self, gid: int, tpb: int, bpc: int, unit: int, mamba: bool, eagle: bool):
-        self.gid = gid
-        self.tpb = tpb                   # tokens per GPU block
-        self.tpc = tpb * bpc             # tokens per chunk
-        self.hpc = self.tpc // unit      # hash units per chunk
+        # (machine integers: read in every sweep and lookup, divided and multiplied)
+        self.gid: i64 = gid
+        self.tpb: i64 = tpb              # tokens per GPU block
+        self.tpc: i64 = tpb * bpc        # tokens per chunk
+        self.hpc: i64 = self.tpc // unit # hash units per chunk
         self.window: int | None = 1 if mamba else None   # chunks a hit needs at its end
         self.eagle = eagle               # is_eagle_group: one trailing chunk is volatile
         self.cow = mamba                 # Mamba align: states come from the GPU hand-off
-        self.pki = 0                     # which of the request's prefix-key lists (by hpc)
-        self.margin = 0                  # tokens its partial-tail key lies past the tail
+        self.pki: i64 = 0                # which of the request's prefix-key lists (by hpc)
+        self.margin: i64 = 0             # tokens its partial-tail key lies past the tail
 
 
 class Job:

@@ -59,6 +59,7 @@ class ConnectorLookup:
             gc.pki = hpcs.index(gc.hpc)
         self.hpcs = hpcs
         self.full = tuple(i for i, gc in enumerate(self.groups) if gc.window is None)
+        self.full_v = vec[i64](list(self.full))    # (the same, for the sweeps' loops)
         self.sliding = tuple(i for i, gc in enumerate(self.groups) if gc.window is not None)
         self.lookup_groups = self.full + self.sliding
         aligns = {gc.tpc for gc in self.groups if gc.cow}
@@ -387,10 +388,15 @@ class ConnectorLookup:
         rid = req.request_id
         rs = req.offload
         assert rs is not None
-        for gi in range(len(self.groups)):
-            if rs.tables[gi]:
-                rs.tables[gi] = NO_TABLE
-            rs.next_stored[gi] = 0
+        # (the attention groups' tables and stored counts: the only ones ever read)
+        full = self.full_v
+        tables = rs.tables
+        ns = rs.next_stored
+        for fi in range(len(full)):
+            gi = full[fi]
+            if len(tables[gi]):
+                tables[gi] = NO_TABLE
+            ns[gi] = 0
         rs.swept = False
         if len(rs.jobs) > 0:
             hit: int | None = None

@@ -262,26 +262,24 @@ class LRUPolicy(Policy):
 
     def _push(self, s: i64) -> None:
         """Slot ``s`` (evictable) has a new rank, or became evictable: its entry."""
-        rank = self.rank
-        r = rank[s]
+        # (reads straight from the attributes: mypyc borrows them, no reference taken)
+        r = self.rank[s]
         heap = self.heap
         if heap.n and heap.has(s):
             heap.remove(s)
-        prv = self.prv
-        nxt = self.nxt
-        inl = self.inl
-        if inl[s]:
+        if self.inl[s]:
             self._unlink(s)
         last = self.last
-        if last < 0 or r >= rank[last]:
-            prv[s] = last
+        if last < 0 or r >= self.rank[last]:
+            nxt = self.nxt
+            self.prv[s] = last
             nxt[s] = -1
             if last >= 0:
                 nxt[last] = s
             else:
                 self.first = s
             self.last = s
-            inl[s] = 1
+            self.inl[s] = 1
         else:
             n = self.pend_n
             if n == len(self.pend_r):
@@ -392,15 +390,33 @@ class LRUPolicy(Policy):
         index = pool.index
         rank = self.rank
         ev = self.ev
+        heap = self.heap
+        nr: i64 = self.next_rank
         for j in range(n - 1, -1, -1):
             key = order[j]
             s = index.only(key)
             if s < 0:
                 continue
-            self.next_rank += 1      # (_fresh, inline)
-            rank[s] = (((self.next_rank << POS_BITS) | TOP) << GROUP_BITS) | (key & GROUP_MASK)
+            nr += 1      # (_fresh, inline)
+            rank[s] = (((nr << POS_BITS) | TOP) << GROUP_BITS) | (key & GROUP_MASK)
             if ev[s]:
-                self._push(s)
+                # (_push, inline, of a rank above every other: the slot goes to the
+                # list's tail, never to the waiting list)
+                if heap.n and heap.has(s):
+                    heap.remove(s)
+                if self.inl[s]:
+                    self._unlink(s)
+                last = self.last
+                nxt = self.nxt
+                self.prv[s] = last
+                nxt[s] = -1
+                if last >= 0:
+                    nxt[last] = s
+                else:
+                    self.first = s
+                self.last = s
+                self.inl[s] = 1
+        self.next_rank = nr
 
     def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> i64:
         if n == 0:

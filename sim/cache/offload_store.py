@@ -138,7 +138,14 @@ class ConnectorStores(ConnectorLookup):
                 if rid is last:
                     continue
                 last = rid
-                if rid not in rids:
+                # (a request's states name it by one string object: met by identity
+                # first, compared by value only when that fails)
+                met = False
+                for x in rids:
+                    if x is rid:
+                        met = True
+                        break
+                if not met and rid not in rids:
                     rids.append(rid)
         return rids
 
@@ -157,8 +164,10 @@ class ConnectorStores(ConnectorLookup):
                 gc = self.groups[gid]
                 h = lists[li]
                 for j in range(h.n):
-                    if not single and h.rids[j] != rid:
-                        continue
+                    if not single:
+                        hj = h.rids[j]
+                        if hj is not rid and hj != rid:
+                            continue
                     block = h.blocks[j]
                     boundary = h.ends[j]
                     if block.is_null or boundary > top or boundary % gc.tpc:
@@ -279,7 +288,7 @@ class ConnectorStores(ConnectorLookup):
     def _advance_to(self, rs: ReqOffload, tops: vec[i64]) -> None:
         """Every attention group's chunks below ``tops`` (in ``full``'s order) count as
         stored."""
-        full = self.full
+        full = self.full_v
         ns = rs.next_stored
         for fi in range(len(full)):
             gi = full[fi]
@@ -293,9 +302,12 @@ class ConnectorStores(ConnectorLookup):
         starts them again)."""
         if not self.prompt_only:
             return
-        prompt = rs.req.num_prompt_tokens
-        for gi in self.full:
-            if rs.next_stored[gi] < prompt // self.groups[gi].tpc:
+        prompt: i64 = rs.req.num_prompt_tokens
+        full = self.full_v
+        ns = rs.next_stored
+        for fi in range(len(full)):
+            gi = full[fi]
+            if ns[gi] < prompt // self.groups[gi].tpc:
                 return
         rs.swept = True
 
@@ -317,7 +329,7 @@ class ConnectorStores(ConnectorLookup):
         n_new: i64 = 0
         # (the attention groups only: a Mamba group's states are stored as the GPU cache
         # hands them off, and its count of stored chunks is never read)
-        full = self.full
+        full = self.full_v
         tops = self.sweep_tops
         for fi in range(len(full)):
             gi = full[fi]
@@ -364,10 +376,13 @@ class ConnectorStores(ConnectorLookup):
         # the source blocks of the keys stored (in the order offered, a subsequence of them)
         src = vec[i64](capacity=nst * bpc)
         j: i64 = 0
+        tfi: i64 = -1        # (the group whose table ``tbl`` is: most sweeps have one)
         for k in range(n_new):
             if j < nst and stored[j] == new_keys[k]:
                 j += 1
-                tbl = rs.tables[full[new_fi[k]]]
+                if new_fi[k] != tfi:
+                    tfi = new_fi[k]
+                    tbl = rs.tables[full[tfi]]
                 first = new_c[k] * bpc
                 for b in range(bpc):
                     bid = tbl[first + b].block_id
