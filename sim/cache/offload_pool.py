@@ -302,10 +302,15 @@ class LRUPolicy(Policy):
         ps = self.pend_s
         k: i64 = 0
         low: i64 = NO_RANK
+        ev = self.ev
+        rank = self.rank
+        inl = self.inl
+        heap = self.heap
         for j in range(self.pend_n):
             r = pr[j]
             s = ps[j]
-            if self._valid_pending(r, s):
+            # (_valid_pending, inline: every waiting entry is tested here)
+            if ev[s] != 0 and rank[s] == r and not inl[s] and not heap.has(s):
                 pr[k] = r
                 ps[k] = s
                 k += 1

@@ -186,6 +186,17 @@ class ConnectorStores(ConnectorLookup):
                     self._fence(block.block_id, job.jid)
 
     def _tail_stores(self, rids: list[str], gids: list[int], lists: list[Handoffs]) -> None:
+        if self.max_margin:
+            # (most steps: no request here loaded from the tier, and without a load
+            # there is no tail store -- known before walking the states)
+            some = False
+            for rid in rids:
+                known = self.reqs.get(rid)
+                if known is None or known.loaded:
+                    some = True
+                    break
+            if not some:
+                return
         B = self.pblock
         any_tail = False
         for h in lists:
