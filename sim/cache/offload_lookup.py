@@ -16,7 +16,7 @@ from sim.cache.block_pool import GROUP_BITS
 from sim.cache.key_map import KeyMap, PairHeap
 from sim.cache.offload_jobs import (NO_TABLE, GroupOffload, Job, JobTable, ReqOffload,
                                     StepTransfers, Transfers)
-from sim.cache.offload_pool import HIT, HIT_PENDING, MISS, HostPool
+from sim.cache.offload_pool import HIT, MISS, HostPool
 from sim.cache.rules import cdiv, eagle_proof_margin
 
 if TYPE_CHECKING:
@@ -413,13 +413,16 @@ class ConnectorLookup:
         (being written counts, but makes the answer -1: deferred)."""
         n: i64 = 0
         defer = False
-        pool = self.pool
+        # (HostPool.lookup read straight from its index and counts: a slot held, and
+        # being written while its count is below 0)
+        index = self.pool.index
+        sref = self.pool.sref
         for i in range(lo, hi):
-            r = pool.lookup((pks[i] << GROUP_BITS) | gid)
-            if r == MISS:
+            s = index.only((pks[i] << GROUP_BITS) | gid)
+            if s < 0:
                 break
             n += 1
-            if r == HIT_PENDING:
+            if sref[s] < 0:
                 defer = True
         if defer:
             return -1
@@ -433,12 +436,13 @@ class ConnectorLookup:
         pending = False
         run: i64 = 0
         need: i64 = first_window if first_window else window
-        pool = self.pool
+        index = self.pool.index      # (HostPool.lookup read straight, as above)
+        sref = self.pool.sref
         for idx in range(hi - lo - 1, -1, -1):
-            r = pool.lookup((pks[lo + idx] << GROUP_BITS) | gid)
-            if r == HIT:
+            s = index.only((pks[lo + idx] << GROUP_BITS) | gid)
+            if s >= 0 and sref[s] >= 0:
                 run += 1
-            elif r == HIT_PENDING:
+            elif s >= 0:
                 pending = True
                 run += 1
             else:

@@ -260,6 +260,19 @@ class LRUPolicy(Policy):
             self.last = p
         self.inl[s] = 0
 
+    def _link_tail(self, s: i64, last: i64) -> None:
+        """Slot ``s`` (in neither the list nor the heap) linked after ``last``, the
+        list's tail (-1: the list is empty)."""
+        nxt = self.nxt
+        self.prv[s] = last
+        nxt[s] = -1
+        if last >= 0:
+            nxt[last] = s
+        else:
+            self.first = s
+        self.last = s
+        self.inl[s] = 1
+
     def _push(self, s: i64) -> None:
         """Slot ``s`` (evictable) has a new rank, or became evictable: its entry."""
         # (reads straight from the attributes: mypyc borrows them, no reference taken)
@@ -271,15 +284,7 @@ class LRUPolicy(Policy):
             self._unlink(s)
         last = self.last
         if last < 0 or r >= self.rank[last]:
-            nxt = self.nxt
-            self.prv[s] = last
-            nxt[s] = -1
-            if last >= 0:
-                nxt[last] = s
-            else:
-                self.first = s
-            self.last = s
-            self.inl[s] = 1
+            self._link_tail(s, last)
         else:
             n = self.pend_n
             if n == len(self.pend_r):
@@ -411,16 +416,7 @@ class LRUPolicy(Policy):
                     heap.remove(s)
                 if self.inl[s]:
                     self._unlink(s)
-                last = self.last
-                nxt = self.nxt
-                self.prv[s] = last
-                nxt[s] = -1
-                if last >= 0:
-                    nxt[last] = s
-                else:
-                    self.first = s
-                self.last = s
-                self.inl[s] = 1
+                self._link_tail(s, self.last)
         self.next_rank = nr
 
     def evict(self, n: i64, protected: set[int] | None, pool: HostPool) -> i64:
