@@ -130,7 +130,7 @@ class ConnectorStores(ConnectorLookup):
         """The requests of this step's handed-off Mamba states, in the order first met
         (group by group): the order vLLM's connector takes them in."""
         rids: list[str] = []
-        last = ""      # (the last one met: a request's states come in runs)
+        last: str | None = None    # (the last one met: a request's states come in runs)
         for h in lists:
             hr = h.rids
             for j in range(h.n):
