@@ -548,22 +548,22 @@ class RequestTable(Sequence):
     def with_column(self, name: str, values: Sequence[Any]) -> RequestTable:
         """This table (every request, in arrival order) with one more column after the
         others: ``values``, one per request in arrival order (ints, or "")."""
-        if self._pos is not None or len(values) != self._n or name in self._cols:
-            raise ValueError(f"cannot add column {name!r} to this table")
-        col = _Column("i")
-        col.extend(tuple(values))
-        col.ids = {}
-        return RequestTable({**self._cols, name: col}, None, self._n)
+        return self._with(name, len(values), lambda col: col.extend(tuple(values)))
 
     def with_int_column(self, name: str, values: Any, blanks: Any) -> RequestTable:
         """``with_column`` of integers given as a buffer of 64-bit values, one per request
         in arrival order, "" where ``blanks`` (a buffer of 64-bit 0/1 flags, or None:
         none) has a 1: the same table, without a boxed number per request."""
         n = len(memoryview(values).cast("B")) // 8
+        return self._with(name, n, lambda col: col.extend_buffer(values, "q", n, blanks))
+
+    def _with(self, name: str, n: int, fill: Any) -> RequestTable:
+        """This table with a new integer column ``name`` of ``n`` values that ``fill``
+        puts into it."""
         if self._pos is not None or n != self._n or name in self._cols:
             raise ValueError(f"cannot add column {name!r} to this table")
         col = _Column("i")
-        col.extend_buffer(values, "q", n, blanks)
+        fill(col)
         col.ids = {}
         return RequestTable({**self._cols, name: col}, None, self._n)
 
